@@ -1,0 +1,87 @@
+"""hdmm: the High-Dimensional Matrix Mechanism.
+
+Answer large sets of linear counting queries under differential privacy with the least error:
+describe a workload implicitly (Kronecker products, unions, marginals), compute the exact
+expected error of a strategy and the SVD lower bound, without any ``N x N`` matrix.
+
+>>> import hdmm
+>>> dom = hdmm.Domain(["sex", "age"], [2, 115])
+>>> W = hdmm.product(dom, {"sex": hdmm.Identity(2), "age": hdmm.Prefix(115)})
+>>> round(float(hdmm.rmse(W, hdmm.Identity(dom.size), hdmm.PureDP(1.0))), 3)
+10.77
+"""
+
+from .bound import SVDBound, svd_bound
+from .domain import Domain
+from .error import ErrorResult, expected_error, lp_error, per_query_variance, rmse
+from .marginals import AllMarginals, DimKMarginals, Marginal, Marginals
+from .matrix import (
+    DenseLimitError,
+    Diagonal,
+    Explicit,
+    Identity,
+    Kronecker,
+    Matrix,
+    Ones,
+    Product,
+    Sum,
+    Transpose,
+    VStack,
+    Weighted,
+)
+from .privacy import ZCDP, ApproxDP, Privacy, PureDP
+from .union import KronUnion
+from .workload import (
+    AllRange,
+    IdentityTotal,
+    Predicates,
+    Prefix,
+    Ranges,
+    Total,
+    WidthKRange,
+    product,
+    union,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AllMarginals",
+    "AllRange",
+    "ApproxDP",
+    "DenseLimitError",
+    "DimKMarginals",
+    "Diagonal",
+    "Domain",
+    "ErrorResult",
+    "Explicit",
+    "Identity",
+    "IdentityTotal",
+    "KronUnion",
+    "Kronecker",
+    "Marginal",
+    "Marginals",
+    "Matrix",
+    "Ones",
+    "Predicates",
+    "Prefix",
+    "Privacy",
+    "Product",
+    "PureDP",
+    "Ranges",
+    "SVDBound",
+    "Sum",
+    "Total",
+    "Transpose",
+    "VStack",
+    "Weighted",
+    "WidthKRange",
+    "ZCDP",
+    "expected_error",
+    "lp_error",
+    "per_query_variance",
+    "product",
+    "rmse",
+    "svd_bound",
+    "union",
+]

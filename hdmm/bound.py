@@ -1,0 +1,251 @@
+r"""The SVD lower bound on the error of any strategy (MATH.md section 5).
+
+For every strategy ``A`` (Li & Miklau),
+
+.. math:: \Delta_2(A)^2\,\mathrm{tr}\big(W^TW (A^TA)^+\big) \;\ge\; \frac{\|W\|_*^2}{N},
+          \qquad \|W\|_* = \sum_i \sigma_i(W) = \mathrm{tr}\big((W^TW)^{1/2}\big),
+
+so no strategy answers ``W`` with total squared error below
+``noise_variance(1) * ||W||_*^2 / N``; it bounds Laplace noise too, since
+:math:`\Delta_1 \ge \Delta_2`.
+
+How :math:`\|W\|_*` is computed, from the structure of ``W = VStack_j c_j (x)_i W_i^(j)``:
+
+1. One Kronecker product: :math:`\|W\|_* = |c| \prod_i \|W_i\|_*` (exact).
+2. Marginals algebra (every factor Gram :math:`aI + bJ`): the eigenvalues are read off the
+   :math:`E_T` basis (exact, :mod:`hdmm.marginals`).
+3. Otherwise the attributes whose factor Grams all commute are diagonalised together: the
+   Gram splits into one block per joint eigenvalue signature (identical blocks counted once,
+   with their multiplicity), each a union over the remaining attributes. A block is solved
+   exactly by a dense eigensolver on the smaller of its ``N_b x N_b`` Gram and its
+   ``m_b x m_b`` row Gram (rows compressed to each factor's rank), else estimated by
+   stochastic Lanczos quadrature, reported with its standard error.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .marginals import in_marginal_algebra, trace_spectrum
+from .matrix import Explicit, Identity, Kronecker, Matrix, Ones, Sum, Weighted
+from .privacy import Privacy
+from .slq import trace_function
+from .union import KronUnion
+
+__all__ = ["SVDBound", "svd_bound", "nuclear_norm"]
+
+#: Largest per-attribute domain whose factor Grams are eigen-decomposed densely.
+FACTOR_LIMIT = 8192
+#: Largest number of eigenvalue blocks the commuting-attribute split may create.
+BLOCK_LIMIT = 4096
+
+
+@dataclass(frozen=True)
+class SVDBound:
+    """A lower bound on the expected total squared error of any strategy for a workload.
+
+    Attributes
+    ----------
+    value : float
+        The bound, in units of total squared error under ``privacy``.
+    exact : bool
+        Whether ``value`` is exact, or an estimate (stochastic Lanczos quadrature).
+    stderr : float
+        Standard error of the estimate (0 when exact).
+    privacy : Privacy
+        The privacy definition the bound is for.
+    queries : int
+        Number of workload queries (for :attr:`rmse`).
+    method : str
+        How the singular values were obtained.
+    """
+
+    value: float
+    exact: bool
+    stderr: float
+    privacy: Privacy
+    queries: int
+    method: str
+
+    def __float__(self) -> float:
+        return self.value
+
+    @property
+    def rmse(self) -> float:
+        """The bound expressed as a root mean squared error per query."""
+        return math.sqrt(self.value / self.queries)
+
+    def __repr__(self) -> str:
+        est = "exact" if self.exact else f"estimate +/- {self.stderr:.3g}"
+        return f"SVDBound({self.value:.6g}, {est}, {self.method}, {self.privacy.description})"
+
+
+@dataclass(frozen=True)
+class _Norm:
+    """A nuclear norm (possibly estimated) with its standard error."""
+
+    value: float
+    stderr: float
+    method: str
+
+
+def _eig_sqrt_sum(M: np.ndarray) -> float:
+    return float(np.sum(np.sqrt(np.clip(np.linalg.eigvalsh(M), 0.0, None))))
+
+
+def _factor_gram(f: Matrix) -> np.ndarray:
+    return f.gram().dense(max_entries=FACTOR_LIMIT**2)
+
+
+def factor_nuclear_norm(f: Matrix) -> float:
+    """``||f||_*`` of a one-attribute factor, from the smaller of its two Grams."""
+    if isinstance(f, Identity):
+        return float(f.shape[0])
+    if isinstance(f, Ones):
+        return math.sqrt(f.shape[0] * f.shape[1])
+    m, n = f.shape
+    if m < n:
+        F = f.dense(max_entries=FACTOR_LIMIT * n)
+        return _eig_sqrt_sum(F @ F.T)
+    return _eig_sqrt_sum(_factor_gram(f))
+
+
+def _joint_eigen(grams: list[np.ndarray], rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray] | None:
+    """Joint eigenvalues of commuting symmetric matrices, grouped by signature.
+
+    Returns ``(lam, mult)``: ``lam[k, c]`` is the eigenvalue of ``grams[k]`` on class ``c`` of
+    common eigenvectors and ``mult[c]`` the class's dimension; ``None`` if they do not commute.
+    """
+    scale = max(np.abs(G).max() for G in grams) or 1.0
+    for a, b in itertools.combinations(grams, 2):
+        if not np.allclose(a @ b, b @ a, atol=1e-9 * scale * scale * a.shape[0]):
+            return None
+    mix = sum(rng.uniform(1.0, 2.0) * G for G in grams)
+    _, V = np.linalg.eigh(mix)
+    lam = np.stack([np.einsum("ij,ij->j", V, G @ V) for G in grams])
+    signature = np.round(lam / (1e-9 * scale), 0)
+    _, first, inverse = np.unique(signature, axis=1, return_index=True, return_inverse=True)
+    mult = np.bincount(inverse.ravel(), minlength=first.size).astype(float)
+    return lam[:, first], mult
+
+
+def _compressed(G: np.ndarray) -> np.ndarray:
+    """``R`` with ``R^T R = G`` and one row per non-zero eigenvalue."""
+    vals, vecs = np.linalg.eigh(G)
+    keep = vals > 1e-12 * max(vals.max(), 1e-300)
+    return (vecs[:, keep] * np.sqrt(vals[keep])).T
+
+
+def _block_norm(w2: np.ndarray, index: np.ndarray, grams: list[list[np.ndarray]], exact_limit: int,
+                probes: int, steps: int, rng: np.random.Generator) -> _Norm:
+    """Nuclear norm of ``(sum_j w2_j (x)_i grams[i][index[j, i]])^(1/2)``'s trace."""
+    live = w2 > 0
+    w2, index = w2[live], index[live]
+    if index.shape[1] == 0:
+        return _Norm(math.sqrt(float(w2.sum())), 0.0, "closed form")
+    sizes = [g[0].shape[0] for g in grams]
+    cols = math.prod(sizes)
+    factors = [[_compressed(G) for G in gs] for gs in grams]
+    row_counts = [np.array([R.shape[0] for R in Rs]) for Rs in factors]
+    rows = int(sum(math.prod(row_counts[i][k] for i, k in enumerate(ix)) for ix in index))
+    if min(cols, rows) <= exact_limit:
+        if cols <= rows:
+            M = sum(w * _kron([grams[i][k] for i, k in enumerate(ix)]) for w, ix in zip(w2, index))
+            return _Norm(_eig_sqrt_sum(M), 0.0, f"dense eigenvalues ({cols:,} x {cols:,} Gram)")
+        cross = [[[Ra @ Rb.T for Rb in Rs] for Ra in Rs] for Rs in factors]
+        blocks = [
+            [math.sqrt(wa * wb) * _kron([cross[i][a][b] for i, (a, b) in enumerate(zip(ia, ib))])
+             for wb, ib in zip(w2, index)]
+            for wa, ia in zip(w2, index)
+        ]
+        return _Norm(_eig_sqrt_sum(np.block(blocks)), 0.0, f"dense eigenvalues ({rows:,} x {rows:,} row Gram)")
+    gram = Sum([Weighted(Kronecker([Explicit(grams[i][k]) for i, k in enumerate(ix)]), w) for w, ix in zip(w2, index)])
+    est = trace_function(gram._matmat, cols, np.sqrt, probes=probes, steps=steps, rng=rng)
+    return _Norm(est.value, est.stderr, f"stochastic Lanczos quadrature ({probes} probes, {steps} steps)")
+
+
+def _kron(parts: list[np.ndarray]) -> np.ndarray:
+    out = np.ones((1, 1))
+    for p in parts:
+        out = np.kron(out, p)
+    return out
+
+
+def nuclear_norm(union: KronUnion, *, exact_limit: int = 4096, probes: int = 30, steps: int = 60,
+                 seed: int | None = None) -> _Norm:
+    r""":math:`\|W\|_*` of a union of Kronecker products (see the module docstring, route 3)."""
+    rng = np.random.default_rng(seed)
+    grams = [[_factor_gram(f) for f in fs] for fs in union.factors]
+    joint = [_joint_eigen(gs, rng) if len(gs) > 1 or gs[0].shape[0] > 1 else None for gs in grams]
+    commuting = [i for i, j in enumerate(joint) if j is not None]
+    while commuting and math.prod(joint[i][1].size for i in commuting) > BLOCK_LIMIT:
+        commuting.pop()
+    rest = [i for i in range(union.dim) if i not in commuting]
+    w2 = union.weights**2
+    total, var, methods = 0.0, 0.0, set()
+    for classes in itertools.product(*[range(joint[i][1].size) for i in commuting]):
+        scale = w2.copy()
+        mult = 1.0
+        for i, c in zip(commuting, classes):
+            lam, counts = joint[i]
+            scale = scale * lam[union.index[:, i], c]
+            mult *= counts[c]
+        if not np.any(scale > 0):
+            continue
+        norm = _block_norm(scale, union.index[:, rest], [grams[i] for i in rest], exact_limit, probes, steps, rng)
+        total += mult * norm.value
+        var += (mult * norm.stderr) ** 2
+        methods.add(norm.method)
+    split = f"{len(commuting)} commuting attributes split; " if commuting else ""
+    return _Norm(total, math.sqrt(var), split + "; ".join(sorted(methods)))
+
+
+def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = 4096, probes: int = 30, steps: int = 60,
+              seed: int | None = None) -> SVDBound:
+    r"""The SVD lower bound ``noise_variance(1) * ||W||_*^2 / N`` on any strategy's total squared error.
+
+    Parameters
+    ----------
+    W
+        The workload.
+    privacy
+        Privacy definition (sets the noise variance at unit sensitivity).
+    exact_limit
+        Largest dense eigenproblem solved exactly; beyond it the nuclear norm is estimated by
+        stochastic Lanczos quadrature with ``probes`` probe vectors of ``steps`` steps,
+        seeded by ``seed`` (for reproducible research).
+
+    Returns
+    -------
+    SVDBound
+        ``.value`` (``float()`` gives it), ``.exact``, ``.stderr`` and ``.method``.
+    """
+    if not isinstance(W, Matrix):
+        raise TypeError("W must be an hdmm matrix")
+    if not isinstance(privacy, Privacy):
+        raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
+    unit = privacy.noise_variance(1.0)
+    union = W.kron_union()
+    common = dict(privacy=privacy, queries=W.shape[0])
+    if union.num_terms == 1:
+        weight, factors = union.term(0)
+        # ||W||_*^2 / N = c^2 prod_i ||W_i||_*^2 / n_i, with no overflow for huge N
+        value = weight**2 * math.prod(factor_nuclear_norm(f) ** 2 / f.shape[1] for f in factors)
+        return SVDBound(unit * value, True, 0.0, method="Kronecker product of factor bounds", **common)
+    if in_marginal_algebra(union):
+        spectrum = trace_spectrum(union)
+        root = float(np.sum(np.sqrt(spectrum.trace_E * spectrum.tau)))
+        return SVDBound(unit * root**2, True, 0.0, method="marginals algebra (E_T basis)", **common)
+    norm = nuclear_norm(union, exact_limit=exact_limit, probes=probes, steps=steps, seed=seed)
+    N = W.shape[1]
+    return SVDBound(
+        unit * norm.value**2 / N,
+        norm.stderr == 0.0,
+        unit * 2 * norm.value * norm.stderr / N,
+        method=norm.method,
+        **common,
+    )

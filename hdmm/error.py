@@ -1,0 +1,367 @@
+r"""Expected error of answering a workload with a strategy (MATH.md sections 1, 2, 3 and 6).
+
+The matrix mechanism measures :math:`y = Ax + z` and answers :math:`W A^+ y`. Its error is
+data independent:
+
+.. math:: \mathrm{TSE}(W, A) = \mathrm{Var}(z)\,\mathrm{tr}\big((A^TA)^+ W^TW\big), \qquad
+          \mathrm{Var}(z) = \text{noise variance at sensitivity } \Delta_p(A),
+
+per query :math:`\mathrm{Var}(z)\,\mathrm{diag}(W (A^TA)^+ W^T)`, and
+:math:`\mathrm{RMSE} = \sqrt{\mathrm{TSE}/m}`. It is finite only when ``A`` supports ``W``
+(:math:`W A^+ A = W`).
+
+Three exact routes, chosen from the structure of ``A``, never forming an ``N x N`` matrix:
+
+* **Kronecker strategy** :math:`A = \bigotimes_i A_i` (the identity included) and any union
+  of Kronecker products :math:`W = \mathrm{VStack}_j\, c_j \bigotimes_i W_i^{(j)}`:
+  :math:`\mathrm{tr} = \sum_j c_j^2 \prod_i \mathrm{tr}\big((A_i^TA_i)^+ G_i^{(j)}\big)`,
+  one small trace per distinct factor.
+* **Marginals-algebra strategy** (weighted marginals, or any union whose factor Grams are
+  :math:`aI + bJ`): :math:`(A^TA)^+ = \sum_T E_T / \lambda_T`, so
+  :math:`\mathrm{tr} = \sum_T \mathrm{tr}(E_T W^TW) / \lambda_T` over the subsets where the
+  workload has weight (:mod:`hdmm.marginals`).
+* Anything else on a small domain: dense pseudo-inverse.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import gamma
+
+from .marginals import in_marginal_algebra, trace_spectrum
+from .matrix import DENSE_LIMIT, DenseLimitError, Identity, Matrix
+from .privacy import Privacy
+from .union import FactorMismatchError, KronUnion
+
+__all__ = [
+    "ErrorResult",
+    "expected_error",
+    "rmse",
+    "per_query_variance",
+    "lp_error",
+    "noise_variance",
+]
+
+#: Relative tolerance for deciding that a strategy does not support a workload.
+SUPPORT_TOL = 1e-8
+
+
+class ErrorResult(float):
+    """A float (the error) that also carries how it was obtained.
+
+    Attributes
+    ----------
+    measure : str
+        ``"total squared error"`` or ``"rmse"``.
+    privacy : Privacy
+        The privacy definition the noise was calibrated for.
+    queries : int
+        Number of workload queries.
+    reason : str or None
+        Why the error is infinite (the strategy does not support the workload), else ``None``.
+    """
+
+    def __new__(cls, value: float, *, measure: str, privacy: Privacy, queries: int, reason: str | None = None):
+        obj = super().__new__(cls, value)
+        obj.measure = measure
+        obj.privacy = privacy
+        obj.queries = queries
+        obj.reason = reason
+        return obj
+
+    @property
+    def supported(self) -> bool:
+        """Whether the strategy supports the workload (the error is finite)."""
+        return self.reason is None
+
+    def __repr__(self) -> str:
+        if self.reason:
+            return f"ErrorResult(inf, {self.measure}; unsupported: {self.reason})"
+        return f"ErrorResult({float(self):.6g}, {self.measure}, {self.privacy.description})"
+
+
+@dataclass
+class _Traces:
+    """Per-term traces ``c_j^2 tr((A^TA)^+ G_j)`` of a workload union and why any are infinite."""
+
+    union: KronUnion
+    terms: np.ndarray
+    reason: str | None
+
+
+def _check_inputs(W: Matrix, A: Matrix, privacy: Privacy) -> None:
+    if not isinstance(W, Matrix) or not isinstance(A, Matrix):
+        raise TypeError("W and A must be hdmm matrices (see hdmm.matrix and hdmm.workload)")
+    if not isinstance(privacy, Privacy):
+        raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
+    if W.shape[1] != A.shape[1]:
+        raise ValueError(
+            f"the workload has {W.shape[1]:,} columns (domain cells) but the strategy has "
+            f"{A.shape[1]:,}: they must be over the same domain"
+        )
+
+
+def noise_variance(A: Matrix, privacy: Privacy) -> float:
+    """Variance of each noisy strategy answer: the noise calibrated to ``A``'s sensitivity."""
+    return privacy.noise_variance(A.sensitivity(privacy.norm))
+
+
+# ====================================================================== Kronecker strategies
+class _KroneckerStrategy:
+    """Per-attribute pseudo-inverses of a Kronecker strategy's Gram, with support checks."""
+
+    def __init__(self, weight: float, factors: list[Matrix]):
+        self.weight = weight
+        self.factors = factors
+        self._cache: dict[int, tuple[np.ndarray, np.ndarray] | None] = {}
+
+    def _inverse(self, i: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(X_i^+, X_i^+ X_i)`` for ``X_i = A_i^T A_i``; ``None`` for an identity factor."""
+        if i not in self._cache:
+            A_i = self.factors[i]
+            if isinstance(A_i, Identity):
+                self._cache[i] = None
+            else:
+                X = A_i.gram().dense()
+                Xp = np.linalg.pinv(X, hermitian=True)
+                self._cache[i] = (Xp, Xp @ X)
+        return self._cache[i]
+
+    def factor_trace(self, i: int, f: Matrix) -> tuple[float, bool]:
+        """``tr(X_i^+ f^T f)`` and whether ``f`` lies in the row space of ``A_i``."""
+        inverse = self._inverse(i)
+        if inverse is None:
+            return f.column_norm_powers(2).sum(), True
+        Xp, projector = inverse
+        G = f.gram()
+        total = f.column_norm_powers(2).sum()
+        kept = float(np.trace(G @ projector))
+        return float(np.trace(G @ Xp)), total - kept <= SUPPORT_TOL * max(total, 1e-300)
+
+    def factor_inverse(self, i: int) -> np.ndarray:
+        inverse = self._inverse(i)
+        return np.eye(self.factors[i].shape[1]) if inverse is None else inverse[0]
+
+
+def _aligned(W: Matrix, A: Matrix) -> tuple[KronUnion, KronUnion]:
+    w_union, a_union = W.kron_union(), A.kron_union()
+    if w_union.sizes != a_union.sizes:
+        sizes = KronUnion.common_sizes([w_union, a_union])
+        w_union, a_union = w_union.align(sizes), a_union.align(sizes)
+    return w_union, a_union
+
+
+def _unsupported_reason(union: KronUnion, bad_terms: np.ndarray) -> str:
+    j = int(np.flatnonzero(bad_terms)[0])
+    return (
+        f"{int(bad_terms.sum())} of the workload's {union.num_terms} Kronecker terms (the first is "
+        f"term {j}) are not in the row space of the strategy, so W A^+ A != W; use a strategy "
+        "that supports the workload (e.g. add the identity or the workload's own queries)"
+    )
+
+
+def _kronecker_traces(w_union: KronUnion, strategy: _KroneckerStrategy) -> _Traces:
+    weight = strategy.weight
+    traces, supported = [], []
+    for i, fs in enumerate(w_union.factors):
+        pairs = [strategy.factor_trace(i, f) for f in fs]
+        traces.append(np.array([t for t, _ in pairs]))
+        supported.append(np.array([ok for _, ok in pairs]))
+    t = np.prod(w_union.gather(traces), axis=1) * (w_union.weights / weight) ** 2
+    bad = ~np.all(w_union.gather(supported).astype(bool), axis=1) & (t > 0)
+    t = np.where(bad, np.inf, t)
+    return _Traces(w_union, t, _unsupported_reason(w_union, bad) if bad.any() else None)
+
+
+# ====================================================================== marginals-algebra strategies
+def _spectral_traces(w_union: KronUnion, a_union: KronUnion) -> tuple[_Traces, tuple]:
+    strategy = trace_spectrum(a_union)
+    lam = strategy.eigenvalues
+    lam = np.where(lam > 1e-12 * lam.max(initial=0.0), lam, 0.0)
+    spectrum, (term_ids, position, values) = trace_spectrum(w_union, with_terms=True)
+    lam_w = strategy.lookup(spectrum.keys, lam)
+    missing = lam_w[position] <= 0
+    with np.errstate(divide="ignore"):
+        contrib = np.where(missing, np.inf, values / np.where(missing, 1.0, lam_w[position]))
+    t = np.bincount(term_ids, weights=np.where(missing, 0.0, contrib), minlength=w_union.num_terms)
+    bad = np.zeros(w_union.num_terms, dtype=bool)
+    bad[term_ids[missing & (values > 0)]] = True
+    t = np.where(bad, np.inf, t)
+    reason = _unsupported_reason(w_union, bad) if bad.any() else None
+    return _Traces(w_union, t, reason), (spectrum, term_ids, position, lam_w)
+
+
+# ====================================================================== dense fall-back
+def _dense_traces(W: Matrix, A: Matrix) -> tuple[_Traces, np.ndarray]:
+    n = A.shape[1]
+    if n * n > DENSE_LIMIT:
+        raise DenseLimitError(
+            f"no exact structured error formula applies to this strategy ({A!r}) and the domain has "
+            f"{n:,} cells, too many for a dense pseudo-inverse. Use a Kronecker, identity or "
+            "weighted-marginals strategy (their errors are computed exactly at any size)."
+        )
+    X = A.gram().dense()
+    Xp = np.linalg.pinv(X, hermitian=True)
+    Wd = W.dense()
+    residual = Wd - Wd @ Xp @ X
+    union = KronUnion.single([W])
+    if np.linalg.norm(residual) > math.sqrt(SUPPORT_TOL) * max(np.linalg.norm(Wd), 1e-300):
+        return _Traces(union, np.array([np.inf]), _unsupported_reason(union, np.array([True]))), Xp
+    return _Traces(union, np.array([float(np.sum((Wd @ Xp) * Wd))]), None), Xp
+
+
+def _route(W: Matrix, A: Matrix) -> tuple[str, KronUnion | None, KronUnion | None]:
+    """Which exact route applies: ``"kronecker"``, ``"spectral"`` or ``"dense"``."""
+    try:
+        w_union, a_union = _aligned(W, A)
+    except FactorMismatchError:
+        return "dense", None, None
+    if a_union.num_terms == 1:
+        return "kronecker", w_union, a_union
+    if in_marginal_algebra(a_union):
+        return "spectral", w_union, a_union
+    return "dense", None, None
+
+
+def _kronecker_strategy(a_union: KronUnion) -> _KroneckerStrategy:
+    return _KroneckerStrategy(*a_union.term(0))
+
+
+def _traces(W: Matrix, A: Matrix) -> _Traces:
+    route, w_union, a_union = _route(W, A)
+    if route == "kronecker":
+        return _kronecker_traces(w_union, _kronecker_strategy(a_union))
+    if route == "spectral":
+        return _spectral_traces(w_union, a_union)[0]
+    return _dense_traces(W, A)[0]
+
+
+# ====================================================================== public functions
+def expected_error(W: Matrix, A: Matrix, privacy: Privacy) -> ErrorResult:
+    r"""Expected total squared error :math:`\mathrm{Var}(z)\,\mathrm{tr}((A^TA)^+W^TW)`.
+
+    Parameters
+    ----------
+    W
+        The workload (``m x N``).
+    A
+        The strategy (``k x N``); its sensitivity sets the noise scale.
+    privacy
+        :class:`~hdmm.PureDP` (Laplace noise, L1 sensitivity), :class:`~hdmm.ApproxDP` or
+        :class:`~hdmm.ZCDP` (Gaussian noise, L2 sensitivity).
+
+    Returns
+    -------
+    ErrorResult
+        A float; ``inf`` with ``.reason`` set when ``A`` does not support ``W``.
+    """
+    _check_inputs(W, A, privacy)
+    traces = _traces(W, A)
+    value = noise_variance(A, privacy) * float(np.sum(traces.terms))
+    return ErrorResult(value, measure="total squared error", privacy=privacy, queries=W.shape[0], reason=traces.reason)
+
+
+def rmse(W: Matrix, A: Matrix, privacy: Privacy) -> ErrorResult:
+    r"""Root mean squared error per query, :math:`\sqrt{\mathrm{TSE}/m}`."""
+    total = expected_error(W, A, privacy)
+    return ErrorResult(
+        math.sqrt(total / W.shape[0]), measure="rmse", privacy=privacy, queries=W.shape[0], reason=total.reason
+    )
+
+
+def _term_variances_kronecker(w_union: KronUnion, a_union: KronUnion) -> np.ndarray:
+    strategy = _kronecker_strategy(a_union)
+    weight = strategy.weight
+    traces = _kronecker_traces(w_union, strategy)
+    diags = [[f.quadratic_diag(strategy.factor_inverse(i)) for f in fs] for i, fs in enumerate(w_union.factors)]
+    out = []
+    for j in range(w_union.num_terms):
+        c, fs = w_union.term(j)
+        v = (c / weight) ** 2
+        rows = math.prod(f.shape[0] for f in fs)
+        if not np.isfinite(traces.terms[j]):
+            out.append(np.full(rows, np.inf))
+            continue
+        parts = [diags[i][k] for i, k in enumerate(w_union.index[j])]
+        out.append(v * _kron_vectors(parts))
+    return np.concatenate(out)
+
+
+def _kron_vectors(parts: list[np.ndarray]) -> np.ndarray:
+    out = np.ones(1)
+    for p in parts:
+        out = np.kron(out, p)
+    return out
+
+
+def _row_projections(f: Matrix) -> tuple[np.ndarray, np.ndarray]:
+    r"""Per-row ``(diag(f P f^T)/n, diag(f Q f^T)/n)`` of a one-attribute factor."""
+    n = f.shape[1]
+    p = (f @ np.ones(n)) ** 2 / n
+    q = np.maximum(f.quadratic_diag(np.eye(n)) - p, 0.0)
+    return p / n, q / n
+
+
+def _term_variances_spectral(w_union: KronUnion, a_union: KronUnion) -> np.ndarray:
+    traces, (spectrum, term_ids, position, lam_w) = _spectral_traces(w_union, a_union)
+    proj = [[_row_projections(f) for f in fs] for fs in w_union.factors]
+    uniform = w_union.gather(
+        [np.array([np.ptp(p) == 0 and np.ptp(q) == 0 for p, q in fs], dtype=float) for fs in proj]
+    ).all(axis=1)
+    rows = w_union.term_rows()
+    out = []
+    for j in range(w_union.num_terms):
+        if not np.isfinite(traces.terms[j]):
+            out.append(np.full(int(rows[j]), np.inf))
+        elif uniform[j]:
+            out.append(np.full(int(rows[j]), traces.terms[j] / rows[j]))
+        else:
+            c = w_union.weights[j]
+            acc = np.zeros(int(rows[j]))
+            for pos in position[term_ids == j]:
+                members = spectrum.members[pos]
+                parts = [proj[i][k][1 if members[i] else 0] for i, k in enumerate(w_union.index[j])]
+                acc += c**2 / lam_w[pos] * _kron_vectors(parts)
+            out.append(acc)
+    return np.concatenate(out)
+
+
+def per_query_variance(W: Matrix, A: Matrix, privacy: Privacy) -> np.ndarray:
+    r"""Variance of each workload answer, :math:`\mathrm{Var}(z)\,\mathrm{diag}(W(A^TA)^+W^T)`.
+
+    In the workload's row order; ``inf`` for queries the strategy does not support. Computed
+    per Kronecker term from per-factor diagonals; ``W`` is never formed.
+    """
+    _check_inputs(W, A, privacy)
+    scale = noise_variance(A, privacy)
+    route, w_union, a_union = _route(W, A)
+    if route == "kronecker":
+        return scale * _term_variances_kronecker(w_union, a_union)
+    if route == "spectral":
+        return scale * _term_variances_spectral(w_union, a_union)
+    traces, Xp = _dense_traces(W, A)
+    if traces.reason is not None:
+        return np.full(W.shape[0], np.inf)
+    return scale * W.quadratic_diag(Xp)
+
+
+def lp_error(W: Matrix, A: Matrix, privacy: Privacy, p: float) -> float:
+    r"""The :math:`\ell_p^p` error :math:`(E\|M(x) - Wx\|_p^p)^{1/p}` (MATH.md section 6).
+
+    Under Gaussian noise each answer's error is :math:`N(0, v_i)`, so
+    :math:`E\|e\|_p^p = \sum_i v_i^{p/2}\, 2^{p/2}\,\Gamma((p+1)/2)/\sqrt{\pi}` exactly.
+    Under Laplace noise the answer errors are not Gaussian and only ``p = 2`` is exact.
+    """
+    if not (isinstance(p, (int, float)) and p >= 1 and math.isfinite(p)):
+        raise ValueError(f"p must be a finite number >= 1, got {p!r}")
+    v = per_query_variance(W, A, privacy)
+    if privacy.noise == "laplace" and p != 2:
+        raise ValueError(
+            "the l_p^p error is exact only under Gaussian noise (ApproxDP or ZCDP) or for p = 2; "
+            "under PureDP use p=2 (total squared error)"
+        )
+    moment = 2 ** (p / 2) * gamma((p + 1) / 2) / math.sqrt(math.pi)
+    return float(np.sum(v ** (p / 2)) * moment) ** (1.0 / p)

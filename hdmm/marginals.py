@@ -1,0 +1,375 @@
+r"""Marginal workloads and the marginals algebra (MATH.md section 3).
+
+With :math:`P_i = J/n_i` and :math:`Q_i = I - P_i` on attribute :math:`i`, the projectors
+
+.. math:: E_T = \bigotimes_{i \in T} Q_i \bigotimes_{i \notin T} P_i, \qquad T \subseteq [d],
+
+are orthogonal, idempotent and sum to the identity; :math:`\mathrm{tr}(E_T) = \prod_{i\in T}(n_i - 1)`.
+For a Kronecker product Gram :math:`G = \bigotimes_i G_i` the traces factor,
+
+.. math:: \mathrm{tr}(E_T G) = \prod_{i \in T} \mathrm{tr}(Q_i G_i) \prod_{i \notin T} \mathrm{tr}(P_i G_i),
+
+with :math:`\mathrm{tr}(P_i G_i) = \|F_i 1\|^2 / n_i` and :math:`\mathrm{tr}(Q_i G_i) = \|F_i\|_F^2 -
+\mathrm{tr}(P_i G_i)` for :math:`G_i = F_i^T F_i`. This module computes the *trace spectrum*
+
+.. math:: \tau_T(W) = \mathrm{tr}(E_T W^T W) / N
+
+of any union of Kronecker products, enumerating only the subsets with :math:`\tau_T > 0`
+(for marginals: the downward closure of the workload's attribute sets, never all
+:math:`2^d`). Dividing by :math:`N = \prod_i n_i` keeps every number of order one however
+many attributes there are. When every factor Gram is of the form :math:`aI + bJ` (marginals,
+totals, identities, their unions) the Gram is :math:`\sum_T \mu_T E_T` with
+:math:`\mu_T = N \tau_T / \mathrm{tr}(E_T)`: its pseudo-inverse, its singular values and the
+error of any workload under it are read off the spectrum.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .domain import Domain
+from .matrix import Identity, KronVector, Matrix, Ones, Product, _check_norm
+from .union import KronUnion
+
+__all__ = [
+    "Marginals",
+    "Marginal",
+    "DimKMarginals",
+    "AllMarginals",
+    "TraceSpectrum",
+    "trace_spectrum",
+    "factor_traces",
+    "in_marginal_algebra",
+]
+
+#: Largest number of (term, subset) pairs the spectrum enumeration will generate.
+ENUMERATION_LIMIT = 50_000_000
+
+
+def as_domain(domain: Domain | Sequence[int]) -> Domain:
+    """A :class:`Domain`, or one with attributes named ``a0, a1, ...`` for a tuple of sizes."""
+    if isinstance(domain, Domain):
+        return domain
+    sizes = tuple(domain)
+    return Domain([f"a{i}" for i in range(len(sizes))], sizes)
+
+
+def subset_keys(members: np.ndarray) -> np.ndarray:
+    """Hashable, sortable keys (numpy void scalars) for rows of a boolean membership matrix."""
+    packed = np.ascontiguousarray(np.packbits(members, axis=1))
+    return packed.view(np.dtype((np.void, packed.shape[1]))).ravel()
+
+
+# ====================================================================== trace spectrum
+def factor_traces(f: Matrix) -> tuple[float, float]:
+    r"""``(tr(P G) / n, tr(Q G) / n)`` for the Gram ``G = f^T f`` of a one-attribute factor.
+
+    Computed from one product ``f @ 1`` and the column norms: no Gram is formed.
+    """
+    n = f.shape[1]
+    image = f @ np.ones(n)
+    p = float(image @ image) / n
+    frob = f.column_norm_powers(2).sum()
+    q = frob - p
+    if q <= 1e-12 * frob:
+        q = 0.0
+    return p / n, q / n
+
+
+class TraceSpectrum:
+    r"""The subsets ``T`` with :math:`\tau_T > 0` and their values, sorted by key.
+
+    Attributes
+    ----------
+    sizes : tuple of int
+        Attribute sizes ``n_i``.
+    members : ndarray of bool, shape (subsets, d)
+        Membership of each subset ``T``.
+    tau : ndarray
+        :math:`\tau_T = \mathrm{tr}(E_T G)/N`.
+    """
+
+    def __init__(self, sizes: tuple[int, ...], members: np.ndarray, tau: np.ndarray):
+        self.sizes = sizes
+        self.members = members
+        self.tau = tau
+        self.keys = subset_keys(members)
+
+    @property
+    def trace_E(self) -> np.ndarray:
+        r""":math:`\mathrm{tr}(E_T) = \prod_{i \in T} (n_i - 1)` for each subset."""
+        return np.prod(np.where(self.members, np.array(self.sizes, dtype=float) - 1, 1.0), axis=1)
+
+    @property
+    def eigenvalues(self) -> np.ndarray:
+        r""":math:`\mu_T / N = \tau_T / \mathrm{tr}(E_T)`: the normalised eigenvalue on each ``E_T``.
+
+        Meaningful only for Grams in the marginals algebra (:func:`in_marginal_algebra`).
+        """
+        trace_E = self.trace_E
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(trace_E > 0, self.tau / trace_E, 0.0)
+
+    def lookup(self, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """``values`` at the given subset keys, 0 where a subset is not in this spectrum."""
+        pos = np.searchsorted(self.keys, keys)
+        pos = np.minimum(pos, self.keys.size - 1)
+        found = self.keys[pos] == keys
+        return np.where(found, values[pos], 0.0)
+
+
+def _expand(union: KronUnion) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All (term, T, contribution) triples with a non-zero contribution to tau_T.
+
+    Term ``j`` contributes ``c_j^2 prod_{i in T} q_ij prod_{i not in T} p_ij`` to tau_T; the
+    subsets with a non-zero product contain ``R_j = {i: p_ij = 0}`` and lie inside
+    ``F_j = {i: q_ij > 0}``, so only those ``2^{|F_j - R_j|}`` subsets are generated.
+    """
+    traces = union.per_factor(factor_traces)  # per attribute: (factors, 2)
+    p = union.gather([t[:, 0] for t in traces])
+    q = union.gather([t[:, 1] for t in traces])
+    allowed = q > 0
+    required = p <= 0
+    live = ~np.any(required & ~allowed, axis=1) & (union.weights != 0)
+    free = allowed & ~required
+    base = union.weights**2 * np.prod(np.where(allowed, 1.0, p), axis=1) * np.prod(np.where(required, q, 1.0), axis=1)
+    counts = free.sum(axis=1)
+    total = int(np.sum(2.0 ** counts[live]))
+    if total > ENUMERATION_LIMIT:
+        raise ValueError(
+            f"the marginals-algebra computation would enumerate {total:,} attribute subsets "
+            f"(limit {ENUMERATION_LIMIT:,}); the workload has terms over too many attributes at once"
+        )
+    term_ids, member_rows, values = [], [], []
+    for k in np.unique(counts[live]):
+        rows = np.flatnonzero(live & (counts == k))
+        if k == 0:
+            term_ids.append(rows)
+            member_rows.append(required[rows])
+            values.append(base[rows])
+            continue
+        cols = np.nonzero(free[rows])[1].reshape(rows.size, k)
+        pf = p[rows[:, None], cols]
+        qf = q[rows[:, None], cols]
+        for mask in range(2**k):
+            sel = np.array([(mask >> b) & 1 for b in range(k)], dtype=bool)
+            members = required[rows].copy()
+            members[np.arange(rows.size)[:, None], cols[:, sel]] = True
+            term_ids.append(rows)
+            member_rows.append(members)
+            values.append(base[rows] * np.prod(np.where(sel, qf, pf), axis=1))
+    if not term_ids:
+        empty = np.zeros((0, union.dim), dtype=bool)
+        return np.zeros(0, dtype=np.intp), empty, np.zeros(0)
+    return np.concatenate(term_ids), np.vstack(member_rows), np.concatenate(values)
+
+
+def trace_spectrum(union: KronUnion, with_terms: bool = False):
+    r"""The trace spectrum :math:`\tau_T = \mathrm{tr}(E_T W^T W)/N` of a union of Kronecker products.
+
+    With ``with_terms=True`` also returns the per-(term, subset) contributions
+    ``(term_ids, position of T in the spectrum, value)`` used for per-query quantities.
+    """
+    term_ids, members, values = _expand(union)
+    keys = subset_keys(members)
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    tau = np.bincount(inverse, weights=values, minlength=first.size)
+    spectrum = TraceSpectrum(union.sizes, members[first], tau)
+    if with_terms:
+        return spectrum, (term_ids, inverse, values)
+    return spectrum
+
+
+def in_marginal_algebra(union: KronUnion) -> bool:
+    r"""Whether every factor Gram of the union has the form :math:`aI + bJ`.
+
+    Then the union's Gram is diagonal in the :math:`E_T` basis.
+    """
+
+    def is_aI_bJ(f: Matrix) -> bool:
+        if isinstance(f, (Identity, Ones, Marginals)):
+            return True
+        n = f.shape[1]
+        if n * n > 2**24:
+            return False
+        G = f.gram().dense()
+        if n == 1:
+            return True
+        a, b = G[0, 0] - G[0, 1], G[0, 1]
+        return bool(np.allclose(G, a * np.eye(n) + b, rtol=1e-10, atol=1e-12 * max(1.0, abs(G).max())))
+
+    return all(is_aI_bJ(f) for fs in union.factors for f in fs)
+
+
+# ====================================================================== marginal workloads
+class Marginals(Matrix):
+    r"""A weighted set of marginals: for each attribute subset ``S`` the counts of every
+    combination of values of the attributes in ``S``, scaled by ``w_S``.
+
+    .. math:: M_S = \bigotimes_{i \in S} I_{n_i} \bigotimes_{i \notin S} 1^T, \qquad
+              W = \mathrm{VStack}_S \; w_S M_S .
+
+    Stored as a boolean ``(subsets, d)`` membership matrix and a weight vector, so hundreds of
+    thousands of marginals cost a few megabytes. Serves both as a workload and as a weighted
+    marginals strategy (OPT_M).
+
+    Parameters
+    ----------
+    domain
+        A :class:`Domain` or a tuple of attribute sizes.
+    weights
+        Mapping from attribute subsets (tuples of names or indices; ``()`` is the total) to
+        non-negative weights.
+    """
+
+    def __init__(self, domain: Domain | Sequence[int], weights: Mapping[Sequence, float]):
+        domain = as_domain(domain)
+        items = list(weights.items())
+        members = np.zeros((len(items), len(domain)), dtype=bool)
+        w = np.empty(len(items))
+        for row, (attrs, weight) in enumerate(items):
+            if isinstance(attrs, (str, int, np.integer)):
+                attrs = (attrs,)
+            members[row, list(domain.indices(attrs))] = True
+            w[row] = weight
+        self._setup(domain, members, w)
+
+    @classmethod
+    def from_members(cls, domain: Domain | Sequence[int], members: np.ndarray, weights: np.ndarray) -> Marginals:
+        """Build from a boolean ``(subsets, d)`` membership matrix and weights."""
+        self = cls.__new__(cls)
+        self._setup(as_domain(domain), np.asarray(members, dtype=bool), np.asarray(weights, dtype=float))
+        return self
+
+    def _setup(self, domain: Domain, members: np.ndarray, weights: np.ndarray) -> None:
+        if members.ndim != 2 or members.shape[1] != len(domain) or weights.shape != (members.shape[0],):
+            raise ValueError("members must be (subsets, attributes) and weights one per subset")
+        if members.shape[0] == 0:
+            raise ValueError("a marginals workload needs at least one attribute subset")
+        if not np.all(np.isfinite(weights)) or np.any(weights < 0):
+            raise ValueError("marginal weights must be finite and non-negative")
+        if np.unique(subset_keys(members)).size != members.shape[0]:
+            raise ValueError("each attribute subset may appear only once; combine their weights")
+        self.domain = domain
+        self.members = members
+        self.weights = weights
+        sizes = np.array(domain.shape, dtype=float)
+        self.rows_per_subset = np.prod(np.where(members, sizes, 1.0), axis=1).astype(np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.rows_per_subset)])
+        self.shape = (int(self.offsets[-1]), domain.size)
+
+    # ------------------------------------------------------------------ access
+    @property
+    def subsets(self) -> list[tuple[str, ...]]:
+        """The attribute subsets, as tuples of names."""
+        names = self.domain.names
+        return [tuple(names[i] for i in np.flatnonzero(row)) for row in self.members]
+
+    def _axes(self, row: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        inside = tuple(int(i) for i in np.flatnonzero(self.members[row]))
+        outside = tuple(i for i in range(len(self.domain)) if i not in inside)
+        return inside, outside
+
+    # ------------------------------------------------------------------ products
+    def _matmat(self, X):
+        k = X.shape[1]
+        T = X.reshape(self.domain.shape + (k,))
+        out = np.empty((self.shape[0], k))
+        for row in range(self.members.shape[0]):
+            _, outside = self._axes(row)
+            lo, hi = self.offsets[row], self.offsets[row + 1]
+            out[lo:hi] = self.weights[row] * T.sum(axis=outside).reshape(-1, k)
+        return out
+
+    def _rmatmat(self, Y):
+        k = Y.shape[1]
+        shape = self.domain.shape
+        out = np.zeros(shape + (k,))
+        for row in range(self.members.shape[0]):
+            inside, outside = self._axes(row)
+            lo, hi = self.offsets[row], self.offsets[row + 1]
+            table = Y[lo:hi].reshape(tuple(shape[i] for i in inside) + (k,))
+            out += self.weights[row] * np.expand_dims(table, outside)
+        return out.reshape(-1, k)
+
+    def gram(self):
+        return _MarginalsGram(self)
+
+    def column_norm_powers(self, p):
+        _check_norm(p)
+        ones = tuple(np.ones(n) for n in self.domain.shape)
+        return KronVector(self.domain.shape, [(float(np.sum(self.weights**p)), ones)])
+
+    def kron_union(self):
+        factors = [[Ones(1, n), Identity(n)] for n in self.domain.shape]
+        return KronUnion(factors, self.members.astype(np.intp), self.weights)
+
+    def describe(self, row, name=None, values=None):
+        k = int(np.searchsorted(self.offsets, row, side="right")) - 1
+        inside, _ = self._axes(k)
+        if not inside:
+            return None
+        cell = np.unravel_index(row - int(self.offsets[k]), tuple(self.domain.shape[i] for i in inside))
+        names = self.domain.names
+        return " & ".join(f"{names[i]}={self.domain.values(names[i])[int(v)]}" for i, v in zip(inside, cell))
+
+    def __repr__(self):
+        return f"Marginals({self.members.shape[0]:,} subsets over {self.domain!r})"
+
+
+class _MarginalsGram(Product):
+    r"""``M^T M = sum_S w_S^2 G_S``; every ``G_S`` has a unit diagonal, so diag and trace are closed form."""
+
+    def __init__(self, marginals: Marginals):
+        super().__init__(marginals.T, marginals)
+        self._total = float(np.sum(marginals.weights**2))
+
+    @property
+    def T(self):
+        return self
+
+    def diag(self):
+        return np.full(self.shape[0], self._total)
+
+    def trace(self):
+        return self._total * self.shape[0]
+
+
+def Marginal(domain: Domain | Sequence[int], attrs: Sequence) -> Marginals:
+    """The single marginal over ``attrs`` (names or indices): one query per value combination."""
+    if isinstance(attrs, (str, int, np.integer)):
+        attrs = (attrs,)
+    return Marginals(domain, {tuple(attrs): 1.0})
+
+
+def _subsets_of_size(d: int, k: int) -> np.ndarray:
+    if k == 0:
+        return np.zeros((1, d), dtype=bool)
+    combos = np.array(list(itertools.combinations(range(d), k)), dtype=np.intp).reshape(-1, k)
+    members = np.zeros((combos.shape[0], d), dtype=bool)
+    members[np.arange(combos.shape[0])[:, None], combos] = True
+    return members
+
+
+def DimKMarginals(domain: Domain | Sequence[int], k: int) -> Marginals:
+    """All marginals over exactly ``k`` attributes, each with weight 1."""
+    domain = as_domain(domain)
+    if not 0 <= k <= len(domain):
+        raise ValueError(f"k must be between 0 and the number of attributes ({len(domain)}), got {k}")
+    members = _subsets_of_size(len(domain), k)
+    return Marginals.from_members(domain, members, np.ones(members.shape[0]))
+
+
+def AllMarginals(domain: Domain | Sequence[int], max_size: int | None = None) -> Marginals:
+    """All marginals over at most ``max_size`` attributes (all of them by default), the total included."""
+    domain = as_domain(domain)
+    d = len(domain)
+    max_size = d if max_size is None else max_size
+    if not 0 <= max_size <= d:
+        raise ValueError(f"max_size must be between 0 and the number of attributes ({d}), got {max_size}")
+    members = np.vstack([_subsets_of_size(d, k) for k in range(max_size + 1)])
+    return Marginals.from_members(domain, members, np.ones(members.shape[0]))
+

@@ -1,0 +1,988 @@
+"""Implicit matrices: workloads and strategies that are never formed densely.
+
+Every class here represents an ``m x n`` real matrix by its structure and supports
+
+* ``A @ x`` for a vector ``x`` (shape ``(n,)``) or a block of vectors (shape ``(n, k)``),
+  and ``y @ A`` from the left; ``A @ B`` with another implicit matrix gives their lazy product;
+* ``A.T`` (lazy transpose), ``A.gram()`` (``A^T A``, kept implicit),
+  ``A.sensitivity(p)`` (largest column ``L_p`` norm, ``p`` in {1, 2}), ``A.trace()``,
+  ``A.diag()``, ``A.pinv()``, ``A.dense()`` and ``A.to_linear_operator()``.
+
+The structure rules are those of MATH.md section 2: for ``A = A_1 (x) ... (x) A_d``
+
+    A^T A = (x)_i A_i^T A_i,   A^+ = (x)_i A_i^+,   tr(A) = prod_i tr(A_i),
+
+column norms multiply, and ``A @ x`` applies each factor along its own axis of ``x`` reshaped
+to an ``(n_1, ..., n_d)`` tensor (C order: first factor most significant), at a cost of about
+``N * sum_i m_i`` instead of ``N^2``.
+
+Matrices opt out of numpy's operator dispatch (``__array_ufunc__ = None``), so
+``ndarray @ Matrix`` and ``numpy scalar * Matrix`` reach the methods here instead of being
+turned into object arrays (the failure mode of earlier HDMM code on scipy >= 1.11).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from functools import reduce
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.linalg import LinearOperator
+
+__all__ = [
+    "DENSE_LIMIT",
+    "DenseLimitError",
+    "Matrix",
+    "Explicit",
+    "Identity",
+    "Ones",
+    "Diagonal",
+    "Kronecker",
+    "VStack",
+    "Weighted",
+    "Sum",
+    "Product",
+    "Transpose",
+    "LabelSequence",
+]
+
+#: Largest number of entries ``dense()`` and the dense fall-backs will materialise
+#: (2**25 entries = 256 MiB of float64).
+DENSE_LIMIT = 2**25
+
+
+class DenseLimitError(ValueError):
+    """Raised when an operation would materialise a matrix larger than allowed."""
+
+
+def _check_dense_size(rows: int, cols: int, what: str, limit: int | None = None) -> None:
+    limit = DENSE_LIMIT if limit is None else limit
+    if rows * cols > limit:
+        raise DenseLimitError(
+            f"{what} would form a dense {rows:,} x {cols:,} matrix ({rows * cols:,} entries), "
+            f"above the limit of {limit:,} entries. Use the implicit operations "
+            "(@, gram(), trace(), sensitivity(), to_linear_operator()) instead, or raise the "
+            "limit explicitly (e.g. dense(max_entries=...)) if you have the memory."
+        )
+
+
+def _is_scalar(value: object) -> bool:
+    return isinstance(value, numbers.Number) or (isinstance(value, np.ndarray) and value.ndim == 0)
+
+
+class LabelSequence(Sequence):
+    """A lazy, read-only sequence of query labels: label ``i`` is computed when asked for."""
+
+    def __init__(self, length: int, label: Callable[[int], str]):
+        self._length = int(length)
+        self._label = label
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self._label(i) for i in range(*index.indices(self._length))]
+        i = int(index)
+        if i < 0:
+            i += self._length
+        if not 0 <= i < self._length:
+            raise IndexError(f"query index {index} out of range for {self._length} queries")
+        return self._label(i)
+
+    def __repr__(self) -> str:
+        head = ", ".join(repr(self[i]) for i in range(min(3, self._length)))
+        more = ", ..." if self._length > 3 else ""
+        return f"LabelSequence([{head}{more}], length={self._length})"
+
+
+class Matrix:
+    """Base class of all implicit matrices.
+
+    Subclasses set ``shape`` and implement ``_matmat`` (``A @ X`` for a 2-D block ``X``) and
+    ``_rmatmat`` (``A^T @ Y``); every other operation has a structural override where the
+    structure allows, or a dense fall-back that refuses matrices above ``DENSE_LIMIT``.
+    """
+
+    __array_ufunc__ = None
+    shape: tuple[int, int]
+
+    # ------------------------------------------------------------------ products with arrays
+    def _matmat(self, X: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _rmatmat(self, Y: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def __matmul__(self, other):
+        if isinstance(other, Matrix):
+            return _multiply(self, other)
+        if _is_scalar(other):
+            raise TypeError("use * to scale a matrix by a number; @ is the matrix product")
+        X = np.asarray(other, dtype=np.float64)
+        if X.ndim not in (1, 2) or X.shape[0] != self.shape[1]:
+            raise ValueError(
+                f"cannot multiply a {self.shape[0]:,} x {self.shape[1]:,} matrix by an array of "
+                f"shape {X.shape}: expected ({self.shape[1]:,},) or ({self.shape[1]:,}, k)"
+            )
+        if X.ndim == 1:
+            return self._matmat(X[:, None])[:, 0]
+        return self._matmat(X)
+
+    def __rmatmul__(self, other):
+        if _is_scalar(other):
+            raise TypeError("use * to scale a matrix by a number; @ is the matrix product")
+        Y = np.asarray(other, dtype=np.float64)
+        if Y.ndim not in (1, 2) or Y.shape[-1] != self.shape[0]:
+            raise ValueError(
+                f"cannot multiply an array of shape {Y.shape} by a {self.shape[0]:,} x "
+                f"{self.shape[1]:,} matrix"
+            )
+        if Y.ndim == 1:
+            return self._rmatmat(Y[:, None])[:, 0]
+        return self._rmatmat(Y.T).T
+
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        """``A @ x``."""
+        return self @ x
+
+    def rmatvec(self, y: np.ndarray) -> np.ndarray:
+        """``A^T @ y``."""
+        return self.T @ y
+
+    # ------------------------------------------------------------------ algebra
+    def __mul__(self, other):
+        if _is_scalar(other):
+            return Weighted(self, float(other))
+        return NotImplemented
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        if _is_scalar(other):
+            return Weighted(self, 1.0 / float(other))
+        return NotImplemented
+
+    def __neg__(self):
+        return Weighted(self, -1.0)
+
+    def __add__(self, other):
+        if isinstance(other, Matrix):
+            return Sum([self, other])
+        return NotImplemented
+
+    def __sub__(self, other):
+        if isinstance(other, Matrix):
+            return Sum([self, -other])
+        return NotImplemented
+
+    @property
+    def T(self) -> Matrix:
+        """The (lazy) transpose."""
+        return Transpose(self)
+
+    def gram(self) -> Matrix:
+        """``A^T A``, kept implicit."""
+        return Product(self.T, self)
+
+    # ------------------------------------------------------------------ norms and traces
+    def column_norm_powers(self, p: int) -> KronVector:
+        r"""The vector of :math:`\sum_i |a_{ij}|^p` over rows, one entry per column.
+
+        Returned as a :class:`KronVector` (a sum of Kronecker products of short vectors), so
+        that a Kronecker strategy over a huge domain never forms a length-``N`` vector.
+        """
+        _check_norm(p)
+        A = self.dense()
+        return KronVector.from_array((np.abs(A) ** p).sum(axis=0))
+
+    def sensitivity(self, p: int = 1) -> float:
+        r"""Largest column :math:`L_p` norm, :math:`\Delta_p(A) = \max_j \|a_{:,j}\|_p`.
+
+        ``p = 1`` calibrates Laplace noise (pure DP), ``p = 2`` Gaussian noise.
+        """
+        _check_norm(p)
+        return float(self.column_norm_powers(p).max() ** (1.0 / p))
+
+    def _check_square(self, what: str) -> None:
+        if self.shape[0] != self.shape[1]:
+            raise ValueError(f"{what} needs a square matrix, got shape {self.shape}")
+
+    def diag(self) -> np.ndarray:
+        """The diagonal of a square matrix."""
+        self._check_square("diag()")
+        return np.diagonal(self.dense()).copy()
+
+    def trace(self) -> float:
+        """The trace of a square matrix."""
+        self._check_square("trace()")
+        return float(np.sum(self.diag()))
+
+    def pinv(self) -> Matrix:
+        """The Moore-Penrose pseudo-inverse.
+
+        Structural for explicit, identity, all-ones, diagonal, Kronecker, weighted and
+        transposed matrices; other compositions fall back to a dense pseudo-inverse when small
+        and raise :class:`DenseLimitError` otherwise (reconstruct with LSMR instead).
+        """
+        return Explicit(np.linalg.pinv(self.dense()))
+
+    def quadratic_diag(self, X: np.ndarray) -> np.ndarray:
+        """``diag(A X A^T)`` for a small dense symmetric ``X`` (``n x n``).
+
+        The per-query variance of a workload factor: structured workloads override this to
+        avoid forming ``A`` (ranges use 2-D prefix sums of ``X``).
+        """
+        A = self.dense()
+        return np.einsum("ij,ij->i", A @ X, A)
+
+    # ------------------------------------------------------------------ conversions
+    def dense(self, max_entries: int | None = None) -> np.ndarray:
+        """The matrix as a dense numpy array; refuses above ``max_entries`` (default ``DENSE_LIMIT``)."""
+        m, n = self.shape
+        _check_dense_size(m, n, f"dense() of a {type(self).__name__}", max_entries)
+        return self._matmat(np.eye(n))
+
+    def to_linear_operator(self) -> LinearOperator:
+        """A ``scipy.sparse.linalg.LinearOperator`` view (for LSMR, eigsh, ...)."""
+        return LinearOperator(
+            shape=self.shape,
+            dtype=np.float64,
+            matvec=lambda v: self._matmat(np.asarray(v, dtype=float).reshape(-1, 1))[:, 0],
+            rmatvec=lambda v: self._rmatmat(np.asarray(v, dtype=float).reshape(-1, 1))[:, 0],
+            matmat=lambda X: self._matmat(np.asarray(X, dtype=float)),
+            rmatmat=lambda Y: self._rmatmat(np.asarray(Y, dtype=float)),
+        )
+
+    def kron_union(self):
+        """This matrix as a union of weighted Kronecker products (see :mod:`hdmm.union`)."""
+        from .union import KronUnion
+
+        return KronUnion.single([self])
+
+    # ------------------------------------------------------------------ labels
+    def describe(self, row: int, name: str | None = None, values: Sequence | None = None) -> str | None:
+        """A readable predicate for query ``row`` of a one-attribute matrix.
+
+        ``name`` and ``values`` are the attribute's name and value labels when known. Returns
+        ``None`` when the query places no condition on the attribute (a total).
+        """
+        return f"{name or 'query'}[{row}]"
+
+    @property
+    def labels(self) -> LabelSequence:
+        """Readable labels of the rows, computed lazily one at a time."""
+        return LabelSequence(self.shape[0], lambda i: self.describe(i) or "total")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(shape={self.shape})"
+
+    def _key(self):
+        """A hashable key: equal keys mean equal matrices (used to share work)."""
+        return id(self)
+
+
+def _check_norm(p: int) -> None:
+    if p not in (1, 2):
+        raise ValueError(f"sensitivity norm p must be 1 (Laplace) or 2 (Gaussian), got {p!r}")
+
+
+# ====================================================================== Kronecker vectors
+class KronVector:
+    r"""A vector stored as a sum of Kronecker products of short vectors.
+
+    ``v = sum_t c_t * (v_t1 (x) v_t2 (x) ... (x) v_td)``, all terms over the same axis sizes
+    ``(n_1, ..., n_d)``. Column norms of Kronecker strategies and their unions have this form;
+    :meth:`max` finds the largest entry without forming the length-``N`` vector when it can.
+    """
+
+    def __init__(self, sizes: tuple[int, ...], terms: list[tuple[float, tuple[np.ndarray, ...]]]):
+        self.sizes = tuple(int(s) for s in sizes)
+        self.terms = terms
+
+    @classmethod
+    def from_array(cls, v: np.ndarray) -> KronVector:
+        v = np.asarray(v, dtype=float)
+        return cls((v.size,), [(1.0, (v,))])
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.sizes)
+
+    def scale(self, c: float) -> KronVector:
+        return KronVector(self.sizes, [(c * w, vs) for w, vs in self.terms])
+
+    def kron(self, other: KronVector) -> KronVector:
+        terms = [(a * b, va + vb) for a, va in self.terms for b, vb in other.terms]
+        return KronVector(self.sizes + other.sizes, terms)
+
+    def __add__(self, other: KronVector) -> KronVector:
+        if self.size != other.size:
+            raise ValueError(f"cannot add vectors of lengths {self.size} and {other.size}")
+        if self.sizes == other.sizes:
+            return KronVector(self.sizes, self.terms + other.terms)
+        return KronVector.from_array(self.to_array() + other.to_array())
+
+    def sum(self) -> float:
+        """The sum of the entries: ``sum_t c_t prod_i sum(v_ti)``."""
+        return float(sum(w * math.prod(float(np.sum(v)) for v in vs) for w, vs in self.terms))
+
+    def to_array(self) -> np.ndarray:
+        _check_dense_size(self.size, 1, "expanding a Kronecker-structured vector", 2**28)
+        out = np.zeros(self.size)
+        for w, vs in self.terms:
+            out += w * reduce(np.kron, vs)
+        return out
+
+    def max(self) -> float:
+        """The largest entry.
+
+        Axes on which every term is constant are folded into the coefficients first (for
+        workloads built from identities and totals that leaves almost nothing); the rest is
+        evaluated in slices of the first remaining axis.
+        """
+        coefs = np.array([w for w, _ in self.terms], dtype=float)
+        keep = []
+        for axis in range(len(self.sizes)):
+            vecs = [vs[axis] for _, vs in self.terms]
+            if all(np.all(v == v[0]) for v in vecs):
+                coefs = coefs * np.array([v[0] for v in vecs])
+            else:
+                keep.append(axis)
+        if not keep:
+            return float(coefs.sum())
+        first, rest = keep[0], keep[1:]
+        rest_size = math.prod(self.sizes[a] for a in rest)
+        _check_dense_size(rest_size, len(self.terms), "the maximum of a Kronecker-structured vector", 2**28)
+        tails = np.stack([reduce(np.kron, [vs[a] for a in rest], np.ones(1)) for _, vs in self.terms])
+        heads = np.stack([vs[first] for _, vs in self.terms]) * coefs[:, None]  # (terms, n_first)
+        best = -np.inf
+        for j in range(self.sizes[first]):
+            best = max(best, float((heads[:, j] @ tails).max()))
+        return best
+
+
+# ====================================================================== leaves
+class Explicit(Matrix):
+    """A matrix given by its entries: a dense numpy array or a scipy.sparse matrix."""
+
+    def __init__(self, matrix, labels: Sequence[str] | None = None):
+        if sp.issparse(matrix):
+            matrix = sp.csr_array(matrix, dtype=np.float64)
+        else:
+            matrix = np.asarray(matrix, dtype=np.float64)
+            if matrix.ndim == 1:
+                matrix = matrix[None, :]
+            if matrix.ndim != 2:
+                raise ValueError(f"an explicit matrix must be 2-D, got shape {matrix.shape}")
+        data = matrix.data if sp.issparse(matrix) else matrix
+        if not np.all(np.isfinite(data)):
+            raise ValueError("matrix entries must be finite (found NaN or infinity)")
+        if labels is not None and len(labels) != matrix.shape[0]:
+            raise ValueError(f"got {len(labels)} labels for {matrix.shape[0]} rows")
+        self.matrix = matrix
+        self.row_labels = None if labels is None else tuple(str(s) for s in labels)
+        self.shape = (int(matrix.shape[0]), int(matrix.shape[1]))
+
+    @property
+    def is_sparse(self) -> bool:
+        return sp.issparse(self.matrix)
+
+    def _matmat(self, X):
+        return np.asarray(self.matrix @ X)
+
+    def _rmatmat(self, Y):
+        return np.asarray(self.matrix.T @ Y)
+
+    @property
+    def T(self):
+        return Explicit(self.matrix.T)
+
+    def gram(self):
+        return Explicit(self.matrix.T @ self.matrix)
+
+    def column_norm_powers(self, p):
+        _check_norm(p)
+        if self.is_sparse:
+            col = np.asarray(abs(self.matrix).power(p).sum(axis=0)).ravel()
+        else:
+            col = (np.abs(self.matrix) ** p).sum(axis=0)
+        return KronVector.from_array(col)
+
+    def diag(self):
+        self._check_square("diag()")
+        return np.asarray(self.matrix.diagonal(), dtype=float)
+
+    def pinv(self):
+        return Explicit(np.linalg.pinv(self.dense()))
+
+    def quadratic_diag(self, X):
+        AX = np.asarray(self.matrix @ X)
+        if self.is_sparse:
+            return np.asarray(self.matrix.multiply(AX).sum(axis=1)).ravel()
+        return np.einsum("ij,ij->i", AX, self.matrix)
+
+    def dense(self, max_entries=None):
+        _check_dense_size(*self.shape, "dense() of an Explicit matrix", max_entries)
+        return self.matrix.toarray() if self.is_sparse else self.matrix.copy()
+
+    def describe(self, row, name=None, values=None):
+        if self.row_labels is not None:
+            label = self.row_labels[row]
+            return label if name is None else f"{name}: {label}"
+        r = self.matrix[[row]].toarray()[0] if self.is_sparse else self.matrix[row]
+        return _describe_row(r, name, values)
+
+    def __repr__(self):
+        kind = "sparse" if self.is_sparse else "dense"
+        return f"Explicit({kind}, shape={self.shape})"
+
+
+def _value_label(values: Sequence | None, i: int) -> str:
+    return str(i if values is None else values[i])
+
+
+def _describe_row(row: np.ndarray, name: str | None, values: Sequence | None) -> str | None:
+    """Label a one-attribute query row: a total, a single value, a range or a set of values."""
+    name = name or "value"
+    support = np.flatnonzero(row)
+    if support.size == 0:
+        return f"{name}: empty query"
+    if not np.all(row[support] == 1):
+        return f"{name}: weighted query"
+    if support.size == row.size:
+        return None
+    if support.size == 1:
+        return f"{name}={_value_label(values, support[0])}"
+    lo, hi = int(support[0]), int(support[-1]) + 1
+    if hi - lo == support.size:
+        if values is None:
+            return f"{name} in [{lo}, {hi})"
+        return f"{name} in {_value_label(values, lo)}..{_value_label(values, hi - 1)}"
+    shown = ", ".join(_value_label(values, i) for i in support[:6])
+    return f"{name} in {{{shown}{', ...' if support.size > 6 else ''}}}"
+
+
+class Identity(Matrix):
+    """The ``n x n`` identity: one query per cell."""
+
+    def __init__(self, n: int):
+        self.n = _positive_int(n, "n")
+        self.shape = (self.n, self.n)
+
+    def _matmat(self, X):
+        return np.array(X, dtype=float, copy=True)
+
+    _rmatmat = _matmat
+
+    @property
+    def T(self):
+        return self
+
+    def gram(self):
+        return self
+
+    def column_norm_powers(self, p):
+        _check_norm(p)
+        return KronVector.from_array(np.broadcast_to(1.0, self.n))
+
+    def sensitivity(self, p=1):
+        _check_norm(p)
+        return 1.0
+
+    def diag(self):
+        return np.ones(self.n)
+
+    def trace(self):
+        return float(self.n)
+
+    def pinv(self):
+        return self
+
+    def quadratic_diag(self, X):
+        return np.diagonal(X).copy()
+
+    def dense(self, max_entries=None):
+        _check_dense_size(self.n, self.n, "dense() of an Identity", max_entries)
+        return np.eye(self.n)
+
+    def describe(self, row, name=None, values=None):
+        label = _value_label(values, row)
+        return label if name is None else f"{name}={label}"
+
+    def __repr__(self):
+        return f"Identity({self.n})"
+
+    def _key(self):
+        return ("Identity", self.n)
+
+
+class Ones(Matrix):
+    """The ``m x n`` all-ones matrix; ``Ones(1, n)`` is the single query "total"."""
+
+    def __init__(self, m: int, n: int):
+        self.shape = (_positive_int(m, "m"), _positive_int(n, "n"))
+
+    def _matmat(self, X):
+        return np.repeat(X.sum(axis=0, keepdims=True), self.shape[0], axis=0)
+
+    def _rmatmat(self, Y):
+        return np.repeat(Y.sum(axis=0, keepdims=True), self.shape[1], axis=0)
+
+    @property
+    def T(self):
+        return Ones(self.shape[1], self.shape[0])
+
+    def gram(self):
+        m, n = self.shape
+        return Ones(n, n) if m == 1 else Weighted(Ones(n, n), float(m))
+
+    def column_norm_powers(self, p):
+        _check_norm(p)
+        return KronVector.from_array(np.broadcast_to(float(self.shape[0]), self.shape[1]))
+
+    def sensitivity(self, p=1):
+        _check_norm(p)
+        return float(self.shape[0]) ** (1.0 / p)
+
+    def diag(self):
+        self._check_square("diag()")
+        return np.ones(self.shape[0])
+
+    def trace(self):
+        self._check_square("trace()")
+        return float(self.shape[0])
+
+    def pinv(self):
+        m, n = self.shape
+        return Weighted(Ones(n, m), 1.0 / (m * n))
+
+    def quadratic_diag(self, X):
+        return np.full(self.shape[0], float(np.sum(X)))
+
+    def dense(self, max_entries=None):
+        _check_dense_size(*self.shape, "dense() of Ones", max_entries)
+        return np.ones(self.shape)
+
+    def describe(self, row, name=None, values=None):
+        return None
+
+    def __repr__(self):
+        return f"Ones({self.shape[0]}, {self.shape[1]})"
+
+    def _key(self):
+        return ("Ones",) + self.shape
+
+
+class Diagonal(Matrix):
+    """A diagonal matrix ``diag(d)``."""
+
+    def __init__(self, d):
+        d = np.asarray(d, dtype=float)
+        if d.ndim != 1 or d.size == 0 or not np.all(np.isfinite(d)):
+            raise ValueError("a diagonal must be a non-empty 1-D array of finite numbers")
+        self.d = d
+        self.shape = (d.size, d.size)
+
+    def _matmat(self, X):
+        return self.d[:, None] * X
+
+    _rmatmat = _matmat
+
+    @property
+    def T(self):
+        return self
+
+    def gram(self):
+        return Diagonal(self.d**2)
+
+    def column_norm_powers(self, p):
+        _check_norm(p)
+        return KronVector.from_array(np.abs(self.d) ** p)
+
+    def diag(self):
+        return self.d.copy()
+
+    def pinv(self):
+        inv = np.zeros_like(self.d)
+        nonzero = self.d != 0
+        inv[nonzero] = 1.0 / self.d[nonzero]
+        return Diagonal(inv)
+
+    def quadratic_diag(self, X):
+        return self.d**2 * np.diagonal(X)
+
+    def dense(self, max_entries=None):
+        _check_dense_size(*self.shape, "dense() of a Diagonal", max_entries)
+        return np.diag(self.d)
+
+
+# ====================================================================== compositions
+class Kronecker(Matrix):
+    """The Kronecker product ``F_1 (x) F_2 (x) ... (x) F_d`` of implicit matrices.
+
+    Parameters
+    ----------
+    factors
+        One matrix per attribute (first attribute most significant).
+    names, values
+        Optional attribute names and value labels, used only for query labels.
+    sep
+        Separator between the per-attribute conditions of a label.
+    """
+
+    def __init__(
+        self,
+        factors: Sequence[Matrix],
+        names: Sequence[str | None] | None = None,
+        values: Sequence[Sequence | None] | None = None,
+        sep: str = " & ",
+    ):
+        factors = list(factors)
+        if not factors:
+            raise ValueError("a Kronecker product needs at least one factor")
+        for f in factors:
+            if not isinstance(f, Matrix):
+                raise TypeError(f"Kronecker factors must be hdmm matrices, got {type(f).__name__}")
+        self.factors = factors
+        d = len(factors)
+        self.names = tuple(names) if names is not None else (None,) * d
+        self.values = tuple(values) if values is not None else (None,) * d
+        if len(self.names) != d or len(self.values) != d:
+            raise ValueError("names and values must have one entry per factor")
+        self.sep = sep
+        self.shape = (
+            math.prod(f.shape[0] for f in factors),
+            math.prod(f.shape[1] for f in factors),
+        )
+
+    def _apply(self, factors: Sequence[Matrix], X: np.ndarray, transpose: bool) -> np.ndarray:
+        k = X.shape[1]
+        in_dim = 0 if transpose else 1
+        T = X.reshape(tuple(f.shape[in_dim] for f in factors) + (k,))
+        # Shrinking factors first keeps the intermediate tensors small; identities are no-ops.
+        order = sorted(range(len(factors)), key=lambda i: factors[i].shape[1 - in_dim] / factors[i].shape[in_dim])
+        for i in order:
+            f = factors[i]
+            if isinstance(f, Identity):
+                continue
+            moved = np.moveaxis(T, i, 0)
+            rest = moved.shape[1:]
+            flat = moved.reshape(moved.shape[0], -1)
+            out = f._rmatmat(flat) if transpose else f._matmat(flat)
+            T = np.moveaxis(out.reshape((out.shape[0],) + rest), 0, i)
+        return T.reshape(-1, k)
+
+    def _matmat(self, X):
+        return self._apply(self.factors, X, transpose=False)
+
+    def _rmatmat(self, Y):
+        return self._apply(self.factors, Y, transpose=True)
+
+    @property
+    def T(self):
+        return Kronecker([f.T for f in self.factors])
+
+    def gram(self):
+        return Kronecker([f.gram() for f in self.factors])
+
+    def column_norm_powers(self, p):
+        return reduce(KronVector.kron, [f.column_norm_powers(p) for f in self.factors])
+
+    def diag(self):
+        self._check_square("diag()")
+        return reduce(np.kron, [f.diag() for f in self.factors])
+
+    def trace(self):
+        self._check_square("trace()")
+        return math.prod(f.trace() for f in self.factors)
+
+    def pinv(self):
+        return Kronecker([f.pinv() for f in self.factors])
+
+    def dense(self, max_entries=None):
+        _check_dense_size(*self.shape, "dense() of a Kronecker product", max_entries)
+        return reduce(np.kron, [f.dense() for f in self.factors])
+
+    def kron_union(self):
+        from .union import KronUnion
+
+        return KronUnion.single(self.factors)
+
+    def describe(self, row, name=None, values=None):
+        idx = np.unravel_index(row, tuple(f.shape[0] for f in self.factors))
+        parts = [
+            f.describe(int(i), n, v) for f, i, n, v in zip(self.factors, idx, self.names, self.values)
+        ]
+        parts = [p for p in parts if p is not None]
+        return self.sep.join(parts) if parts else None
+
+    def __repr__(self):
+        return "Kronecker([" + ", ".join(repr(f) for f in self.factors) + "])"
+
+    def _key(self):
+        return ("Kronecker",) + tuple(f._key() for f in self.factors)
+
+
+class VStack(Matrix):
+    """A union of queries: the rows of several matrices with the same number of columns.
+
+    ``names`` (optional, one per block) prefix the blocks' query labels, e.g. ``"P12: "``.
+    """
+
+    def __init__(self, blocks: Sequence[Matrix], names: Sequence[str] | None = None):
+        blocks = list(blocks)
+        if not blocks:
+            raise ValueError("a union needs at least one matrix")
+        n = blocks[0].shape[1]
+        for b in blocks:
+            if not isinstance(b, Matrix):
+                raise TypeError(f"union members must be hdmm matrices, got {type(b).__name__}")
+            if b.shape[1] != n:
+                raise ValueError(
+                    f"all matrices in a union must have the same number of columns (domain size): "
+                    f"got {n:,} and {b.shape[1]:,}"
+                )
+        if names is not None and len(names) != len(blocks):
+            raise ValueError(f"got {len(names)} names for {len(blocks)} blocks")
+        self.blocks = blocks
+        self.names = None if names is None else tuple(names)
+        self.offsets = np.cumsum([0] + [b.shape[0] for b in blocks])
+        self.shape = (int(self.offsets[-1]), n)
+
+    def _matmat(self, X):
+        return np.vstack([b._matmat(X) for b in self.blocks])
+
+    def _rmatmat(self, Y):
+        return sum(b._rmatmat(Y[lo:hi]) for b, lo, hi in zip(self.blocks, self.offsets[:-1], self.offsets[1:]))
+
+    def gram(self):
+        return Sum([b.gram() for b in self.blocks])
+
+    def column_norm_powers(self, p):
+        return reduce(KronVector.__add__, [b.column_norm_powers(p) for b in self.blocks])
+
+    def quadratic_diag(self, X):
+        return np.concatenate([b.quadratic_diag(X) for b in self.blocks])
+
+    def dense(self, max_entries=None):
+        _check_dense_size(*self.shape, "dense() of a union", max_entries)
+        return np.vstack([b.dense() for b in self.blocks])
+
+    def kron_union(self):
+        from .union import KronUnion
+
+        return KronUnion.concatenate([b.kron_union() for b in self.blocks])
+
+    def _locate(self, row: int) -> tuple[int, int]:
+        k = int(np.searchsorted(self.offsets, row, side="right")) - 1
+        return k, row - int(self.offsets[k])
+
+    def describe(self, row, name=None, values=None):
+        k, r = self._locate(row)
+        label = self.blocks[k].describe(r, name, values)
+        if self.names is not None:
+            return f"{self.names[k]}: {label or 'total'}"
+        return label
+
+    def __repr__(self):
+        return f"VStack({len(self.blocks)} blocks, shape={self.shape})"
+
+
+class Weighted(Matrix):
+    """``c * A`` for a scalar ``c``."""
+
+    def __init__(self, base: Matrix, weight: float):
+        weight = float(weight)
+        if not math.isfinite(weight):
+            raise ValueError(f"a matrix weight must be finite, got {weight}")
+        if isinstance(base, Weighted):
+            base, weight = base.base, weight * base.weight
+        self.base = base
+        self.weight = weight
+        self.shape = base.shape
+
+    def _matmat(self, X):
+        return self.weight * self.base._matmat(X)
+
+    def _rmatmat(self, Y):
+        return self.weight * self.base._rmatmat(Y)
+
+    @property
+    def T(self):
+        return Weighted(self.base.T, self.weight)
+
+    def gram(self):
+        return Weighted(self.base.gram(), self.weight**2)
+
+    def column_norm_powers(self, p):
+        return self.base.column_norm_powers(p).scale(abs(self.weight) ** p)
+
+    def diag(self):
+        return self.weight * self.base.diag()
+
+    def trace(self):
+        return self.weight * self.base.trace()
+
+    def pinv(self):
+        if self.weight == 0:
+            return Weighted(self.base.T, 0.0)
+        return Weighted(self.base.pinv(), 1.0 / self.weight)
+
+    def quadratic_diag(self, X):
+        return self.weight**2 * self.base.quadratic_diag(X)
+
+    def dense(self, max_entries=None):
+        return self.weight * self.base.dense(max_entries)
+
+    def kron_union(self):
+        return self.base.kron_union().scale(self.weight)
+
+    def describe(self, row, name=None, values=None):
+        return self.base.describe(row, name, values)
+
+    def __repr__(self):
+        return f"{self.weight:g} * {self.base!r}"
+
+    def _key(self):
+        return ("Weighted", self.weight, self.base._key())
+
+
+class Sum(Matrix):
+    """``A_1 + A_2 + ...`` for matrices of one shape (e.g. the Gram of a union)."""
+
+    def __init__(self, terms: Sequence[Matrix]):
+        flat: list[Matrix] = []
+        for t in terms:
+            flat.extend(t.terms if isinstance(t, Sum) else [t])
+        if not flat:
+            raise ValueError("a sum needs at least one matrix")
+        shape = flat[0].shape
+        for t in flat:
+            if t.shape != shape:
+                raise ValueError(f"cannot add matrices of shapes {shape} and {t.shape}")
+        self.terms = flat
+        self.shape = shape
+
+    def _matmat(self, X):
+        return sum(t._matmat(X) for t in self.terms)
+
+    def _rmatmat(self, Y):
+        return sum(t._rmatmat(Y) for t in self.terms)
+
+    @property
+    def T(self):
+        return Sum([t.T for t in self.terms])
+
+    def diag(self):
+        self._check_square("diag()")
+        return sum(t.diag() for t in self.terms)
+
+    def trace(self):
+        self._check_square("trace()")
+        return float(sum(t.trace() for t in self.terms))
+
+    def dense(self, max_entries=None):
+        _check_dense_size(*self.shape, "dense() of a sum", max_entries)
+        return sum(t.dense() for t in self.terms)
+
+    def __repr__(self):
+        return f"Sum({len(self.terms)} terms, shape={self.shape})"
+
+
+class Product(Matrix):
+    """The lazy product ``A @ B``."""
+
+    def __init__(self, left: Matrix, right: Matrix):
+        if left.shape[1] != right.shape[0]:
+            raise ValueError(f"cannot multiply matrices of shapes {left.shape} and {right.shape}")
+        self.left, self.right = left, right
+        self.shape = (left.shape[0], right.shape[1])
+
+    def _matmat(self, X):
+        return self.left._matmat(self.right._matmat(X))
+
+    def _rmatmat(self, Y):
+        return self.right._rmatmat(self.left._rmatmat(Y))
+
+    @property
+    def T(self):
+        return Product(self.right.T, self.left.T)
+
+    def __repr__(self):
+        return f"Product({self.left!r}, {self.right!r})"
+
+
+class Transpose(Matrix):
+    """The lazy transpose of a matrix without a structural transpose of its own."""
+
+    def __init__(self, base: Matrix):
+        self.base = base
+        self.shape = (base.shape[1], base.shape[0])
+
+    def _matmat(self, X):
+        return self.base._rmatmat(X)
+
+    def _rmatmat(self, Y):
+        return self.base._matmat(Y)
+
+    @property
+    def T(self):
+        return self.base
+
+    def gram(self):
+        return Product(self.base, self.base.T)
+
+    def diag(self):
+        return self.base.diag()
+
+    def trace(self):
+        return self.base.trace()
+
+    def pinv(self):
+        return self.base.pinv().T
+
+    def __repr__(self):
+        return f"Transpose({self.base!r})"
+
+
+def _multiply(left: Matrix, right: Matrix) -> Matrix:
+    """``left @ right``, simplified where the structure allows."""
+    if left.shape[1] != right.shape[0]:
+        raise ValueError(f"cannot multiply matrices of shapes {left.shape} and {right.shape}")
+    if isinstance(left, Identity):
+        return right
+    if isinstance(right, Identity):
+        return left
+    if isinstance(left, Weighted):
+        return Weighted(_multiply(left.base, right), left.weight)
+    if isinstance(right, Weighted):
+        return Weighted(_multiply(left, right.base), right.weight)
+    if (
+        isinstance(left, Kronecker)
+        and isinstance(right, Kronecker)
+        and len(left.factors) == len(right.factors)
+        and all(a.shape[1] == b.shape[0] for a, b in zip(left.factors, right.factors))
+    ):
+        return Kronecker([_multiply(a, b) for a, b in zip(left.factors, right.factors)])
+    if isinstance(left, Explicit) and isinstance(right, Explicit):
+        if left.is_sparse and right.is_sparse:
+            return Explicit(left.matrix @ right.matrix)
+        if left.shape[0] * right.shape[1] <= DENSE_LIMIT:
+            return Explicit(np.asarray(left.matrix @ right.matrix))
+    return Product(left, right)
+
+
+def _positive_int(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral,)) or int(value) < 1:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def kron_all(factors: Iterable[Matrix]) -> Matrix:
+    """The Kronecker product of ``factors``, or the factor itself when there is only one."""
+    factors = list(factors)
+    return factors[0] if len(factors) == 1 else Kronecker(factors)

@@ -1,0 +1,431 @@
+"""Tests for hdmm.domain."""
+
+import itertools
+import math
+import pickle
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hdmm.domain import MAX_DENSE_CELLS, Domain
+
+
+@pytest.fixture
+def person() -> Domain:
+    return Domain(["sex", "race", "age"], [2, 3, 4], {"sex": ["M", "F"], "race": ["w", "b", "a"]})
+
+
+def naive_vector(domain: Domain, df: pd.DataFrame) -> np.ndarray:
+    """Count records cell by cell, the slow obvious way."""
+    x = np.zeros(domain.size)
+    for row in df.itertuples(index=False):
+        record = row._asdict()
+        flat = 0
+        for name, n in zip(domain.names, domain.shape):
+            value = record[name]
+            code = domain.values(name).index(value) if isinstance(value, str) else int(value)
+            flat = flat * n + code
+        x[flat] += 1
+    return x
+
+
+# ------------------------------------------------------------------ basics
+def test_basic_properties(person: Domain) -> None:
+    assert person.names == ("sex", "race", "age")
+    assert person.shape == (2, 3, 4)
+    assert person.size == 24
+    assert len(person) == 3
+    assert list(person) == ["sex", "race", "age"]
+    assert person["race"] == 3 and person[2] == 4 and person[-1] == 4
+    assert "age" in person and "income" not in person and 0 not in person
+    assert repr(person) == "Domain(sex=2, race=3, age=4)"
+    assert repr(Domain(["hh size"], [3])) == "Domain('hh size'=3)"
+
+
+def test_size_is_exact_python_int() -> None:
+    d = Domain([f"a{i}" for i in range(10)], [10**4] * 10)
+    assert d.size == 10**40
+    assert isinstance(d.size, int)
+    assert isinstance(Domain(["a"], [np.int64(3)]).shape[0], int)
+
+
+def test_empty_domain_has_one_cell() -> None:
+    d = Domain([], [])
+    assert d.size == 1 and len(d) == 0 and d.shape == ()
+    assert d.cell(0) == {}
+
+
+def test_index_and_indices(person: Domain) -> None:
+    assert person.index("age") == 2
+    assert person.index(1) == 1
+    assert person.index(-3) == 0
+    assert person.index(np.int64(2)) == 2
+    assert person.indices(["age", 0]) == (2, 0)
+    assert person.indices([]) == ()
+
+
+def test_index_errors(person: Domain) -> None:
+    with pytest.raises(KeyError, match=r"unknown attribute 'income'.*\['sex', 'race', 'age'\]"):
+        person.index("income")
+    with pytest.raises(IndexError, match="position 3 is out of range"):
+        person.index(3)
+    with pytest.raises(IndexError, match="position -4"):
+        person.index(-4)
+    with pytest.raises(TypeError, match="by name"):
+        person.index(True)
+    with pytest.raises(TypeError, match="by name"):
+        person.index(1.0)
+    with pytest.raises(ValueError, match=r"\['age'\] are listed more than once"):
+        person.indices(["age", 2])
+    with pytest.raises(TypeError, match=r"write \['age'\]"):
+        person.indices("age")
+    with pytest.raises(KeyError, match="income"):
+        person["income"]
+
+
+def test_values_and_labels(person: Domain) -> None:
+    assert person.values("sex") == ("M", "F")
+    assert person.values("age") == (0, 1, 2, 3)
+    assert person.has_labels("race") and not person.has_labels("age")
+    assert person.has_labels(0)
+
+
+def test_numpy_labels_become_python_scalars() -> None:
+    d = Domain(["a", "b"], [2, 3], {"a": np.array(["x", "y"]), "b": np.arange(10, 13)})
+    assert d.values("a") == ("x", "y")
+    assert all(type(v) is int for v in d.values("b"))
+    assert d.to_json() == '{"a": ["x", "y"], "b": [10, 11, 12]}'
+
+
+def test_project(person: Domain) -> None:
+    sub = person.project(["age", "sex"])
+    assert sub.names == ("sex", "age")
+    assert sub.shape == (2, 4)
+    assert sub.values("sex") == ("M", "F")
+    assert not sub.has_labels("age")
+    assert person.project([]) == Domain([], [])
+    assert person.project([0, 1, 2]) == person
+
+
+def test_equality_and_hash(person: Domain) -> None:
+    same = Domain(
+        ("sex", "race", "age"), (2, 3, 4), {"race": ("w", "b", "a"), "sex": ("M", "F")}
+    )
+    assert same == person and hash(same) == hash(person)
+    assert person != Domain(["sex", "race", "age"], [2, 3, 4])
+    assert person != Domain(["sex", "race", "age"], [2, 3, 4], {"sex": ["F", "M"]})
+    assert Domain(["a", "b"], [2, 3]) != Domain(["b", "a"], [3, 2])
+    assert person != {"sex": 2}
+    assert len({person, same}) == 1
+
+
+def test_pickle_round_trip(person: Domain) -> None:
+    assert pickle.loads(pickle.dumps(person)) == person
+
+
+# ------------------------------------------------------------- validation
+@pytest.mark.parametrize(
+    ("names", "sizes", "values", "error", "message"),
+    [
+        (["a", "a"], [2, 2], None, ValueError, r"unique, got duplicates \['a'\]"),
+        (["a", ""], [2, 2], None, TypeError, "non-empty strings, got ''"),
+        (["a", 3], [2, 2], None, TypeError, "non-empty strings, got 3"),
+        ("ab", [2, 2], None, TypeError, r"got the string 'ab'; write \['ab'\]"),
+        (["a", "b"], [2], None, ValueError, "2 attribute names but 1 sizes"),
+        (["a"], 3, None, TypeError, r"single int 3; write \[3\]"),
+        (["a"], [0], None, ValueError, "size of attribute 'a' must be a positive int, got 0"),
+        (["a"], [-2], None, ValueError, "positive int, got -2"),
+        (["a"], [2.0], None, TypeError, "positive int, got 2.0 of type float"),
+        (["a"], [True], None, TypeError, "positive int, got True"),
+        (["a"], [2], {"a": ["x"]}, ValueError, "'a' has size 2 but 1 value labels"),
+        (["a"], [2], {"a": ["x", "x"]}, ValueError, r"unique, got duplicates \['x'\]"),
+        (["a"], [2], {"a": [1, 1.0]}, ValueError, "duplicates"),
+        (["a"], [2], {"b": ["x", "y"]}, ValueError, r"unknown attributes \['b'\]"),
+        (["a"], [2], {"a": "xy"}, TypeError, "got the string 'xy'"),
+        (["a"], [2], {"a": {"x", "y"}}, TypeError, "ordered sequence"),
+        (["a"], [2], {"a": ["x", float("nan")]}, ValueError, "must be finite"),
+        (["a"], [2], {"a": ["x", (1, 2)]}, TypeError, "str, int or float"),
+        (["a"], [2], {"a": ["x", None]}, TypeError, "got None"),
+        (["a"], [2], [("a", ["x", "y"])], TypeError, "values must be a mapping"),
+    ],
+)
+def test_constructor_errors(names, sizes, values, error, message) -> None:
+    with pytest.raises(error, match=message):
+        Domain(names, sizes, values)
+
+
+# ---------------------------------------------------------- serialisation
+def test_from_dict_with_labels() -> None:
+    d = Domain.from_dict({"sex": ["M", "F"], "age": 115, "hisp": (0, 1)})
+    assert d.names == ("sex", "age", "hisp")
+    assert d.shape == (2, 115, 2)
+    assert d.values("sex") == ("M", "F")
+    assert d.has_labels("hisp") and not d.has_labels("age")
+    assert d.to_dict() == {"sex": ["M", "F"], "age": 115, "hisp": [0, 1]}
+    assert Domain.from_dict(d.to_dict()) == d
+
+
+def test_from_dict_errors() -> None:
+    with pytest.raises(TypeError, match="got the string 'MF'"):
+        Domain.from_dict({"sex": "MF"})
+    with pytest.raises(ValueError, match="positive int, got 0"):
+        Domain.from_dict({"sex": 0})
+    with pytest.raises(TypeError, match="expects a mapping"):
+        Domain.from_dict([("sex", 2)])
+
+
+def test_json_round_trip(person: Domain, tmp_path) -> None:
+    d = Domain.from_dict(
+        {"größe": ["klein", "groß", "ünbekannt"], "n": 7, "f": [0.5, 1.5], "b": [False, True]}
+    )
+    for domain in (person, d, Domain([], [])):
+        text = domain.to_json()
+        back = Domain.from_json(text)
+        assert back == domain
+        assert back.names == domain.names  # order survives
+        assert [type(v) for n in back for v in back.values(n)] == [
+            type(v) for n in domain for v in domain.values(n)
+        ]
+        path = tmp_path / "domain.json"
+        domain.save(path)
+        assert Domain.load(str(path)) == domain
+    assert Domain.from_json(person.to_json(indent=2)) == person
+
+
+def test_from_json_errors() -> None:
+    with pytest.raises(ValueError, match="must be an object"):
+        Domain.from_json('[["sex", 2]]')
+    with pytest.raises(ValueError, match="duplicate attribute names"):
+        Domain.from_json('{"sex": 2, "sex": 3}')
+
+
+labels = st.one_of(
+    st.text(max_size=5),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.text(min_size=1, max_size=8),
+            st.one_of(st.integers(1, 10**6), st.lists(labels, min_size=1, max_size=6, unique=True)),
+        ),
+        max_size=5,
+        unique_by=lambda t: t[0],
+    )
+)
+def test_json_round_trip_property(entries) -> None:
+    d = Domain.from_dict(dict(entries))
+    assert Domain.from_json(d.to_json()) == d
+    assert Domain.from_dict(d.to_dict()) == d
+
+
+# -------------------------------------------------------------------- cell
+def test_cell_hand_example() -> None:
+    d = Domain(["sex", "age"], [2, 3], {"sex": ["M", "F"]})
+    assert [d.cell(j) for j in range(6)] == [
+        {"sex": s, "age": a} for s, a in itertools.product("MF", range(3))
+    ]
+
+
+def test_cell_matches_unravel_index(person: Domain) -> None:
+    for j in range(person.size):
+        codes = np.unravel_index(j, person.shape)
+        expected = {n: person.values(n)[c] for n, c in zip(person.names, codes)}
+        assert person.cell(j) == expected
+
+
+def test_cell_huge_domain_and_errors(person: Domain) -> None:
+    big = Domain([f"a{i}" for i in range(8)], [10**5] * 8)
+    assert big.cell(big.size - 1) == {f"a{i}": 10**5 - 1 for i in range(8)}
+    with pytest.raises(IndexError, match=r"cell index 24 is out of range \[0, 24\)"):
+        person.cell(24)
+    with pytest.raises(IndexError, match="-1"):
+        person.cell(-1)
+    with pytest.raises(TypeError, match="must be an int"):
+        person.cell(1.0)
+
+
+# --------------------------------------------------------------- vectorize
+def test_vectorize_hand_example() -> None:
+    d = Domain(["sex", "age"], [2, 3], {"sex": ["M", "F"]})
+    df = pd.DataFrame({"age": [0, 2, 2, 1, 2], "sex": ["M", "F", "F", "F", "M"], "x": 9})
+    # cells: (M,0)=0, (M,1)=1, (M,2)=2, (F,0)=3, (F,1)=4, (F,2)=5
+    x = d.vectorize(df)
+    assert x.dtype == np.float64
+    np.testing.assert_array_equal(x, [1, 0, 1, 0, 1, 2])
+    codes = pd.DataFrame({"sex": [0, 1, 1, 1, 0], "age": [0.0, 2.0, 2.0, 1.0, 2.0]})
+    np.testing.assert_array_equal(d.vectorize(codes), x)
+
+
+def test_vectorize_column_kinds() -> None:
+    d = Domain(["a", "b"], [2, 3], {"a": ["no", "yes"]})
+    expected = np.array([0, 1, 0, 0, 0, 1.0])
+    variants = {
+        "object": pd.Series(["no", "yes"], dtype=object),
+        "string": pd.Series(["no", "yes"], dtype="string"),
+        "category": pd.Series(["no", "yes"], dtype=pd.CategoricalDtype(["yes", "no", "maybe"])),
+        "bool": pd.Series([False, True]),
+        "int8": pd.Series([0, 1], dtype=np.int8),
+        "uint64": pd.Series([0, 1], dtype=np.uint64),
+        "Int64": pd.Series([0, 1], dtype="Int64"),
+    }
+    for kind, a in variants.items():
+        for b in ([1, 2], pd.Series([1, 2], dtype="Int64"), pd.Series([1, 2], dtype=object)):
+            df = pd.DataFrame({"a": a, "b": b})
+            np.testing.assert_array_equal(d.vectorize(df), expected, err_msg=kind)
+
+
+def test_vectorize_empty_inputs() -> None:
+    d = Domain(["a", "b"], [2, 3])
+    empty = pd.DataFrame({"a": pd.Series([], dtype=int), "b": pd.Series([], dtype=int)})
+    np.testing.assert_array_equal(d.vectorize(empty), np.zeros(6))
+    np.testing.assert_array_equal(Domain([], []).vectorize(pd.DataFrame({"z": [1, 2, 3]})), [3.0])
+
+
+@pytest.mark.parametrize("use_labels", [True, False])
+def test_vectorize_matches_naive_loop(use_labels: bool) -> None:
+    rng = np.random.default_rng(7)
+    d = Domain.from_dict({"sex": ["M", "F"], "race": ["w", "b", "a", "o"], "age": 5, "hh": 3})
+    n = 2000
+    codes = {name: rng.integers(0, size, n) for name, size in zip(d.names, d.shape)}
+    df = pd.DataFrame(
+        {
+            name: (
+                np.array(d.values(name), dtype=object)[c]
+                if use_labels and d.has_labels(name)
+                else c
+            )
+            for name, c in codes.items()
+        }
+    )
+    x = d.vectorize(df)
+    assert x.sum() == n
+    np.testing.assert_array_equal(x, naive_vector(d, df))
+    flat = np.ravel_multi_index(tuple(codes.values()), d.shape)
+    np.testing.assert_array_equal(x, np.bincount(flat, minlength=d.size))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_vectorize_property(data) -> None:
+    shape = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
+    d = Domain([f"a{i}" for i in range(len(shape))], shape)
+    rows = data.draw(
+        st.lists(st.tuples(*[st.integers(0, n - 1) for n in shape]), max_size=30)
+    )
+    df = pd.DataFrame(rows, columns=list(d.names)) if rows else pd.DataFrame(
+        {n: pd.Series([], dtype=int) for n in d.names}
+    )
+    x = d.vectorize(df)
+    assert x.sum() == len(rows)
+    for row in set(rows):
+        assert x[np.ravel_multi_index(row, shape)] == rows.count(row)
+
+
+def test_vectorize_projection_is_marginal(person: Domain) -> None:
+    rng = np.random.default_rng(3)
+    df = pd.DataFrame({n: rng.integers(0, s, 500) for n, s in zip(person.names, person.shape)})
+    full = person.vectorize(df).reshape(person.shape)
+    sub = person.project(["sex", "age"])
+    np.testing.assert_array_equal(sub.vectorize(df), full.sum(axis=1).ravel())
+
+
+# ------------------------------------------------------- vectorize errors
+def test_vectorize_missing_column(person: Domain) -> None:
+    df = pd.DataFrame({"sex": [0], "AGE": [1], "race": [0]})
+    message = r"no column for attribute\(s\) \['age'\].*\['sex', 'AGE', 'race'\]"
+    with pytest.raises(ValueError, match=message):
+        person.vectorize(df)
+
+
+@pytest.mark.parametrize(
+    ("column", "message"),
+    [
+        (
+            pd.Series([1.0, np.nan, 2.0]),
+            r"column 'age' has 1 missing value\(s\) \(NaN/None\), e\.g\. in rows \[1\]",
+        ),
+        (pd.Series([1, None, 2], dtype="Int64"), r"'age' has 1 missing value"),
+        (pd.Series([1, None, None], dtype=object), r"has 2 missing value\(s\) .* rows \[1, 2\]"),
+        (pd.Series([0, 4, 7, -1, 4]), r"column 'age' holds codes \[-1, 4, 7\] outside \[0, 4\)"),
+        (pd.Series([0, 10, 11, 12, 13, 14, 15]), r"codes \[10, 11, 12, 13, 14, \.\.\.\]"),
+        (pd.Series([0.0, 1.5, 2.25]), r"column 'age' holds non-integer numbers \[1\.5, 2\.25\]"),
+        (pd.Series([0.0, np.inf]), r"column 'age' holds codes \[inf\] outside"),
+        (
+            pd.Series(["0", "1"], dtype=object),
+            r"unknown values \['0', '1'\] .* no value labels, so values must be codes 0\.\.3",
+        ),
+        (pd.Series(pd.to_datetime(["2020-01-01"])), r"column 'age' has dtype datetime64"),
+    ],
+)
+def test_vectorize_bad_codes(person: Domain, column: pd.Series, message: str) -> None:
+    df = pd.DataFrame({"sex": 0, "race": 0, "age": column})
+    with pytest.raises(ValueError, match=message):
+        person.vectorize(df)
+
+
+@pytest.mark.parametrize(
+    ("column", "message"),
+    [
+        (
+            ["w", "x", "b", "y"],
+            r"column 'race' holds unknown values \['x', 'y'\] .* its labels are \['w', 'b', 'a'\]",
+        ),
+        (pd.Categorical(["w", None]), r"column 'race' has 1 missing value"),
+        (pd.Series(["w", None], dtype="string"), r"column 'race' has 1 missing value"),
+        (pd.Categorical(["w", "z"], categories=["w", "z", "q"]), r"unknown values \['z'\]"),
+    ],
+)
+def test_vectorize_bad_labels(person: Domain, column, message: str) -> None:
+    df = pd.DataFrame({"sex": 0, "race": column, "age": 0})
+    with pytest.raises(ValueError, match=message):
+        person.vectorize(df)
+
+
+def test_vectorize_unused_unknown_category_is_fine(person: Domain) -> None:
+    race = pd.Categorical(["w", "a"], categories=["w", "a", "never-seen"])
+    x = person.vectorize(pd.DataFrame({"sex": 0, "race": race, "age": 0}))
+    assert x.sum() == 2
+
+
+def test_vectorize_numeric_labels_hint() -> None:
+    d = Domain(["year"], [3], {"year": [2020, 2021, 2022]})
+    df = pd.DataFrame({"year": [2020, 2022]})
+    with pytest.raises(ValueError, match=r"convert the column with \.astype\(object\)"):
+        d.vectorize(df)
+    np.testing.assert_array_equal(d.vectorize(df.astype(object)), [1, 0, 1])
+
+
+def test_vectorize_other_errors(person: Domain) -> None:
+    df = pd.DataFrame([[0, 0, 0, 0]], columns=["sex", "race", "age", "age"])
+    with pytest.raises(ValueError, match="2 columns named 'age'"):
+        person.vectorize(df)
+    with pytest.raises(TypeError, match="expects a pandas DataFrame"):
+        person.vectorize({"sex": [0], "race": [0], "age": [0]})
+    big = Domain(["a", "b"], [2**16, 2**16])
+    assert big.size == 2**32 > MAX_DENSE_CELLS
+    with pytest.raises(ValueError, match=r"4294967296 cells, more than .*\(Domain\.project\)"):
+        big.vectorize(pd.DataFrame({"a": [0], "b": [0]}))
+
+
+def test_vectorize_many_records_quickly() -> None:
+    rng = np.random.default_rng(0)
+    d = Domain.from_dict({"sex": ["M", "F"], "age": 115, "race": list("abcdefg")})
+    n = 1_000_000
+    df = pd.DataFrame(
+        {
+            "sex": pd.Categorical.from_codes(rng.integers(0, 2, n), ["M", "F"]),
+            "age": rng.integers(0, 115, n),
+            "race": np.array(list("abcdefg"), dtype=object)[rng.integers(0, 7, n)],
+        }
+    )
+    x = d.vectorize(df)
+    assert x.shape == (d.size,) and x.sum() == n
+    assert math.isclose(x.reshape(d.shape).sum(axis=(0, 2)).mean(), n / 115)

@@ -1,0 +1,261 @@
+"""Tests for hdmm.privacy."""
+
+import math
+import re
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hdmm.privacy import (
+    ZCDP,
+    ApproxDP,
+    Privacy,
+    PureDP,
+    analytic_gaussian_sigma,
+    classic_gaussian_sigma,
+)
+
+
+def phi(t: float) -> float:
+    """Standard normal CDF via math.erfc (independent of scipy)."""
+    return 0.5 * math.erfc(-t / math.sqrt(2.0))
+
+
+def gaussian_delta(sigma: float, epsilon: float, sensitivity: float = 1.0) -> float:
+    """Balle & Wang's exact delta of the Gaussian mechanism, computed directly."""
+    a = sensitivity / (2.0 * sigma)
+    b = epsilon * sigma / sensitivity
+    return phi(a - b) - math.exp(epsilon) * phi(-a - b)
+
+
+GRID = [
+    (eps, delta)
+    for eps in (0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
+    for delta in (1e-12, 1e-9, 1e-6, 1e-5, 1e-3, 0.1, 0.5)
+]
+
+
+# ------------------------------------------------------------------ PureDP
+def test_pure_dp_laplace() -> None:
+    p = PureDP(0.5)
+    assert p.norm == 1 and p.noise == "laplace"
+    assert p.epsilon == 0.5
+    assert p.noise_scale(3.0) == 6.0
+    assert p.noise_variance(3.0) == 2 * 6.0**2
+    assert p.noise_scale(0) == 0.0
+    assert p.description == "pure DP, epsilon=0.5"
+    assert repr(p) == "PureDP(epsilon=0.5)"
+
+
+# -------------------------------------------------------------------- zCDP
+def test_zcdp_gaussian() -> None:
+    p = ZCDP(0.125)
+    assert p.norm == 2 and p.noise == "gaussian"
+    assert p.rho == 0.125
+    assert p.noise_scale(1.0) == 2.0  # sigma^2 = 1 / (2 * 0.125) = 4
+    assert p.noise_variance(3.0) == pytest.approx(9.0 / (2 * 0.125))
+    assert p.description == "zCDP, rho=0.125"
+    assert repr(p) == "ZCDP(rho=0.125)"
+
+
+# ---------------------------------------------------------------- ApproxDP
+def test_approx_dp_basics() -> None:
+    p = ApproxDP(1, 1e-6)
+    assert p.norm == 2 and p.noise == "gaussian"
+    assert (p.epsilon, p.delta) == (1.0, 1e-6)
+    assert p.description == "(epsilon=1, delta=1e-06)-DP, analytic Gaussian"
+    assert repr(p) == "ApproxDP(epsilon=1.0, delta=1e-06)"
+    sigma = p.noise_scale(1.0)
+    assert p.noise_scale(2.5) == pytest.approx(2.5 * sigma, rel=1e-15)
+    assert p.noise_variance(2.5) == pytest.approx((2.5 * sigma) ** 2, rel=1e-15)
+    assert sigma == analytic_gaussian_sigma(1, 1e-6)
+
+
+def test_known_value() -> None:
+    # eps = 1, delta = 1e-5, unit sensitivity: sigma ~ 3.73 (classic formula would give 4.84)
+    sigma = analytic_gaussian_sigma(1.0, 1e-5)
+    assert sigma == pytest.approx(3.7306, abs=1e-4)
+    assert gaussian_delta(sigma, 1.0) == pytest.approx(1e-5, rel=1e-9)
+    assert gaussian_delta(sigma * (1 - 1e-6), 1.0) > 1e-5 > gaussian_delta(sigma * (1 + 1e-6), 1.0)
+
+
+@pytest.mark.parametrize(("eps", "delta"), GRID)
+def test_curve_equals_delta_at_solution(eps: float, delta: float) -> None:
+    sigma = analytic_gaussian_sigma(eps, delta)
+    assert gaussian_delta(sigma, eps) == pytest.approx(delta, rel=1e-9)
+    # sigma is the smallest noise that works: a bit less breaks the guarantee
+    assert gaussian_delta(sigma * (1 - 1e-6), eps) > delta > gaussian_delta(sigma * (1 + 1e-6), eps)
+    # the condition depends on sigma / sensitivity only
+    assert gaussian_delta(7.0 * sigma, eps, sensitivity=7.0) == pytest.approx(delta, rel=1e-9)
+    scaled = analytic_gaussian_sigma(eps, delta, sensitivity=7.0)
+    assert scaled == pytest.approx(7.0 * sigma, rel=1e-15)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    eps=st.floats(0.01, 20.0),
+    log10_delta=st.floats(-15.0, -0.5),
+)
+def test_curve_equals_delta_property(eps: float, log10_delta: float) -> None:
+    delta = 10.0**log10_delta
+    sigma = analytic_gaussian_sigma(eps, delta)
+    assert gaussian_delta(sigma, eps) == pytest.approx(delta, rel=1e-9)
+
+
+def test_monotone_in_delta_and_epsilon() -> None:
+    for eps in (0.1, 1.0, 10.0):
+        sigmas = [analytic_gaussian_sigma(eps, d) for d in (1e-12, 1e-9, 1e-6, 1e-3, 0.1, 0.5)]
+        assert all(a > b for a, b in zip(sigmas, sigmas[1:]))
+    for delta in (1e-9, 1e-5, 0.1):
+        sigmas = [analytic_gaussian_sigma(e, delta) for e in (0.01, 0.1, 0.5, 1.0, 2.0, 10.0, 50.0)]
+        assert all(a > b for a, b in zip(sigmas, sigmas[1:]))
+
+
+@pytest.mark.parametrize("eps", [0.01, 0.1, 0.5, 0.9, 0.999])
+@pytest.mark.parametrize("delta", [1e-12, 1e-6, 1e-3, 0.1])
+def test_analytic_beats_classic(eps: float, delta: float) -> None:
+    classic = classic_gaussian_sigma(eps, delta)
+    assert classic == pytest.approx(math.sqrt(2 * math.log(1.25 / delta)) / eps, rel=1e-15)
+    assert analytic_gaussian_sigma(eps, delta) < classic
+    # the classic noise is private too, i.e. the analytic curve is below delta there
+    assert gaussian_delta(classic, eps) < delta
+
+
+def test_classic_rejects_large_epsilon() -> None:
+    with pytest.raises(ValueError, match=r"only valid for epsilon < 1, got 1\.0; use analytic"):
+        classic_gaussian_sigma(1.0, 1e-5)
+
+
+@pytest.mark.parametrize("eps", [20.0, 50.0, 200.0, 1000.0])
+def test_large_epsilon_does_not_overflow(eps: float) -> None:
+    sigma = ApproxDP(eps, 1e-6).noise_scale(1.0)
+    assert math.isfinite(sigma) and sigma > 0
+    if eps <= 50:  # exp(eps) is still representable: check directly
+        assert gaussian_delta(sigma, eps) == pytest.approx(1e-6, rel=1e-9)
+
+
+def test_tiny_delta() -> None:
+    sigma = analytic_gaussian_sigma(1.0, 1e-300)
+    assert math.isfinite(sigma)
+    assert analytic_gaussian_sigma(1.0, 1e-200) < sigma
+
+
+def test_uncomputable_parameters_raise() -> None:
+    with pytest.raises(ValueError, match=r"cannot calibrate .* epsilon=1e-10, delta=1e-50"):
+        ApproxDP(1e-10, 1e-50)
+
+
+# ------------------------------------------------------------- validation
+BAD_POSITIVE = [-1, 0, 0.0, -0.5, math.nan, math.inf, -math.inf, True, "1", None, 1j]
+
+
+@pytest.mark.parametrize("value", BAD_POSITIVE)
+def test_bad_epsilon(value) -> None:
+    message = f"epsilon must be a finite number > 0, got {value!r}"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        PureDP(value)
+    with pytest.raises(ValueError, match="epsilon must be a finite number > 0"):
+        ApproxDP(value, 1e-6)
+    with pytest.raises(ValueError, match="epsilon must be a finite number > 0"):
+        analytic_gaussian_sigma(value, 1e-6)
+
+
+@pytest.mark.parametrize("value", BAD_POSITIVE)
+def test_bad_rho(value) -> None:
+    with pytest.raises(ValueError, match="rho must be a finite number > 0"):
+        ZCDP(value)
+
+
+def test_bad_epsilon_message_exact() -> None:
+    with pytest.raises(ValueError) as info:
+        PureDP(-1)
+    assert str(info.value) == "epsilon must be a finite number > 0, got -1"
+
+
+@pytest.mark.parametrize("value", [1, 1.0, 1.5, -1e-6, math.nan, math.inf, True, "0.1", None])
+def test_bad_delta(value) -> None:
+    with pytest.raises(ValueError, match="delta must be a finite number in \\(0, 1\\)"):
+        ApproxDP(1.0, value)
+
+
+def test_delta_zero_points_to_pure_dp() -> None:
+    for zero in (0, 0.0):
+        with pytest.raises(ValueError, match=r"got 0; for delta = 0 use PureDP"):
+            ApproxDP(1.0, zero)
+
+
+@pytest.mark.parametrize("privacy", [PureDP(1.0), ApproxDP(1.0, 1e-6), ZCDP(0.5)])
+@pytest.mark.parametrize("value", [-1, -1e-9, math.nan, math.inf, True, "1", None])
+def test_bad_sensitivity(privacy: Privacy, value) -> None:
+    rng = np.random.default_rng(0)
+    for call in (
+        lambda: privacy.noise_scale(value),
+        lambda: privacy.noise_variance(value),
+        lambda: privacy.sample(3, value, rng),
+    ):
+        with pytest.raises(ValueError, match="sensitivity must be a finite number >= 0"):
+            call()
+
+
+def test_numeric_types_accepted() -> None:
+    assert PureDP(np.float32(0.5)) == PureDP(0.5)
+    assert PureDP(np.int64(2)) == PureDP(2.0)
+    assert ZCDP(Fraction(1, 4)).rho == 0.25
+    assert ApproxDP(1, Fraction(1, 10**6)) == ApproxDP(1.0, 1e-6)
+
+
+# ------------------------------------------------- sampling and identity
+@pytest.mark.parametrize("privacy", [PureDP(0.5), ApproxDP(1.0, 1e-6), ZCDP(0.5)])
+def test_sample(privacy: Privacy) -> None:
+    z = privacy.sample(200_000, 2.0, np.random.default_rng(1))
+    assert z.shape == (200_000,) and z.dtype == np.float64
+    assert abs(z.mean()) < 5 * math.sqrt(privacy.noise_variance(2.0) / z.size)
+    assert z.var() == pytest.approx(privacy.noise_variance(2.0), rel=0.03)
+    again = privacy.sample(200_000, 2.0, np.random.default_rng(1))
+    np.testing.assert_array_equal(z, again)
+    assert privacy.sample((2, 3), 1.0, np.random.default_rng(0)).shape == (2, 3)
+    np.testing.assert_array_equal(privacy.sample(4, 0.0, np.random.default_rng(0)), 0.0)
+
+
+def test_sample_distribution_shape() -> None:
+    rng = np.random.default_rng(2)
+    lap = PureDP(1.0).sample(200_000, 1.0, rng)
+    gau = ZCDP(0.5).sample(200_000, 1.0, rng)  # sigma = 1
+
+    def kurt(z: np.ndarray) -> float:
+        """Excess kurtosis: 3 for Laplace, 0 for Gaussian."""
+        return float(np.mean(z**4) / np.mean(z**2) ** 2 - 3)
+
+    assert kurt(lap) == pytest.approx(3.0, abs=0.3)
+    assert kurt(gau) == pytest.approx(0.0, abs=0.1)
+
+
+def test_sample_requires_generator() -> None:
+    with pytest.raises(TypeError, match=r"numpy\.random\.Generator.*default_rng\(seed\)"):
+        PureDP(1.0).sample(3, 1.0, np.random.RandomState(0))
+    with pytest.raises(TypeError, match="numpy.random.Generator"):
+        PureDP(1.0).sample(3, 1.0, 0)
+
+
+def test_equality_hash_and_dict_round_trip() -> None:
+    defs = [PureDP(1.0), PureDP(2.0), ApproxDP(1.0, 1e-6), ApproxDP(1.0, 1e-5), ZCDP(1.0)]
+    for i, p in enumerate(defs):
+        for j, q in enumerate(defs):
+            assert (p == q) == (i == j)
+        assert Privacy.from_dict(p.to_dict()) == p
+        assert hash(Privacy.from_dict(p.to_dict())) == hash(p)
+    assert PureDP(1) == PureDP(1.0) and hash(PureDP(1)) == hash(PureDP(1.0))
+    assert PureDP(1.0) != ZCDP(1.0)
+    assert PureDP(1.0) != 1.0
+    assert ApproxDP(1.0, 1e-6).to_dict() == {"type": "ApproxDP", "epsilon": 1.0, "delta": 1e-6}
+    message = r"unknown privacy type 'Renyi'.*\['ApproxDP', 'PureDP', 'ZCDP'\]"
+    with pytest.raises(ValueError, match=message):
+        Privacy.from_dict({"type": "Renyi", "alpha": 2})
+
+
+def test_privacy_is_abstract() -> None:
+    with pytest.raises(TypeError):
+        Privacy()
