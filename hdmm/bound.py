@@ -114,23 +114,50 @@ def factor_nuclear_norm(f: Matrix) -> float:
     return _eig_sqrt_sum(_factor_gram(f))
 
 
-def _joint_eigen(grams: list[np.ndarray], rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray] | None:
-    """Joint eigenvalues of commuting symmetric matrices, grouped by signature.
+@dataclass
+class _AttributeSplit:
+    r"""One attribute's factor Grams split into common eigenvectors and an invariant rest.
 
-    Returns ``(lam, mult)``: ``lam[k, c]`` is the eigenvalue of ``grams[k]`` on class ``c`` of
-    common eigenvectors and ``mult[c]`` the class's dimension; ``None`` if they do not commute.
+    ``lam[k, c]`` is the eigenvalue of Gram ``k`` on class ``c`` of common eigenvectors
+    (vectors that are eigenvectors of every Gram, grouped by their eigenvalue signature) and
+    ``mult[c]`` the class's dimension. ``rest[k]`` is Gram ``k`` restricted to the orthogonal
+    complement of all common eigenvectors (empty when the Grams commute), a subspace every
+    Gram maps into itself.
     """
-    scale = max(np.abs(G).max() for G in grams) or 1.0
-    for a, b in itertools.combinations(grams, 2):
-        if not np.allclose(a @ b, b @ a, atol=1e-9 * scale * scale * a.shape[0]):
-            return None
+
+    lam: np.ndarray
+    mult: np.ndarray
+    rest: list[np.ndarray]
+
+    @property
+    def options(self) -> int:
+        return self.mult.size + (1 if self.rest[0].size else 0)
+
+
+def _split_attribute(grams: list[np.ndarray], rng: np.random.Generator) -> _AttributeSplit:
+    """Find the common eigenvectors of symmetric matrices by diagonalising a random mix.
+
+    Every common eigenvector is an eigenvector of ``sum_k r_k G_k``; for random ``r`` its
+    eigenvectors are common eigenvectors exactly when their residuals vanish. The remaining
+    eigenvectors span the orthogonal complement, which is invariant under every ``G_k``.
+    """
+    scale = max(float(np.abs(G).max()) for G in grams) or 1.0
+    n = grams[0].shape[0]
     mix = sum(rng.uniform(1.0, 2.0) * G for G in grams)
     _, V = np.linalg.eigh(mix)
-    lam = np.stack([np.einsum("ij,ij->j", V, G @ V) for G in grams])
-    signature = np.round(lam / (1e-9 * scale), 0)
-    _, first, inverse = np.unique(signature, axis=1, return_index=True, return_inverse=True)
-    mult = np.bincount(inverse.ravel(), minlength=first.size).astype(float)
-    return lam[:, first], mult
+    images = [G @ V for G in grams]
+    lam = np.stack([np.einsum("ij,ij->j", V, GV) for GV in images])
+    residual = np.max([np.linalg.norm(GV - V * l, axis=0) for GV, l in zip(images, lam)], axis=0)
+    common = residual <= 1e-9 * scale * n
+    signature = np.round(lam[:, common] / (1e-8 * scale), 0)
+    if signature.shape[1]:
+        _, first, inverse = np.unique(signature, axis=1, return_index=True, return_inverse=True)
+        classes = lam[:, common][:, first]
+        mult = np.bincount(inverse.ravel(), minlength=first.size).astype(float)
+    else:
+        classes, mult = np.zeros((len(grams), 0)), np.zeros(0)
+    U = V[:, ~common]
+    return _AttributeSplit(classes, mult, [U.T @ G @ U for G in grams])
 
 
 def _compressed(G: np.ndarray) -> np.ndarray:
@@ -177,31 +204,43 @@ def _kron(parts: list[np.ndarray]) -> np.ndarray:
 
 def nuclear_norm(union: KronUnion, *, exact_limit: int = 4096, probes: int = 30, steps: int = 60,
                  seed: int | None = None) -> _Norm:
-    r""":math:`\|W\|_*` of a union of Kronecker products (see the module docstring, route 3)."""
+    r""":math:`\|W\|_*` of a union of Kronecker products (see the module docstring, route 3).
+
+    Each attribute is split into classes of common eigenvectors of its factor Grams (a scalar
+    per Gram) and an invariant rest (small matrices). The union's Gram is then block diagonal
+    with one block per choice of class-or-rest on every attribute: a block is a union over the
+    attributes that chose their rest, its terms scaled by the chosen eigenvalues, and it occurs
+    with the product of the classes' dimensions as multiplicity.
+    """
     rng = np.random.default_rng(seed)
     grams = [[_factor_gram(f) for f in fs] for fs in union.factors]
-    joint = [_joint_eigen(gs, rng) if len(gs) > 1 or gs[0].shape[0] > 1 else None for gs in grams]
-    commuting = [i for i, j in enumerate(joint) if j is not None]
-    while commuting and math.prod(joint[i][1].size for i in commuting) > BLOCK_LIMIT:
-        commuting.pop()
-    rest = [i for i in range(union.dim) if i not in commuting]
+    splits = [_split_attribute(gs, rng) for gs in grams]
+    whole = [_AttributeSplit(np.zeros((len(gs), 0)), np.zeros(0), gs) for gs in grams]
+    # keep the block count bounded: attributes with the most classes stay whole first
+    while math.prod(s.options for s in splits) > BLOCK_LIMIT:
+        i = max(range(union.dim), key=lambda k: splits[k].options)
+        splits[i] = whole[i]
     w2 = union.weights**2
     total, var, methods = 0.0, 0.0, set()
-    for classes in itertools.product(*[range(joint[i][1].size) for i in commuting]):
-        scale = w2.copy()
-        mult = 1.0
-        for i, c in zip(commuting, classes):
-            lam, counts = joint[i]
-            scale = scale * lam[union.index[:, i], c]
-            mult *= counts[c]
-        if not np.any(scale > 0):
+    choices = [list(range(s.mult.size)) + ([None] if s.rest[0].size else []) for s in splits]
+    for combo in itertools.product(*choices):
+        scale, mult = w2.copy(), 1.0
+        rest_attrs = []
+        for i, c in enumerate(combo):
+            if c is None:
+                rest_attrs.append(i)
+            else:
+                scale = scale * splits[i].lam[union.index[:, i], c]
+                mult *= splits[i].mult[c]
+        if not np.any(scale > 1e-12 * w2.max()):
             continue
-        norm = _block_norm(scale, union.index[:, rest], [grams[i] for i in rest], exact_limit, probes, steps, rng)
+        norm = _block_norm(
+            scale, union.index[:, rest_attrs], [splits[i].rest for i in rest_attrs], exact_limit, probes, steps, rng
+        )
         total += mult * norm.value
         var += (mult * norm.stderr) ** 2
         methods.add(norm.method)
-    split = f"{len(commuting)} commuting attributes split; " if commuting else ""
-    return _Norm(total, math.sqrt(var), split + "; ".join(sorted(methods)))
+    return _Norm(total, math.sqrt(var), "common-eigenvector split; " + "; ".join(sorted(methods)))
 
 
 def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = 4096, probes: int = 30, steps: int = 60,

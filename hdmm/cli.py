@@ -16,7 +16,7 @@ import pandas as pd
 
 from .bound import svd_bound
 from .error import per_query_variance
-from .matrix import Identity, VStack
+from .matrix import Identity
 from .privacy import ApproxDP, Privacy, PureDP
 
 
@@ -26,13 +26,12 @@ def _privacy(args: argparse.Namespace) -> Privacy:
 
 def demo(args: argparse.Namespace) -> None:
     """Print the SF1 Persons workload's size, its Identity-strategy error and the SVD bound."""
-    from census_workloads import cph_domain, sf1_tables
+    from census_workloads import cph_domain, sf1_persons
 
     privacy = _privacy(args)
     start = time.perf_counter()
-    tables = sf1_tables()
+    W = sf1_persons()
     domain = cph_domain()
-    W = VStack(list(tables.values()), names=list(tables))
     built = time.perf_counter()
     A = Identity(domain.size)
     variance = per_query_variance(W, A, privacy)
@@ -48,7 +47,7 @@ def demo(args: argparse.Namespace) -> None:
     print(f"  Identity is {rmse / bound.rmse:.2f}x the bound")
     print()
     rows, start_row = [], 0
-    for name, table in tables.items():
+    for name, table in zip(W.names, W.blocks):
         v = variance[start_row : start_row + table.shape[0]]
         rows.append({"table": name, "queries": table.shape[0], "rmse": float(np.sqrt(v.mean()))})
         start_row += table.shape[0]

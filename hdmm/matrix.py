@@ -669,6 +669,9 @@ class Kronecker(Matrix):
             f = factors[i]
             if isinstance(f, Identity):
                 continue
+            if isinstance(f, Ones):  # a total: reduce in place of a transposed copy
+                T = np.repeat(T.sum(axis=i, keepdims=True), f.shape[1 - in_dim], axis=i)
+                continue
             moved = np.moveaxis(T, i, 0)
             rest = moved.shape[1:]
             flat = moved.reshape(moved.shape[0], -1)
