@@ -30,7 +30,7 @@ from .matrix import (
     Weighted,
 )
 from .privacy import ZCDP, ApproxDP, Privacy, PureDP
-from .union import KronUnion
+from .kron_union import KronUnion
 from .workload import (
     AllRange,
     IdentityTotal,

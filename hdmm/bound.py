@@ -34,7 +34,7 @@ from .marginals import in_marginal_algebra, trace_spectrum
 from .matrix import Explicit, Identity, Kronecker, Matrix, Ones, Sum, Weighted
 from .privacy import Privacy
 from .slq import trace_function
-from .union import KronUnion
+from .kron_union import KronUnion
 
 __all__ = ["SVDBound", "svd_bound", "nuclear_norm"]
 
@@ -237,8 +237,8 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = 4096, probes: int = 30,
         norm = _block_norm(
             scale, union.index[:, rest_attrs], [splits[i].rest for i in rest_attrs], exact_limit, probes, steps, rng
         )
-        total += mult * norm.value
-        var += (mult * norm.stderr) ** 2
+        total += float(mult * norm.value)
+        var += float(mult * norm.stderr) ** 2
         methods.add(norm.method)
     return _Norm(total, math.sqrt(var), "common-eigenvector split; " + "; ".join(sorted(methods)))
 

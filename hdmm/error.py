@@ -26,6 +26,7 @@ Three exact routes, chosen from the structure of ``A``, never forming an ``N x N
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +35,7 @@ from scipy.special import gamma
 from .marginals import in_marginal_algebra, trace_spectrum
 from .matrix import DENSE_LIMIT, DenseLimitError, Identity, Matrix
 from .privacy import Privacy
-from .union import FactorMismatchError, KronUnion
+from .kron_union import FactorMismatchError, KronUnion
 
 __all__ = [
     "ErrorResult",
@@ -111,7 +112,11 @@ def noise_variance(A: Matrix, privacy: Privacy) -> float:
 
 # ====================================================================== Kronecker strategies
 class _KroneckerStrategy:
-    """Per-attribute pseudo-inverses of a Kronecker strategy's Gram, with support checks."""
+    """Per-attribute pseudo-inverses of a Kronecker strategy's Gram, with support checks.
+
+    A workload factor ``f`` on attribute ``i`` is supported when its rows lie in the row space
+    of ``A_i``: ``tr(f^T f) = tr(f^T f P_i)`` with the projector ``P_i = X_i^+ X_i``.
+    """
 
     def __init__(self, weight: float, factors: list[Matrix]):
         self.weight = weight
@@ -130,20 +135,27 @@ class _KroneckerStrategy:
                 self._cache[i] = (Xp, Xp @ X)
         return self._cache[i]
 
-    def factor_trace(self, i: int, f: Matrix) -> tuple[float, bool]:
-        """``tr(X_i^+ f^T f)`` and whether ``f`` lies in the row space of ``A_i``."""
+    def factor_trace(self, i: int, f: Matrix) -> tuple[float, float, bool]:
+        """``tr(X_i^+ G)``, ``tr(G)`` and whether ``f`` is supported, for ``G = f^T f``."""
+        total = f.column_norm_powers(2).sum()
         inverse = self._inverse(i)
         if inverse is None:
-            return f.column_norm_powers(2).sum(), True
+            return total, total, True
         Xp, projector = inverse
         G = f.gram()
-        total = f.column_norm_powers(2).sum()
         kept = float(np.trace(G @ projector))
-        return float(np.trace(G @ Xp)), total - kept <= SUPPORT_TOL * max(total, 1e-300)
+        return float(np.trace(G @ Xp)), total, total - kept <= SUPPORT_TOL * total
 
-    def factor_inverse(self, i: int) -> np.ndarray:
+    def factor_rows(self, i: int, f: Matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per row of ``f``: ``diag(f X_i^+ f^T)``, whether it is unsupported, whether it is non-zero."""
+        n = f.shape[1]
         inverse = self._inverse(i)
-        return np.eye(self.factors[i].shape[1]) if inverse is None else inverse[0]
+        norms = f.quadratic_diag(np.eye(n))
+        if inverse is None:
+            return norms, np.zeros(norms.size, dtype=bool), norms > 0
+        Xp, projector = inverse
+        residual = f.quadratic_diag(np.eye(n) - projector)
+        return f.quadratic_diag(Xp), residual > SUPPORT_TOL * norms, norms > 0
 
 
 def _aligned(W: Matrix, A: Matrix) -> tuple[KronUnion, KronUnion]:
@@ -163,17 +175,43 @@ def _unsupported_reason(union: KronUnion, bad_terms: np.ndarray) -> str:
     )
 
 
-def _kronecker_traces(w_union: KronUnion, strategy: _KroneckerStrategy) -> _Traces:
-    weight = strategy.weight
-    traces, supported = [], []
-    for i, fs in enumerate(w_union.factors):
-        pairs = [strategy.factor_trace(i, f) for f in fs]
-        traces.append(np.array([t for t, _ in pairs]))
-        supported.append(np.array([ok for _, ok in pairs]))
-    t = np.prod(w_union.gather(traces), axis=1) * (w_union.weights / weight) ** 2
-    bad = ~np.all(w_union.gather(supported).astype(bool), axis=1) & (t > 0)
+def _traces_result(union: KronUnion, t: np.ndarray, bad: np.ndarray) -> _Traces:
     t = np.where(bad, np.inf, t)
-    return _Traces(w_union, t, _unsupported_reason(w_union, bad) if bad.any() else None)
+    return _Traces(union, t, _unsupported_reason(union, bad) if bad.any() else None)
+
+
+def _kronecker_traces(w_union: KronUnion, strategy: _KroneckerStrategy) -> _Traces:
+    stats = [np.array([strategy.factor_trace(i, f) for f in fs]).reshape(-1, 3) for i, fs in enumerate(w_union.factors)]
+    traces = np.prod(w_union.gather([s[:, 0] for s in stats]), axis=1)
+    nonzero = (np.prod(w_union.gather([s[:, 1] for s in stats]), axis=1) > 0) & (w_union.weights != 0)
+    supported = np.all(w_union.gather([s[:, 2] for s in stats]).astype(bool), axis=1)
+    if strategy.weight == 0:
+        return _traces_result(w_union, np.zeros(w_union.num_terms), nonzero)
+    return _traces_result(w_union, traces * (w_union.weights / strategy.weight) ** 2, nonzero & ~supported)
+
+
+def _outer(parts: list[np.ndarray], combine) -> np.ndarray:
+    """``combine``-outer product of per-factor row vectors, flattened in C order (as a Kronecker)."""
+    out = parts[0]
+    for p in parts[1:]:
+        out = combine.outer(out, p).ravel()
+    return out
+
+
+def _term_variances_kronecker(w_union: KronUnion, a_union: KronUnion) -> np.ndarray:
+    strategy = _kronecker_strategy(a_union)
+    rows = [[strategy.factor_rows(i, f) for f in fs] for i, fs in enumerate(w_union.factors)]
+    out = []
+    for j in range(w_union.num_terms):
+        parts = [rows[i][k] for i, k in enumerate(w_union.index[j])]
+        nonzero = _outer([nz for _, _, nz in parts], np.logical_and) & (w_union.weights[j] != 0)
+        if strategy.weight == 0:  # a zero strategy measures nothing
+            out.append(np.where(nonzero, np.inf, 0.0))
+            continue
+        bad = nonzero & _outer([b for _, b, _ in parts], np.logical_or)
+        variance = _outer([d for d, _, _ in parts], np.multiply) * (w_union.weights[j] / strategy.weight) ** 2
+        out.append(np.where(bad, np.inf, variance))
+    return np.concatenate(out)
 
 
 # ====================================================================== marginals-algebra strategies
@@ -184,18 +222,51 @@ def _spectral_traces(w_union: KronUnion, a_union: KronUnion) -> tuple[_Traces, t
     spectrum, (term_ids, position, values) = trace_spectrum(w_union, with_terms=True)
     lam_w = strategy.lookup(spectrum.keys, lam)
     missing = lam_w[position] <= 0
-    with np.errstate(divide="ignore"):
-        contrib = np.where(missing, np.inf, values / np.where(missing, 1.0, lam_w[position]))
-    t = np.bincount(term_ids, weights=np.where(missing, 0.0, contrib), minlength=w_union.num_terms)
+    contrib = np.where(missing, 0.0, values / np.where(missing, 1.0, lam_w[position]))
+    t = np.bincount(term_ids, weights=contrib, minlength=w_union.num_terms)
     bad = np.zeros(w_union.num_terms, dtype=bool)
     bad[term_ids[missing & (values > 0)]] = True
-    t = np.where(bad, np.inf, t)
-    reason = _unsupported_reason(w_union, bad) if bad.any() else None
-    return _Traces(w_union, t, reason), (spectrum, term_ids, position, lam_w)
+    return _traces_result(w_union, t, bad), (spectrum, term_ids, position, lam_w)
+
+
+def _row_projections(f: Matrix) -> tuple[np.ndarray, np.ndarray]:
+    r"""Per-row ``(diag(f P f^T)/n, diag(f Q f^T)/n)`` of a one-attribute factor."""
+    n = f.shape[1]
+    p = (f @ np.ones(n)) ** 2 / n
+    q = np.maximum(f.quadratic_diag(np.eye(n)) - p, 0.0)
+    q = np.where(q <= 1e-12 * (p + q), 0.0, q)
+    return p / n, q / n
+
+
+def _term_variances_spectral(w_union: KronUnion, a_union: KronUnion) -> np.ndarray:
+    traces, (spectrum, term_ids, position, lam_w) = _spectral_traces(w_union, a_union)
+    proj = [[_row_projections(f) for f in fs] for fs in w_union.factors]
+    uniform = w_union.gather(
+        [np.array([np.ptp(p) == 0 and np.ptp(q) == 0 for p, q in fs], dtype=float) for fs in proj]
+    ).all(axis=1)
+    rows = w_union.term_rows()
+    out = []
+    for j in range(w_union.num_terms):
+        if uniform[j]:
+            out.append(np.full(int(rows[j]), traces.terms[j] / rows[j]))
+            continue
+        c2 = w_union.weights[j] ** 2
+        variance = np.zeros(int(rows[j]))
+        unsupported = np.zeros(int(rows[j]))
+        for pos in position[term_ids == j]:
+            members = spectrum.members[pos]
+            weight = _outer([proj[i][k][1 if members[i] else 0] for i, k in enumerate(w_union.index[j])], np.multiply)
+            if lam_w[pos] > 0:
+                variance += c2 / lam_w[pos] * weight
+            else:
+                unsupported += weight
+        out.append(np.where(unsupported > 0, np.inf, variance))
+    return np.concatenate(out)
 
 
 # ====================================================================== dense fall-back
-def _dense_traces(W: Matrix, A: Matrix) -> tuple[_Traces, np.ndarray]:
+def _dense_traces(W: Matrix, A: Matrix) -> tuple[_Traces, np.ndarray, np.ndarray]:
+    """Traces from a dense pseudo-inverse, with ``X^+`` and the per-row support of ``W``."""
     n = A.shape[1]
     if n * n > DENSE_LIMIT:
         raise DenseLimitError(
@@ -206,11 +277,11 @@ def _dense_traces(W: Matrix, A: Matrix) -> tuple[_Traces, np.ndarray]:
     X = A.gram().dense()
     Xp = np.linalg.pinv(X, hermitian=True)
     Wd = W.dense()
-    residual = Wd - Wd @ Xp @ X
+    residual = np.linalg.norm(Wd - Wd @ Xp @ X, axis=1)
+    bad_rows = residual > math.sqrt(SUPPORT_TOL) * np.maximum(np.linalg.norm(Wd, axis=1), 1e-300)
     union = KronUnion.single([W])
-    if np.linalg.norm(residual) > math.sqrt(SUPPORT_TOL) * max(np.linalg.norm(Wd), 1e-300):
-        return _Traces(union, np.array([np.inf]), _unsupported_reason(union, np.array([True]))), Xp
-    return _Traces(union, np.array([float(np.sum((Wd @ Xp) * Wd))]), None), Xp
+    traces = _traces_result(union, np.array([float(np.sum((Wd @ Xp) * Wd))]), np.array([bad_rows.any()]))
+    return traces, Xp, bad_rows
 
 
 def _route(W: Matrix, A: Matrix) -> tuple[str, KronUnion | None, KronUnion | None]:
@@ -260,7 +331,7 @@ def expected_error(W: Matrix, A: Matrix, privacy: Privacy) -> ErrorResult:
     """
     _check_inputs(W, A, privacy)
     traces = _traces(W, A)
-    value = noise_variance(A, privacy) * float(np.sum(traces.terms))
+    value = math.inf if traces.reason else noise_variance(A, privacy) * float(np.sum(traces.terms))
     return ErrorResult(value, measure="total squared error", privacy=privacy, queries=W.shape[0], reason=traces.reason)
 
 
@@ -272,63 +343,6 @@ def rmse(W: Matrix, A: Matrix, privacy: Privacy) -> ErrorResult:
     )
 
 
-def _term_variances_kronecker(w_union: KronUnion, a_union: KronUnion) -> np.ndarray:
-    strategy = _kronecker_strategy(a_union)
-    weight = strategy.weight
-    traces = _kronecker_traces(w_union, strategy)
-    diags = [[f.quadratic_diag(strategy.factor_inverse(i)) for f in fs] for i, fs in enumerate(w_union.factors)]
-    out = []
-    for j in range(w_union.num_terms):
-        c, fs = w_union.term(j)
-        v = (c / weight) ** 2
-        rows = math.prod(f.shape[0] for f in fs)
-        if not np.isfinite(traces.terms[j]):
-            out.append(np.full(rows, np.inf))
-            continue
-        parts = [diags[i][k] for i, k in enumerate(w_union.index[j])]
-        out.append(v * _kron_vectors(parts))
-    return np.concatenate(out)
-
-
-def _kron_vectors(parts: list[np.ndarray]) -> np.ndarray:
-    out = np.ones(1)
-    for p in parts:
-        out = np.kron(out, p)
-    return out
-
-
-def _row_projections(f: Matrix) -> tuple[np.ndarray, np.ndarray]:
-    r"""Per-row ``(diag(f P f^T)/n, diag(f Q f^T)/n)`` of a one-attribute factor."""
-    n = f.shape[1]
-    p = (f @ np.ones(n)) ** 2 / n
-    q = np.maximum(f.quadratic_diag(np.eye(n)) - p, 0.0)
-    return p / n, q / n
-
-
-def _term_variances_spectral(w_union: KronUnion, a_union: KronUnion) -> np.ndarray:
-    traces, (spectrum, term_ids, position, lam_w) = _spectral_traces(w_union, a_union)
-    proj = [[_row_projections(f) for f in fs] for fs in w_union.factors]
-    uniform = w_union.gather(
-        [np.array([np.ptp(p) == 0 and np.ptp(q) == 0 for p, q in fs], dtype=float) for fs in proj]
-    ).all(axis=1)
-    rows = w_union.term_rows()
-    out = []
-    for j in range(w_union.num_terms):
-        if not np.isfinite(traces.terms[j]):
-            out.append(np.full(int(rows[j]), np.inf))
-        elif uniform[j]:
-            out.append(np.full(int(rows[j]), traces.terms[j] / rows[j]))
-        else:
-            c = w_union.weights[j]
-            acc = np.zeros(int(rows[j]))
-            for pos in position[term_ids == j]:
-                members = spectrum.members[pos]
-                parts = [proj[i][k][1 if members[i] else 0] for i, k in enumerate(w_union.index[j])]
-                acc += c**2 / lam_w[pos] * _kron_vectors(parts)
-            out.append(acc)
-    return np.concatenate(out)
-
-
 def per_query_variance(W: Matrix, A: Matrix, privacy: Privacy) -> np.ndarray:
     r"""Variance of each workload answer, :math:`\mathrm{Var}(z)\,\mathrm{diag}(W(A^TA)^+W^T)`.
 
@@ -336,16 +350,16 @@ def per_query_variance(W: Matrix, A: Matrix, privacy: Privacy) -> np.ndarray:
     per Kronecker term from per-factor diagonals; ``W`` is never formed.
     """
     _check_inputs(W, A, privacy)
-    scale = noise_variance(A, privacy)
     route, w_union, a_union = _route(W, A)
     if route == "kronecker":
-        return scale * _term_variances_kronecker(w_union, a_union)
-    if route == "spectral":
-        return scale * _term_variances_spectral(w_union, a_union)
-    traces, Xp = _dense_traces(W, A)
-    if traces.reason is not None:
-        return np.full(W.shape[0], np.inf)
-    return scale * W.quadratic_diag(Xp)
+        unit = _term_variances_kronecker(w_union, a_union)
+    elif route == "spectral":
+        unit = _term_variances_spectral(w_union, a_union)
+    else:
+        _, Xp, bad_rows = _dense_traces(W, A)
+        unit = np.where(bad_rows, np.inf, W.quadratic_diag(Xp))
+    finite = np.isfinite(unit)
+    return np.where(finite, noise_variance(A, privacy) * np.where(finite, unit, 0.0), np.inf)
 
 
 def lp_error(W: Matrix, A: Matrix, privacy: Privacy, p: float) -> float:
@@ -355,7 +369,7 @@ def lp_error(W: Matrix, A: Matrix, privacy: Privacy, p: float) -> float:
     :math:`E\|e\|_p^p = \sum_i v_i^{p/2}\, 2^{p/2}\,\Gamma((p+1)/2)/\sqrt{\pi}` exactly.
     Under Laplace noise the answer errors are not Gaussian and only ``p = 2`` is exact.
     """
-    if not (isinstance(p, (int, float)) and p >= 1 and math.isfinite(p)):
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not (math.isfinite(p) and p >= 1):
         raise ValueError(f"p must be a finite number >= 1, got {p!r}")
     v = per_query_variance(W, A, privacy)
     if privacy.noise == "laplace" and p != 2:

@@ -32,7 +32,7 @@ import numpy as np
 
 from .domain import Domain
 from .matrix import Identity, KronVector, Matrix, Ones, Product, _check_norm
-from .union import KronUnion
+from .kron_union import KronUnion
 
 __all__ = [
     "Marginals",

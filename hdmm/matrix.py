@@ -258,8 +258,8 @@ class Matrix:
         )
 
     def kron_union(self):
-        """This matrix as a union of weighted Kronecker products (see :mod:`hdmm.union`)."""
-        from .union import KronUnion
+        """This matrix as a union of weighted Kronecker products (see :mod:`hdmm.kron_union`)."""
+        from .kron_union import KronUnion
 
         return KronUnion.single([self])
 
@@ -695,12 +695,17 @@ class Kronecker(Matrix):
     def column_norm_powers(self, p):
         return reduce(KronVector.kron, [f.column_norm_powers(p) for f in self.factors])
 
+    def _square_factors(self) -> bool:
+        return all(f.shape[0] == f.shape[1] for f in self.factors)
+
     def diag(self):
-        self._check_square("diag()")
+        if not self._square_factors():
+            return super().diag()
         return reduce(np.kron, [f.diag() for f in self.factors])
 
     def trace(self):
-        self._check_square("trace()")
+        if not self._square_factors():
+            return super().trace()
         return math.prod(f.trace() for f in self.factors)
 
     def pinv(self):
@@ -711,7 +716,7 @@ class Kronecker(Matrix):
         return reduce(np.kron, [f.dense() for f in self.factors])
 
     def kron_union(self):
-        from .union import KronUnion
+        from .kron_union import KronUnion
 
         return KronUnion.single(self.factors)
 
@@ -776,7 +781,7 @@ class VStack(Matrix):
         return np.vstack([b.dense() for b in self.blocks])
 
     def kron_union(self):
-        from .union import KronUnion
+        from .kron_union import KronUnion
 
         return KronUnion.concatenate([b.kron_union() for b in self.blocks])
 

@@ -131,8 +131,14 @@ class KronUnion:
     # ------------------------------------------------------------------ construction
     @classmethod
     def single(cls, factors: Sequence[Matrix]) -> KronUnion:
+        """One Kronecker product, nested products expanded into their factors."""
         weight, flat = _flatten(factors)
-        return cls([[f] for f in flat], np.zeros((1, len(flat)), dtype=np.intp), np.array([weight]))
+        return cls.term_of(flat, weight)
+
+    @classmethod
+    def term_of(cls, factors: Sequence[Matrix], weight: float = 1.0) -> KronUnion:
+        """One term ``weight * (x) factors`` with the factors taken as they are."""
+        return cls([[f] for f in factors], np.zeros((1, len(factors)), dtype=np.intp), np.array([weight]))
 
     @classmethod
     def concatenate(cls, unions: Sequence[KronUnion]) -> KronUnion:
@@ -189,9 +195,7 @@ class KronUnion:
                 f"domain sizes differ: {math.prod(self.sizes):,} cells vs {math.prod(sizes):,}"
             )
         parts = [self.term(j) for j in range(self.num_terms)]
-        return KronUnion.concatenate(
-            [KronUnion.single(_align(fs, sizes)).scale(w) for w, fs in parts]
-        )
+        return KronUnion.concatenate([KronUnion.term_of(_align(fs, sizes), w) for w, fs in parts])
 
     def scale(self, c: float) -> KronUnion:
         return KronUnion(self.factors, self.index, self.weights * c)

@@ -1,0 +1,190 @@
+"""The SVD lower bound (hdmm.bound) against dense singular values (MATH.md section 5)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hdmm import workload as wl
+from hdmm.bound import SVDBound, svd_bound
+from hdmm.error import expected_error
+from hdmm.marginals import AllMarginals, DimKMarginals, Marginal
+from hdmm.matrix import Explicit, Identity, Kronecker, VStack
+from hdmm.privacy import ApproxDP, PureDP, ZCDP
+from strategies import (
+    SETTINGS,
+    Pair,
+    all_subsets,
+    dense_svd_bound,
+    domain_shapes,
+    kron_terms,
+    marginal_block_ref,
+    marginals_on,
+    privacies,
+    strategies_on,
+    workloads_on,
+)
+
+PRIVACIES = [PureDP(1.0), ZCDP(0.5), ApproxDP(1.0, 1e-6)]
+
+
+def check_exact(W: Pair, privacy, **kwargs) -> SVDBound:
+    b = svd_bound(W.mat, privacy, **kwargs)
+    assert isinstance(b, SVDBound)
+    want = dense_svd_bound(W.ref, privacy)
+    assert b.exact is True, b
+    assert b.stderr == 0.0
+    assert b.value == pytest.approx(want, rel=1e-7, abs=1e-10 * privacy.noise_variance(1.0))
+    assert float(b) == b.value
+    assert b.queries == W.shape[0]
+    assert b.rmse == pytest.approx(math.sqrt(want / W.shape[0]), rel=1e-7, abs=1e-10)
+    assert isinstance(b.method, str) and b.method
+    return b
+
+
+# ====================================================================== exact on each structure
+@SETTINGS
+@given(domain_shapes().flatmap(kron_terms), privacies())
+def test_single_kronecker_product(W, privacy):
+    check_exact(W, privacy)
+
+
+@SETTINGS
+@given(domain_shapes(max_dims=4).flatmap(lambda s: marginals_on(s, min_weight=0.0)), privacies())
+def test_marginals(W, privacy):
+    check_exact(W, privacy)
+
+
+@SETTINGS
+@given(domain_shapes(), st.data(), privacies())
+def test_identity_total_unions(shape, data, privacy):
+    subsets = data.draw(st.lists(st.sampled_from(all_subsets(len(shape))), min_size=1, unique=True))
+    weights = data.draw(st.lists(st.floats(0.1, 3.0), min_size=len(subsets), max_size=len(subsets)))
+    blocks = [w * Kronecker([Identity(n) if i in s else wl.Total(n) for i, n in enumerate(shape)]) for s, w in zip(subsets, weights)]
+    ref = np.vstack([w * marginal_block_ref(shape, s) for s, w in zip(subsets, weights)])
+    check_exact(Pair(VStack(blocks), ref), privacy)
+
+
+@SETTINGS
+@given(domain_shapes().flatmap(workloads_on), privacies())
+def test_general_unions(W, privacy):
+    check_exact(W, privacy)
+
+
+def _non_commuting_union() -> Pair:
+    """Prefix and AllRange Grams do not commute, on either attribute."""
+    rng = np.random.default_rng(4)
+    E = rng.standard_normal((2, 4))
+    P5, P4 = np.tril(np.ones((5, 5))), np.tril(np.ones((4, 4)))
+    R5, R4 = wl.AllRange(5).dense(), wl.AllRange(4).dense()
+    W = wl.union(
+        [Kronecker([wl.Prefix(5), wl.AllRange(4)]), Kronecker([wl.AllRange(5), wl.Prefix(4)]), Kronecker([wl.Prefix(5), Explicit(E)])],
+        weights=[1.0, 0.5, 2.0],
+    )
+    ref = np.vstack([np.kron(P5, R4), 0.5 * np.kron(R5, P4), 2.0 * np.kron(P5, E)])
+    return Pair(W, ref)
+
+
+@pytest.mark.parametrize("privacy", PRIVACIES, ids=lambda p: type(p).__name__)
+def test_structured_examples(privacy):
+    cases = [
+        Pair(Kronecker([wl.Prefix(4), wl.AllRange(3)]), np.kron(np.tril(np.ones((4, 4))), wl.AllRange(3).dense())),
+        Pair(3.0 * Kronecker([wl.IdentityTotal(3), wl.Prefix(5)]), 3.0 * np.kron(np.vstack([np.eye(3), np.ones((1, 3))]), np.tril(np.ones((5, 5))))),
+        Pair(wl.Prefix(7), np.tril(np.ones((7, 7)))),
+        Pair(AllMarginals((2, 3, 2), 2), np.vstack([marginal_block_ref((2, 3, 2), s) for s in all_subsets(3) if len(s) <= 2])),
+        Pair(DimKMarginals((3, 2, 2), 1), np.vstack([marginal_block_ref((3, 2, 2), (i,)) for i in range(3)])),
+        Pair(Marginal((4, 3), (1,)), marginal_block_ref((4, 3), (1,))),
+        _non_commuting_union(),
+    ]
+    for W in cases:
+        check_exact(W, privacy)
+
+
+# ====================================================================== stochastic Lanczos fall-back
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_slq_fallback(seed):
+    W = _non_commuting_union()
+    privacy = ZCDP(1.0)
+    truth = dense_svd_bound(W.ref, privacy)
+    b = svd_bound(W.mat, privacy, exact_limit=1, seed=seed)
+    assert b.exact is False, b
+    assert b.stderr > 0
+    assert "Lanczos" in b.method
+    assert abs(b.value - truth) <= 4 * b.stderr + 1e-9 * truth, (b, truth)
+    # reproducible with a seed
+    again = svd_bound(W.mat, privacy, exact_limit=1, seed=seed)
+    assert again.value == b.value and again.stderr == b.stderr
+
+
+@SETTINGS
+@given(domain_shapes().flatmap(workloads_on), st.integers(0, 2**16))
+def test_slq_fallback_on_random_unions(W, seed):
+    privacy = ZCDP(1.0)
+    truth = dense_svd_bound(W.ref, privacy)
+    b = svd_bound(W.mat, privacy, exact_limit=1, seed=seed, probes=40)
+    if b.exact:
+        assert b.value == pytest.approx(truth, rel=1e-7, abs=1e-10)
+    else:
+        assert b.stderr > 0
+        # 4.5 standard errors: a miss has probability well below 1e-4 per example
+        assert abs(b.value - truth) <= 4.5 * b.stderr + 1e-9 * truth, (b, truth)
+
+
+# ====================================================================== it is a lower bound
+@SETTINGS
+@given(domain_shapes().flatmap(lambda s: st.tuples(workloads_on(s), strategies_on(s))), privacies())
+def test_no_strategy_beats_the_bound(case, privacy):
+    W, A = case
+    bound = dense_svd_bound(W.ref, privacy)
+    err = expected_error(W.mat, A.mat, privacy)
+    assert float(err) >= bound * (1 - 1e-7) - 1e-9
+    assert float(svd_bound(W.mat, privacy)) <= float(err) * (1 + 1e-7) + 1e-9
+
+
+@SETTINGS
+@given(domain_shapes().flatmap(workloads_on), st.integers(0, 2**32 - 1), privacies(gaussian_only=True))
+def test_random_kronecker_strategies_do_not_beat_the_bound(W, seed, privacy):
+    rng = np.random.default_rng(seed)
+    shape = W.mat.kron_union().sizes
+    factors = [rng.standard_normal((n + 1, n)) for n in shape]
+    A = Kronecker([Explicit(f) for f in factors]) if len(factors) > 1 else Explicit(factors[0])
+    err = expected_error(W.mat, A, privacy)
+    assert float(err) >= svd_bound(W.mat, privacy).value * (1 - 1e-7)
+    # the identity strategy does not beat it either
+    assert float(expected_error(W.mat, Identity(W.shape[1]), privacy)) >= svd_bound(W.mat, privacy).value * (1 - 1e-7)
+
+
+def test_the_bound_is_attained_for_the_identity_workload():
+    # W = I: the identity strategy is optimal and the bound is exactly its error
+    for privacy in PRIVACIES:
+        b = svd_bound(Identity(6), privacy)
+        assert b.value == pytest.approx(float(expected_error(Identity(6), Identity(6), privacy)), rel=1e-12)
+
+
+def test_float_of_a_bound_is_a_python_float():
+    # float() must return an exact float: returning a numpy float64 from __float__ is deprecated
+    # since Python 3.11 (DeprecationWarning now, TypeError later)
+    unions = [
+        wl.union([wl.Prefix(4), Identity(4)]),
+        wl.union([Kronecker([Identity(2), wl.Prefix(3)]), Kronecker([wl.Total(2), wl.AllRange(3)])]),
+    ]
+    for W in [Identity(4), AllMarginals((2, 3), 1), _non_commuting_union().mat] + unions:
+        b = svd_bound(W, ZCDP(1.0))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            value = float(b)
+        assert type(value) is float
+        assert type(b.value) is float and type(b.stderr) is float
+
+
+def test_bad_inputs():
+    with pytest.raises(TypeError):
+        svd_bound(np.eye(3), PureDP(1.0))
+    for bad in (1.0, None, "zcdp"):
+        with pytest.raises(TypeError, match="privacy"):
+            svd_bound(Identity(3), bad)
