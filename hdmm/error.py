@@ -33,7 +33,7 @@ import numpy as np
 from scipy.special import gamma
 
 from .marginals import in_marginal_algebra, trace_spectrum
-from .matrix import DENSE_LIMIT, DenseLimitError, Identity, Matrix
+from .matrix import DENSE_LIMIT, SUPPORT_TOL, DenseLimitError, Matrix
 from .privacy import Privacy
 from .kron_union import FactorMismatchError, KronUnion
 
@@ -46,8 +46,6 @@ __all__ = [
     "noise_variance",
 ]
 
-#: Relative tolerance for deciding that a strategy does not support a workload.
-SUPPORT_TOL = 1e-8
 
 
 class ErrorResult(float):
@@ -111,51 +109,20 @@ def noise_variance(A: Matrix, privacy: Privacy) -> float:
 
 
 # ====================================================================== Kronecker strategies
+@dataclass
 class _KroneckerStrategy:
-    """Per-attribute pseudo-inverses of a Kronecker strategy's Gram, with support checks.
+    """A Kronecker strategy ``weight * (x)_i A_i``; each factor computes its own traces."""
 
-    A workload factor ``f`` on attribute ``i`` is supported when its rows lie in the row space
-    of ``A_i``: ``tr(f^T f) = tr(f^T f P_i)`` with the projector ``P_i = X_i^+ X_i``.
-    """
-
-    def __init__(self, weight: float, factors: list[Matrix]):
-        self.weight = weight
-        self.factors = factors
-        self._cache: dict[int, tuple[np.ndarray, np.ndarray] | None] = {}
-
-    def _inverse(self, i: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """``(X_i^+, X_i^+ X_i)`` for ``X_i = A_i^T A_i``; ``None`` for an identity factor."""
-        if i not in self._cache:
-            A_i = self.factors[i]
-            if isinstance(A_i, Identity):
-                self._cache[i] = None
-            else:
-                X = A_i.gram().dense()
-                Xp = np.linalg.pinv(X, hermitian=True)
-                self._cache[i] = (Xp, Xp @ X)
-        return self._cache[i]
+    weight: float
+    factors: list[Matrix]
 
     def factor_trace(self, i: int, f: Matrix) -> tuple[float, float, bool]:
         """``tr(X_i^+ G)``, ``tr(G)`` and whether ``f`` is supported, for ``G = f^T f``."""
-        total = f.column_norm_powers(2).sum()
-        inverse = self._inverse(i)
-        if inverse is None:
-            return total, total, True
-        Xp, projector = inverse
-        G = f.gram()
-        kept = float(np.trace(G @ projector))
-        return float(np.trace(G @ Xp)), total, total - kept <= SUPPORT_TOL * total
+        trace, supported = self.factors[i].gram_pinv_trace(f)
+        return trace, f.column_norm_powers(2).sum(), supported
 
     def factor_rows(self, i: int, f: Matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per row of ``f``: ``diag(f X_i^+ f^T)``, whether it is unsupported, whether it is non-zero."""
-        n = f.shape[1]
-        inverse = self._inverse(i)
-        norms = f.quadratic_diag(np.eye(n))
-        if inverse is None:
-            return norms, np.zeros(norms.size, dtype=bool), norms > 0
-        Xp, projector = inverse
-        residual = f.quadratic_diag(np.eye(n) - projector)
-        return f.quadratic_diag(Xp), residual > SUPPORT_TOL * norms, norms > 0
+        return self.factors[i].gram_pinv_rows(f)
 
 
 def _aligned(W: Matrix, A: Matrix) -> tuple[KronUnion, KronUnion]:

@@ -31,11 +31,14 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .domain import Domain
-from .matrix import Identity, KronVector, Matrix, Ones, Product, _check_norm
+from .matrix import Explicit, Identity, Kronecker, KronVector, Matrix, Ones, Product, _check_norm
 from .kron_union import KronUnion
 
 __all__ = [
+    "SubsetProducts",
     "Marginals",
+    "Residuals",
+    "helmert",
     "Marginal",
     "DimKMarginals",
     "AllMarginals",
@@ -190,7 +193,7 @@ def in_marginal_algebra(union: KronUnion) -> bool:
     """
 
     def is_aI_bJ(f: Matrix) -> bool:
-        if isinstance(f, (Identity, Ones, Marginals)):
+        if isinstance(f, (Identity, Ones)):
             return True
         n = f.shape[1]
         if n * n > 2**24:
@@ -204,25 +207,15 @@ def in_marginal_algebra(union: KronUnion) -> bool:
     return all(is_aI_bJ(f) for fs in union.factors for f in fs)
 
 
-# ====================================================================== marginal workloads
-class Marginals(Matrix):
-    r"""A weighted set of marginals: for each attribute subset ``S`` the counts of every
-    combination of values of the attributes in ``S``, scaled by ``w_S``.
+# ====================================================================== subset-indexed products
+class SubsetProducts(Matrix):
+    r"""A weighted union of Kronecker products indexed by attribute subsets ``S``:
 
-    .. math:: M_S = \bigotimes_{i \in S} I_{n_i} \bigotimes_{i \notin S} 1^T, \qquad
-              W = \mathrm{VStack}_S \; w_S M_S .
+    .. math:: \mathrm{VStack}_S \; w_S \bigotimes_{i \in S} F^{in}_i \bigotimes_{i \notin S} F^{out}_i .
 
     Stored as a boolean ``(subsets, d)`` membership matrix and a weight vector, so hundreds of
-    thousands of marginals cost a few megabytes. Serves both as a workload and as a weighted
-    marginals strategy (OPT_M).
-
-    Parameters
-    ----------
-    domain
-        A :class:`Domain` or a tuple of attribute sizes.
-    weights
-        Mapping from attribute subsets (tuples of names or indices; ``()`` is the total) to
-        non-negative weights.
+    thousands of subsets cost a few megabytes. Subclasses choose the two factors of each
+    attribute (:meth:`_attribute_factors`).
     """
 
     def __init__(self, domain: Domain | Sequence[int], weights: Mapping[Sequence, float]):
@@ -238,86 +231,114 @@ class Marginals(Matrix):
         self._setup(domain, members, w)
 
     @classmethod
-    def from_members(cls, domain: Domain | Sequence[int], members: np.ndarray, weights: np.ndarray) -> Marginals:
+    def from_members(cls, domain: Domain | Sequence[int], members: np.ndarray, weights: np.ndarray):
         """Build from a boolean ``(subsets, d)`` membership matrix and weights."""
         self = cls.__new__(cls)
         self._setup(as_domain(domain), np.asarray(members, dtype=bool), np.asarray(weights, dtype=float))
         return self
 
+    def _attribute_factors(self, n: int) -> tuple[Matrix, Matrix]:
+        """``(F_out, F_in)`` for an attribute with ``n`` values."""
+        raise NotImplementedError
+
     def _setup(self, domain: Domain, members: np.ndarray, weights: np.ndarray) -> None:
         if members.ndim != 2 or members.shape[1] != len(domain) or weights.shape != (members.shape[0],):
             raise ValueError("members must be (subsets, attributes) and weights one per subset")
         if members.shape[0] == 0:
-            raise ValueError("a marginals workload needs at least one attribute subset")
+            raise ValueError(f"{type(self).__name__} needs at least one attribute subset")
         if not np.all(np.isfinite(weights)) or np.any(weights < 0):
-            raise ValueError("marginal weights must be finite and non-negative")
+            raise ValueError("subset weights must be finite and non-negative")
         if np.unique(subset_keys(members)).size != members.shape[0]:
             raise ValueError("each attribute subset may appear only once; combine their weights")
         self.domain = domain
         self.members = members
         self.weights = weights
-        sizes = np.array(domain.shape, dtype=float)
-        self.rows_per_subset = np.prod(np.where(members, sizes, 1.0), axis=1).astype(np.int64)
+        self.factors = [list(self._attribute_factors(n)) for n in domain.shape]
+        rows = [np.array([f.shape[0] for f in fs], dtype=float) for fs in self.factors]
+        chosen = np.stack([rows[i][members[:, i].astype(int)] for i in range(len(domain))], axis=1)
+        self.rows_per_subset = np.prod(chosen, axis=1).astype(np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.rows_per_subset)])
         self.shape = (int(self.offsets[-1]), domain.size)
 
-    # ------------------------------------------------------------------ access
     @property
     def subsets(self) -> list[tuple[str, ...]]:
         """The attribute subsets, as tuples of names."""
         names = self.domain.names
         return [tuple(names[i] for i in np.flatnonzero(row)) for row in self.members]
 
-    def _axes(self, row: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        inside = tuple(int(i) for i in np.flatnonzero(self.members[row]))
-        outside = tuple(i for i in range(len(self.domain)) if i not in inside)
-        return inside, outside
+    def _term(self, row: int) -> Kronecker:
+        return Kronecker([fs[int(m)] for fs, m in zip(self.factors, self.members[row])])
 
-    # ------------------------------------------------------------------ products
     def _matmat(self, X):
-        k = X.shape[1]
-        T = X.reshape(self.domain.shape + (k,))
-        out = np.empty((self.shape[0], k))
+        out = np.empty((self.shape[0], X.shape[1]))
         for row in range(self.members.shape[0]):
-            _, outside = self._axes(row)
-            lo, hi = self.offsets[row], self.offsets[row + 1]
-            out[lo:hi] = self.weights[row] * T.sum(axis=outside).reshape(-1, k)
+            out[self.offsets[row] : self.offsets[row + 1]] = self.weights[row] * self._term(row)._matmat(X)
         return out
 
     def _rmatmat(self, Y):
-        k = Y.shape[1]
-        shape = self.domain.shape
-        out = np.zeros(shape + (k,))
+        out = np.zeros((self.shape[1], Y.shape[1]))
         for row in range(self.members.shape[0]):
-            inside, outside = self._axes(row)
-            lo, hi = self.offsets[row], self.offsets[row + 1]
-            table = Y[lo:hi].reshape(tuple(shape[i] for i in inside) + (k,))
-            out += self.weights[row] * np.expand_dims(table, outside)
-        return out.reshape(-1, k)
+            out += self.weights[row] * self._term(row)._rmatmat(Y[self.offsets[row] : self.offsets[row + 1]])
+        return out
+
+    def kron_union(self):
+        return KronUnion(self.factors, self.members.astype(np.intp), self.weights)
+
+    def column_norm_powers(self, p):
+        _check_norm(p)
+        per = [[f.column_norm_powers(p).to_array() for f in fs] for fs in self.factors]
+        terms = [
+            (float(w**p), tuple(per[i][int(m)] for i, m in enumerate(row)))
+            for w, row in zip(self.weights, self.members)
+        ]
+        return KronVector(self.domain.shape, terms)
+
+    def _subset_of_row(self, row: int) -> tuple[int, int]:
+        k = int(np.searchsorted(self.offsets, row, side="right")) - 1
+        return k, row - int(self.offsets[k])
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.members.shape[0]:,} subsets over {self.domain!r})"
+
+
+class Marginals(SubsetProducts):
+    r"""A weighted set of marginals: for each attribute subset ``S`` the counts of every
+    combination of values of the attributes in ``S``, scaled by ``w_S``.
+
+    .. math:: M_S = \bigotimes_{i \in S} I_{n_i} \bigotimes_{i \notin S} 1^T, \qquad
+              W = \mathrm{VStack}_S \; w_S M_S .
+
+    Serves both as a workload and as a weighted marginals strategy (OPT_M). Every column has
+    the same norms: ``D_1 = sum_S w_S`` and ``D_2 = sqrt(sum_S w_S^2)``.
+
+    Parameters
+    ----------
+    domain
+        A :class:`Domain` or a tuple of attribute sizes.
+    weights
+        Mapping from attribute subsets (tuples of names or indices; ``()`` is the total) to
+        non-negative weights.
+    """
+
+    def _attribute_factors(self, n):
+        return Ones(1, n), Identity(n)
 
     def gram(self):
         return _MarginalsGram(self)
 
     def column_norm_powers(self, p):
         _check_norm(p)
-        ones = tuple(np.ones(n) for n in self.domain.shape)
+        ones = tuple(np.broadcast_to(1.0, n) for n in self.domain.shape)
         return KronVector(self.domain.shape, [(float(np.sum(self.weights**p)), ones)])
 
-    def kron_union(self):
-        factors = [[Ones(1, n), Identity(n)] for n in self.domain.shape]
-        return KronUnion(factors, self.members.astype(np.intp), self.weights)
-
     def describe(self, row, name=None, values=None):
-        k = int(np.searchsorted(self.offsets, row, side="right")) - 1
-        inside, _ = self._axes(k)
-        if not inside:
+        k, r = self._subset_of_row(row)
+        inside = np.flatnonzero(self.members[k])
+        if inside.size == 0:
             return None
-        cell = np.unravel_index(row - int(self.offsets[k]), tuple(self.domain.shape[i] for i in inside))
+        cell = np.unravel_index(r, tuple(self.domain.shape[i] for i in inside))
         names = self.domain.names
         return " & ".join(f"{names[i]}={self.domain.values(names[i])[int(v)]}" for i, v in zip(inside, cell))
-
-    def __repr__(self):
-        return f"Marginals({self.members.shape[0]:,} subsets over {self.domain!r})"
 
 
 class _MarginalsGram(Product):
@@ -336,6 +357,49 @@ class _MarginalsGram(Product):
 
     def trace(self):
         return self._total * self.shape[0]
+
+
+def helmert(n: int) -> np.ndarray:
+    r"""An orthonormal basis of the zero-sum vectors of length ``n``, as ``n - 1`` rows ``R``.
+
+    Row ``k`` is :math:`(1, \dots, 1, -k, 0, \dots, 0)/\sqrt{k(k+1)}` (``k`` ones), so
+    :math:`R^T R = I - J/n = Q`.
+    """
+    R = np.zeros((n - 1, n))
+    for k in range(1, n):
+        R[k - 1, :k] = 1.0
+        R[k - 1, k] = -k
+        R[k - 1] /= np.sqrt(k * (k + 1))
+    return R
+
+
+class Residuals(SubsetProducts):
+    r"""Residual measurements: for each subset ``T`` the queries :math:`\sqrt{\lambda_T}\,R_T`
+    with :math:`R_T = \bigotimes_{i \in T} H_i \bigotimes_{i \notin T} 1^T/\sqrt{n_i}`
+    (``H_i`` the :func:`helmert` basis), so that :math:`R_T^T R_T = E_T` and the Gram is
+    :math:`\sum_T \lambda_T E_T`. The weights given are :math:`\sqrt{\lambda_T}`.
+
+    Every column has squared L2 norm :math:`\sum_T \lambda_T \mathrm{tr}(E_T)/N`. Under
+    Gaussian noise the optimal strategy for any marginals workload has this form
+    (MATH.md section 3).
+    """
+
+    def _attribute_factors(self, n):
+        return Explicit(np.full((1, n), 1.0 / np.sqrt(n))), Explicit(helmert(n))
+
+    def column_norm_powers(self, p):
+        if p == 1:
+            return super().column_norm_powers(p)
+        _check_norm(p)
+        sizes = np.array(self.domain.shape, dtype=float)
+        trace_E = np.prod(np.where(self.members, (sizes - 1) / sizes, 1.0 / sizes), axis=1)
+        ones = tuple(np.broadcast_to(1.0, n) for n in self.domain.shape)
+        return KronVector(self.domain.shape, [(float(self.weights**2 @ trace_E), ones)])
+
+    def describe(self, row, name=None, values=None):
+        k, r = self._subset_of_row(row)
+        names = [self.domain.names[i] for i in np.flatnonzero(self.members[k])]
+        return f"residual ({', '.join(names) or 'total'}) #{r}"
 
 
 def Marginal(domain: Domain | Sequence[int], attrs: Sequence) -> Marginals:

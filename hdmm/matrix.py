@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from functools import reduce
+from functools import cached_property, reduce
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -52,6 +52,9 @@ __all__ = [
 #: Largest number of entries ``dense()`` and the dense fall-backs will materialise
 #: (2**25 entries = 256 MiB of float64).
 DENSE_LIMIT = 2**25
+
+#: Relative tolerance for deciding that a query is not in a strategy's row space.
+SUPPORT_TOL = 1e-8
 
 
 class DenseLimitError(ValueError):
@@ -229,6 +232,34 @@ class Matrix:
         and raise :class:`DenseLimitError` otherwise (reconstruct with LSMR instead).
         """
         return Explicit(np.linalg.pinv(self.dense()))
+
+    # ------------------------------------------------------------------ as a strategy factor
+    @cached_property
+    def _gram_inverse(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(X^+, X^+ X)`` for ``X = A^T A``: the pseudo-inverse and the row-space projector."""
+        X = self.gram().dense()
+        Xp = np.linalg.pinv(X, hermitian=True)
+        return Xp, Xp @ X
+
+    def gram_pinv_trace(self, f: Matrix) -> tuple[float, bool]:
+        r"""``tr((A^T A)^+ f^T f)`` and whether the rows of ``f`` lie in the row space of ``A``.
+
+        The error of workload factor ``f`` under this strategy factor (MATH.md section 2).
+        ``f`` is supported when ``tr(f^T f) = tr(f^T f P)`` with the projector ``P = X^+ X``.
+        """
+        Xp, projector = self._gram_inverse
+        G = f.gram()
+        total = f.column_norm_powers(2).sum()
+        kept = float(np.trace(G @ projector))
+        return float(np.trace(G @ Xp)), total - kept <= SUPPORT_TOL * total
+
+    def gram_pinv_rows(self, f: Matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per row of ``f``: ``diag(f X^+ f^T)``, whether the row is unsupported, whether it is non-zero."""
+        Xp, projector = self._gram_inverse
+        n = f.shape[1]
+        norms = f.quadratic_diag(np.eye(n))
+        residual = f.quadratic_diag(np.eye(n) - projector)
+        return f.quadratic_diag(Xp), residual > SUPPORT_TOL * norms, norms > 0
 
     def quadratic_diag(self, X: np.ndarray) -> np.ndarray:
         """``diag(A X A^T)`` for a small dense symmetric ``X`` (``n x n``).
@@ -504,6 +535,13 @@ class Identity(Matrix):
 
     def quadratic_diag(self, X):
         return np.diagonal(X).copy()
+
+    def gram_pinv_trace(self, f):
+        return f.column_norm_powers(2).sum(), True
+
+    def gram_pinv_rows(self, f):
+        norms = f.quadratic_diag(np.eye(self.n))
+        return norms, np.zeros(norms.size, dtype=bool), norms > 0
 
     def dense(self, max_entries=None):
         _check_dense_size(self.n, self.n, "dense() of an Identity", max_entries)

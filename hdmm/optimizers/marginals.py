@@ -1,0 +1,169 @@
+r"""OPT_M (weighted marginals) and the optimal residual strategy (MATH.md section 3).
+
+Both strategies have Grams in the marginals algebra, :math:`X = \sum_T \mu_T E_T`, so the error
+of *any* union-of-Kronecker workload under them is exact and cheap:
+
+.. math:: \mathrm{tr}(X^+ W^TW) = \sum_T \tau_T / \lambda_T, \qquad
+          \tau_T = \mathrm{tr}(E_T W^TW)/N, \quad \lambda_T = \mu_T / N,
+
+with :math:`\tau` the workload's trace spectrum (:func:`hdmm.marginals.trace_spectrum`). A
+workload outside the marginals algebra is thereby not approximated at all: only the strategy
+is restricted.
+
+**OPT_M.** Marginals :math:`M_S` weighted by :math:`\theta_S \ge 0` give
+:math:`\lambda_T = \sum_{S \supseteq T} \theta_S^2 / \prod_{i \in S} n_i` (a superset sum, a
+sparse matrix ``Z`` with ``Z[T, S] = 1/prod_{i in S} n_i``), sensitivity
+:math:`D_1 = \sum_S \theta_S` (Laplace) or :math:`D_2^2 = \sum_S \theta_S^2` (Gaussian), and
+objective :math:`D^2 \sum_T \tau_T/\lambda_T`. With :math:`r = \tau/\lambda^2`,
+:math:`\partial \lambda\text{-part}/\partial\theta_S = -2\theta_S (Z^T r)_S`. Under Gaussian noise
+the objective is convex in :math:`u = \theta^2`. Weights are optimised as
+:math:`\theta = e^z` (positive, so the strategy never loses support mid-search).
+
+**Residuals (Gaussian).** Measuring :math:`\sqrt{\lambda_T} R_T` with :math:`R_T^TR_T = E_T`
+gives :math:`D_2^2 = \sum_T \lambda_T \mathrm{tr}(E_T)` (normalised) and error
+:math:`D_2^2 \sum_T \tau_T/\lambda_T`, minimised by Cauchy-Schwarz at
+:math:`\lambda_T \propto \sqrt{\tau_T/\mathrm{tr}(E_T)}` with value
+:math:`(\sum_T \sqrt{\tau_T \mathrm{tr}(E_T)})^2`: exactly the SVD bound for marginal-algebra
+workloads (ResidualPlanner, Xiao et al. 2023), and the best residual strategy for any other.
+Only subsets with :math:`\tau_T > 0` (the downward closure of the workload's marginals) are
+enumerated.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.optimize import minimize
+
+from ..kron_union import KronUnion
+from ..marginals import Marginals, Residuals, as_domain, subset_keys, trace_spectrum
+from ..matrix import Matrix
+
+__all__ = ["MarginalsProblem", "optimize_marginal_weights", "opt_marginals_strategy", "residual_strategy"]
+
+#: Above this many attributes, OPT_M's candidates are the workload's downward closure only.
+ALL_SUBSETS_MAX_DIM = 12
+
+
+def _domain_of(W: Matrix, union: KronUnion):
+    return W.domain if hasattr(W, "domain") and W.domain.shape == union.sizes else as_domain(union.sizes)
+
+
+class MarginalsProblem:
+    r"""The OPT_M objective for one workload: candidate subsets, :math:`\tau` and ``Z``.
+
+    Parameters
+    ----------
+    union
+        The workload as a union of Kronecker products.
+    candidates
+        Boolean ``(subsets, d)`` candidate marginals; by default all ``2^d`` subsets when
+        ``d <= ALL_SUBSETS_MAX_DIM``, else the downward closure of the workload.
+    """
+
+    def __init__(self, union: KronUnion, candidates: np.ndarray | None = None):
+        spectrum = trace_spectrum(union)
+        d = union.dim
+        if candidates is None:
+            if d <= ALL_SUBSETS_MAX_DIM:
+                grid = np.array(list(itertools.product([False, True], repeat=d)), dtype=bool).reshape(-1, d)
+                candidates = grid
+            else:
+                candidates = spectrum.members
+        self.sizes = union.sizes
+        self.members = np.asarray(candidates, dtype=bool)
+        keys = subset_keys(self.members)
+        order = np.argsort(keys)
+        self.members, keys = self.members[order], keys[order]
+        self.tau = spectrum.lookup(keys, spectrum.tau)
+        if not np.isclose(self.tau.sum(), spectrum.tau.sum(), rtol=1e-9):
+            raise ValueError("the candidate marginals do not cover the workload's subsets")
+        self.Z = self._superset_matrix(keys)
+
+    def _superset_matrix(self, keys: np.ndarray) -> sp.csr_array:
+        """``Z[T, S] = 1/prod_{i in S} n_i`` for candidates ``T`` inside candidates ``S``."""
+        sizes = np.array(self.sizes, dtype=float)
+        scale = 1.0 / np.prod(np.where(self.members, sizes, 1.0), axis=1)
+        rows, cols = [], []
+        for s, member in enumerate(self.members):
+            inside = np.flatnonzero(member)
+            subs = np.zeros((2 ** inside.size, member.size), dtype=bool)
+            for m in range(2 ** inside.size):
+                subs[m, inside[[(m >> b) & 1 == 1 for b in range(inside.size)]]] = True
+            pos = np.searchsorted(keys, subset_keys(subs))
+            found = keys[np.minimum(pos, keys.size - 1)] == subset_keys(subs)
+            rows.append(pos[found])
+            cols.append(np.full(int(found.sum()), s))
+        rows, cols = np.concatenate(rows), np.concatenate(cols)
+        return sp.csr_array((scale[cols], (rows, cols)), shape=(keys.size, keys.size))
+
+    def objective(self, theta: np.ndarray, norm: int) -> tuple[float, np.ndarray]:
+        r"""Error (at unit noise) of weights ``theta`` and its gradient in ``theta``."""
+        lam = self.Z @ theta**2
+        live = self.tau > 0
+        if np.any(lam[live] <= 0):
+            return np.inf, np.zeros_like(theta)
+        F = float(np.sum(self.tau[live] / lam[live]))
+        r = np.zeros_like(lam)
+        r[live] = self.tau[live] / lam[live] ** 2
+        dF = -2.0 * theta * (self.Z.T @ r)
+        if norm == 1:
+            s = theta.sum()
+            return s**2 * F, 2.0 * s * F + s**2 * dF
+        s2 = float(theta @ theta)
+        return s2 * F, 2.0 * theta * F + s2 * dF
+
+
+def optimize_marginal_weights(problem: MarginalsProblem, norm: int, restarts: int, rng: np.random.Generator):
+    """Minimise the OPT_M objective over ``theta = exp(z)``; returns ``(theta, objective)``."""
+
+    def fun(z):
+        theta = np.exp(z)
+        value, grad = problem.objective(theta, norm)
+        return value, grad * theta
+
+    best, best_theta = np.inf, None
+    k = problem.members.shape[0]
+    # deterministic starts first: every candidate equal, and (nearly) the full data cube only
+    full = np.full(k, -8.0)
+    full[np.argmax(problem.members.sum(axis=1))] = 0.0
+    starts = [np.zeros(k), full] + [rng.normal(0.0, 1.0, size=k) for _ in range(max(0, restarts - 2))]
+    for z0 in starts:
+        result = minimize(fun, z0, jac=True, method="L-BFGS-B", options={"maxiter": 2000})
+        if result.fun < best:
+            best, best_theta = float(result.fun), np.exp(result.x)
+    scale = best_theta.sum() if norm == 1 else np.sqrt(best_theta @ best_theta)
+    return best_theta / scale, best
+
+
+def opt_marginals_strategy(W: Matrix, norm: int, restarts: int, rng: np.random.Generator) -> tuple[Marginals, float]:
+    """OPT_M for workload ``W``: the weighted-marginals strategy and its unit-noise error."""
+    union = W.kron_union()
+    problem = MarginalsProblem(union)
+    theta, value = optimize_marginal_weights(problem, norm, restarts, rng)
+    keep = theta > 1e-9 * theta.max()
+    lam = problem.Z[:, keep] @ theta[keep] ** 2
+    if np.any(lam[problem.tau > 0] <= 0):
+        keep[:] = True
+    strategy = Marginals.from_members(_domain_of(W, union), problem.members[keep], theta[keep])
+    return strategy, value
+
+
+def residual_strategy(W: Matrix) -> tuple[Residuals, float]:
+    r"""The optimal residual strategy under Gaussian noise and its unit-noise error.
+
+    :math:`\lambda_T \propto \sqrt{\tau_T / \mathrm{tr}(E_T)}` on the workload's subsets,
+    scaled to L2 sensitivity 1; the error is :math:`(\sum_T \sqrt{\tau_T\,\mathrm{tr}(E_T)})^2`.
+    """
+    union = W.kron_union()
+    spectrum = trace_spectrum(union)
+    trace_E = spectrum.trace_E
+    live = (spectrum.tau > 0) & (trace_E > 0)
+    members, tau, trace_E = spectrum.members[live], spectrum.tau[live], trace_E[live]
+    lam_normalised = np.sqrt(tau / trace_E)
+    lam_normalised /= float(lam_normalised @ trace_E)  # sum_T lambda'_T tr(E_T) = 1: D_2 = 1
+    N = float(np.prod(np.array(union.sizes, dtype=float)))
+    strategy = Residuals.from_members(_domain_of(W, union), members, np.sqrt(lam_normalised * N))
+    return strategy, float(np.sum(np.sqrt(tau * trace_E)) ** 2)

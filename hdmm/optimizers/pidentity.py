@@ -1,0 +1,178 @@
+r"""OPT_0: p-Identity strategies for one attribute (MATH.md section 3).
+
+A p-Identity strategy adds ``p`` non-negative query rows ``T`` to the identity and rescales
+every column to unit norm:
+
+.. math:: A(T) = \begin{bmatrix} I \\ T \end{bmatrix} D^{-1}, \qquad
+          d_j = 1 + \textstyle\sum_i T_{ij} \;\text{(Laplace, } L_1\text{)}, \quad
+          d_j = \sqrt{1 + \textstyle\sum_i T_{ij}^2} \;\text{(Gaussian, } L_2\text{)} .
+
+It always has sensitivity 1 and full column rank, so it supports every workload, and the
+error of a workload with Gram :math:`G` is
+
+.. math:: f(T) = \mathrm{tr}\big((A^TA)^{-1} G\big) = \mathrm{tr}\big(D (I + T^TT)^{-1} D G\big)
+          = \textstyle\sum_j d_j^2 G_{jj} - \mathrm{tr}\big(M^{-1} B G B^T\big),
+
+with :math:`B = TD` and :math:`M = I_p + TT^T` (Woodbury). It needs ``p`` products with
+:math:`G` (``O(n)`` each for prefix and range Grams) and ``O(p^2 n)`` dense work, never an
+``n x n`` matrix. With :math:`C = DGD`, :math:`U = M^{-1}T` and
+:math:`S = M^{-1} T C T^T M^{-1}` the gradient is
+
+.. math:: \nabla_T f = 2ST - 2UC + \Big(\frac{\partial d}{\partial T}\Big)^T g, \qquad
+          g = 2\,d \circ \mathrm{diag}(G) - 2\,\mathrm{colsum}\big((BG) \circ U\big),
+
+where :math:`\partial d_j / \partial T_{ij}` is 1 (Laplace) or :math:`T_{ij}/d_j` (Gaussian).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.linalg import cho_factor, cho_solve
+from scipy.optimize import Bounds, minimize
+
+from ..matrix import Explicit, Identity, KronVector, Matrix, _check_norm
+
+__all__ = ["PIdentity", "pidentity_objective", "optimize_pidentity", "default_p"]
+
+
+def _scales(T: np.ndarray, norm: int) -> np.ndarray:
+    """Column norms ``d`` of ``[I; T]``: L1 (``norm=1``) or L2 (``norm=2``)."""
+    return 1.0 + T.sum(axis=0) if norm == 1 else np.sqrt(1.0 + np.einsum("ij,ij->j", T, T))
+
+
+def pidentity_objective(T: np.ndarray, G: Matrix, norm: int = 1, gradient: bool = True):
+    r"""``f(T) = tr((A(T)^T A(T))^{-1} G)`` and, if asked, its gradient (module docstring).
+
+    Parameters
+    ----------
+    T
+        The ``p x n`` non-negative parameters.
+    G
+        The workload Gram (an implicit matrix: only products with it are used).
+    norm
+        1 for Laplace (L1-normalised columns), 2 for Gaussian (L2).
+    """
+    p, n = T.shape
+    d = _scales(T, norm)
+    diagG = G.diag()
+    if p == 0:
+        value = float(d**2 @ diagG)
+        return (value, np.zeros_like(T)) if gradient else value
+    B = T * d
+    BG = (G @ B.T).T
+    TC = BG * d
+    K = TC @ T.T
+    factor = cho_factor(np.eye(p) + T @ T.T)
+    MinvK = cho_solve(factor, K)
+    value = float(d**2 @ diagG - np.trace(MinvK))
+    if not gradient:
+        return value
+    U = cho_solve(factor, T)
+    S = cho_solve(factor, MinvK.T)
+    g = 2.0 * d * diagG - 2.0 * np.einsum("ij,ij->j", BG, U)
+    grad = 2.0 * (S @ T) - 2.0 * cho_solve(factor, TC)
+    grad += g[None, :] if norm == 1 else T * (g / d)[None, :]
+    return value, grad
+
+
+def default_p(n: int) -> int:
+    """Number of extra rows used when none is given: about ``n/16``, at least 1, at most 64."""
+    return int(min(64, max(1, n // 16)))
+
+
+def optimize_pidentity(
+    G: Matrix, p: int, norm: int = 1, restarts: int = 3, rng: np.random.Generator | None = None,
+    maxiter: int = 1000, start: np.ndarray | None = None,
+) -> tuple[np.ndarray, float]:
+    """Minimise :func:`pidentity_objective` over ``T >= 0`` by L-BFGS-B from ``restarts`` starts.
+
+    The starts are uniform random in [0, 1), the first replaced by ``start`` when given (a warm
+    start). Returns the best ``T`` and its objective.
+    """
+    n = G.shape[0]
+    rng = np.random.default_rng() if rng is None else rng
+    if p == 0:
+        return np.zeros((0, n)), pidentity_objective(np.zeros((0, n)), G, norm, gradient=False)
+
+    def fun(theta):
+        value, grad = pidentity_objective(theta.reshape(p, n), G, norm)
+        return value, grad.ravel()
+
+    best_T, best = None, np.inf
+    starts = [rng.random(p * n) for _ in range(max(1, restarts))]
+    if start is not None:
+        starts[0] = np.asarray(start, dtype=float).ravel()
+    for x0 in starts:
+        result = minimize(fun, x0, jac=True, method="L-BFGS-B", bounds=Bounds(0.0, np.inf),
+                          options={"maxiter": maxiter})
+        if result.fun < best:
+            best_T, best = result.x.reshape(p, n), float(result.fun)
+    return best_T, best
+
+
+class PIdentity(Matrix):
+    r"""The p-Identity strategy :math:`A(T) = [I; T] D^{-1}` (module docstring).
+
+    Parameters
+    ----------
+    T
+        ``p x n`` non-negative matrix of extra queries.
+    norm
+        1: columns have unit L1 norm (Laplace); 2: unit L2 norm (Gaussian).
+    """
+
+    def __init__(self, T: np.ndarray, norm: int = 1):
+        _check_norm(norm)
+        T = np.asarray(T, dtype=float)
+        if T.ndim != 2 or not np.all(np.isfinite(T)) or np.any(T < 0):
+            raise ValueError("T must be a finite, non-negative 2-D array (p x n)")
+        self.params = T
+        self.norm = norm
+        self.d = _scales(T, norm)
+        self.shape = (T.shape[1] + T.shape[0], T.shape[1])
+
+    def _matmat(self, X):
+        Y = X / self.d[:, None]
+        return np.vstack([Y, self.params @ Y])
+
+    def _rmatmat(self, Y):
+        n = self.shape[1]
+        return (Y[:n] + self.params.T @ Y[n:]) / self.d[:, None]
+
+    def column_norm_powers(self, p):
+        _check_norm(p)
+        T = self.params
+        return KronVector.from_array((1.0 + (T**p).sum(axis=0)) / self.d**p)
+
+    @property
+    def _woodbury(self) -> tuple[np.ndarray, tuple]:
+        T = self.params
+        return T, cho_factor(np.eye(T.shape[0]) + T @ T.T)
+
+    def gram_pinv_trace(self, f):
+        # full column rank: every workload is supported
+        return pidentity_objective(self.params, f.gram(), self.norm, gradient=False), True
+
+    @property
+    def _gram_inverse(self):
+        """``X^{-1} = D (I - T^T M^{-1} T) D``; the projector is the identity (full rank)."""
+        n = self.shape[1]
+        T, factor = self._woodbury
+        inner = np.eye(n) - T.T @ cho_solve(factor, T) if T.shape[0] else np.eye(n)
+        return self.d[:, None] * inner * self.d[None, :], np.eye(n)
+
+    def pinv(self):
+        Xinv, _ = self._gram_inverse
+        return Explicit(Xinv) @ self.T
+
+    def dense(self, max_entries=None):
+        return Explicit(np.vstack([np.eye(self.shape[1]), self.params])).dense(max_entries) / self.d[None, :]
+
+    def describe(self, row, name=None, values=None):
+        n = self.shape[1]
+        if row < n:
+            return Identity(n).describe(row, name, values)
+        return f"{name or 'value'}: p-Identity query {row - n}"
+
+    def __repr__(self):
+        return f"PIdentity(p={self.params.shape[0]}, n={self.shape[1]}, L{self.norm})"
