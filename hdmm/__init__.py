@@ -14,7 +14,8 @@ expected error of a strategy and the SVD lower bound, without any ``N x N`` matr
 from .bound import SVDBound, svd_bound
 from .domain import Domain
 from .error import ErrorResult, expected_error, lp_error, per_query_variance, rmse
-from .marginals import AllMarginals, DimKMarginals, Marginal, Marginals
+from .io import load_strategy, save_strategy
+from .marginals import AllMarginals, DimKMarginals, Marginal, Marginals, Residuals
 from .matrix import (
     DenseLimitError,
     Diagonal,
@@ -28,6 +29,16 @@ from .matrix import (
     Transpose,
     VStack,
     Weighted,
+)
+from .optimizers import (
+    OptimizationResult,
+    PIdentity,
+    opt0,
+    opt_kron,
+    opt_marginals,
+    opt_residual,
+    opt_union,
+    optimize,
 )
 from .privacy import ZCDP, ApproxDP, Privacy, PureDP
 from .kron_union import KronUnion
@@ -63,12 +74,15 @@ __all__ = [
     "Marginals",
     "Matrix",
     "Ones",
+    "OptimizationResult",
+    "PIdentity",
     "Predicates",
     "Prefix",
     "Privacy",
     "Product",
     "PureDP",
     "Ranges",
+    "Residuals",
     "SVDBound",
     "Sum",
     "Total",
@@ -78,10 +92,18 @@ __all__ = [
     "WidthKRange",
     "ZCDP",
     "expected_error",
+    "load_strategy",
     "lp_error",
+    "opt0",
+    "opt_kron",
+    "opt_marginals",
+    "opt_residual",
+    "opt_union",
+    "optimize",
     "per_query_variance",
     "product",
     "rmse",
+    "save_strategy",
     "svd_bound",
     "union",
 ]

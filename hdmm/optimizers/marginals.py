@@ -143,9 +143,14 @@ def opt_marginals_strategy(W: Matrix, norm: int, restarts: int, rng: np.random.G
     union = W.kron_union()
     problem = MarginalsProblem(union)
     theta, value = optimize_marginal_weights(problem, norm, restarts, rng)
-    keep = theta > 1e-9 * theta.max()
-    lam = problem.Z[:, keep] @ theta[keep] ** 2
-    if np.any(lam[problem.tau > 0] <= 0):
+    # drop negligible marginals (they only make the strategy ill-conditioned) if the error holds
+    keep = theta > 1e-4 * theta.max()
+    pruned = np.where(keep, theta, 0.0)
+    pruned /= pruned.sum() if norm == 1 else np.sqrt(pruned @ pruned)
+    pruned_value, _ = problem.objective(pruned, norm)
+    if pruned_value <= value * (1 + 1e-6):
+        theta, value = pruned, pruned_value
+    else:
         keep[:] = True
     strategy = Marginals.from_members(_domain_of(W, union), problem.members[keep], theta[keep])
     return strategy, value

@@ -34,6 +34,11 @@ from ..matrix import Explicit, Identity, KronVector, Matrix, _check_norm
 
 __all__ = ["PIdentity", "pidentity_objective", "optimize_pidentity", "default_p"]
 
+#: Upper bound on the entries of ``T``. Workloads that only need totals push ``T`` towards
+#: infinity, where the Woodbury objective loses all precision to cancellation; at ``T_MAX``
+#: the identity rows carry a weight of about ``1/T_MAX`` of the total, which costs nothing.
+T_MAX = 1e3
+
 
 def _scales(T: np.ndarray, norm: int) -> np.ndarray:
     """Column norms ``d`` of ``[I; T]``: L1 (``norm=1``) or L2 (``norm=2``)."""
@@ -103,7 +108,7 @@ def optimize_pidentity(
     if start is not None:
         starts[0] = np.asarray(start, dtype=float).ravel()
     for x0 in starts:
-        result = minimize(fun, x0, jac=True, method="L-BFGS-B", bounds=Bounds(0.0, np.inf),
+        result = minimize(fun, x0, jac=True, method="L-BFGS-B", bounds=Bounds(0.0, T_MAX),
                           options={"maxiter": maxiter})
         if result.fun < best:
             best_T, best = result.x.reshape(p, n), float(result.fun)

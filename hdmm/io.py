@@ -1,0 +1,118 @@
+"""Saving and loading strategies: optimise once, release many times.
+
+A strategy file is a numpy ``.npz`` archive holding a JSON description of the matrix tree
+(``format``, ``version``, the tree with each node's class and parameters) and one array per
+dense parameter. Only hdmm's own matrix classes are written; nothing is unpickled on load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from .marginals import Marginals, Residuals
+from .matrix import Diagonal, Explicit, Identity, Kronecker, Matrix, Ones, Sum, VStack, Weighted
+from .optimizers.pidentity import PIdentity
+
+__all__ = ["save_strategy", "load_strategy", "FORMAT", "VERSION"]
+
+FORMAT = "hdmm-strategy"
+VERSION = 1
+
+
+class _Writer:
+    def __init__(self):
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def array(self, a: np.ndarray) -> str:
+        key = f"a{len(self.arrays)}"
+        self.arrays[key] = np.asarray(a)
+        return key
+
+    def node(self, M: Matrix) -> dict[str, Any]:
+        if isinstance(M, Identity):
+            return {"type": "Identity", "n": M.n}
+        if isinstance(M, Ones):
+            return {"type": "Ones", "shape": list(M.shape)}
+        if isinstance(M, Diagonal):
+            return {"type": "Diagonal", "d": self.array(M.d)}
+        if isinstance(M, PIdentity):
+            return {"type": "PIdentity", "T": self.array(M.params), "norm": M.norm}
+        if isinstance(M, (Marginals, Residuals)):
+            return {"type": type(M).__name__, "domain": M.domain.to_dict(),
+                    "members": self.array(M.members), "weights": self.array(M.weights)}
+        if isinstance(M, Explicit):
+            if M.is_sparse:
+                csr = sp.csr_array(M.matrix)
+                return {"type": "SparseExplicit", "shape": list(M.shape), "data": self.array(csr.data),
+                        "indices": self.array(csr.indices), "indptr": self.array(csr.indptr)}
+            return {"type": "Explicit", "matrix": self.array(M.matrix)}
+        if isinstance(M, Kronecker):
+            return {"type": "Kronecker", "factors": [self.node(f) for f in M.factors]}
+        if isinstance(M, VStack):
+            return {"type": "VStack", "blocks": [self.node(b) for b in M.blocks]}
+        if isinstance(M, Sum):
+            return {"type": "Sum", "terms": [self.node(t) for t in M.terms]}
+        if isinstance(M, Weighted):
+            return {"type": "Weighted", "weight": M.weight, "base": self.node(M.base)}
+        raise TypeError(f"cannot save a {type(M).__name__}: only hdmm's strategy matrix classes can be saved")
+
+
+def save_strategy(A: Matrix, path: str | os.PathLike, metadata: dict | None = None) -> None:
+    """Write strategy ``A`` (and optional JSON-serialisable ``metadata``) to ``path`` (.npz)."""
+    writer = _Writer()
+    header = {"format": FORMAT, "version": VERSION, "tree": writer.node(A), "metadata": metadata or {}}
+    np.savez_compressed(path, header=np.array(json.dumps(header)), **writer.arrays)
+
+
+def _read(node: dict, arrays) -> Matrix:
+    kind = node["type"]
+    get = lambda key: arrays[node[key]]  # noqa: E731
+    if kind == "Identity":
+        return Identity(node["n"])
+    if kind == "Ones":
+        return Ones(*node["shape"])
+    if kind == "Diagonal":
+        return Diagonal(get("d"))
+    if kind == "PIdentity":
+        return PIdentity(get("T"), node["norm"])
+    if kind in ("Marginals", "Residuals"):
+        from .domain import Domain
+
+        cls = Marginals if kind == "Marginals" else Residuals
+        return cls.from_members(Domain.from_dict(node["domain"]), get("members"), get("weights"))
+    if kind == "SparseExplicit":
+        return Explicit(sp.csr_array((get("data"), get("indices"), get("indptr")), shape=tuple(node["shape"])))
+    if kind == "Explicit":
+        return Explicit(get("matrix"))
+    if kind == "Kronecker":
+        return Kronecker([_read(f, arrays) for f in node["factors"]])
+    if kind == "VStack":
+        return VStack([_read(b, arrays) for b in node["blocks"]])
+    if kind == "Sum":
+        return Sum([_read(t, arrays) for t in node["terms"]])
+    if kind == "Weighted":
+        return Weighted(_read(node["base"], arrays), node["weight"])
+    raise ValueError(f"unknown matrix type {kind!r} in strategy file")
+
+
+def load_strategy(path: str | os.PathLike) -> tuple[Matrix, dict]:
+    """Read a strategy written by :func:`save_strategy`; returns ``(strategy, metadata)``."""
+    with np.load(path, allow_pickle=False) as archive:
+        try:
+            header = json.loads(str(archive["header"]))
+        except KeyError:
+            raise ValueError(f"{path} is not an hdmm strategy file (no header)") from None
+        if header.get("format") != FORMAT:
+            raise ValueError(f"{path} is not an hdmm strategy file (format {header.get('format')!r})")
+        if header.get("version", 0) > VERSION:
+            raise ValueError(
+                f"{path} was written by a newer hdmm (strategy file version {header['version']}, "
+                f"this hdmm reads up to {VERSION}); upgrade hdmm"
+            )
+        arrays = {key: archive[key] for key in archive.files if key != "header"}
+    return _read(header["tree"], arrays), header.get("metadata", {})

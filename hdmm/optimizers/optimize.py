@@ -1,0 +1,185 @@
+"""The public optimizers and ``optimize``, which runs every one that applies and keeps the best.
+
+Every optimizer takes ``noise="laplace" | "gaussian"`` and ``seed=`` (for reproducible
+research; without a seed the random starts come from fresh OS entropy) and returns an
+implicit strategy matrix normalised to sensitivity 1 in the norm of its noise (L1 for
+Laplace, L2 for Gaussian) that supports the workload.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..bound import SVDBound, svd_bound
+from ..error import ErrorResult, expected_error
+from ..matrix import Identity, Matrix
+from ..privacy import Privacy
+from .kron import opt_kron_union
+from .marginals import opt_marginals_strategy, residual_strategy
+from .union import default_groups, opt_union_groups
+
+__all__ = ["opt0", "opt_kron", "opt_union", "opt_marginals", "opt_residual", "optimize", "OptimizationResult"]
+
+_NORMS = {"laplace": 1, "gaussian": 2}
+
+
+def _norm(noise: str) -> int:
+    if noise not in _NORMS:
+        raise ValueError(f"noise must be 'laplace' or 'gaussian', got {noise!r}")
+    return _NORMS[noise]
+
+
+def _rng(seed) -> np.random.Generator:
+    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+
+
+def _check_workload(W: Matrix) -> None:
+    if not isinstance(W, Matrix):
+        raise TypeError(f"the workload must be an hdmm matrix, got {type(W).__name__}")
+
+
+def opt0(W: Matrix, p: int | None = None, noise: str = "laplace", restarts: int = 3, seed=None) -> Matrix:
+    """OPT_0: the best p-Identity strategy for a one-attribute (or small explicit) workload.
+
+    ``p`` extra queries (default about ``n/16``, at most 64), L-BFGS-B from ``restarts``
+    random starts. Multi-attribute workloads are treated as one attribute over the whole domain;
+    use :func:`opt_kron` for them.
+    """
+    _check_workload(W)
+    union = W.kron_union()
+    if union.dim != 1:
+        union = union.align((W.shape[1],))
+    A, _ = opt_kron_union(union, _norm(noise), p, restarts, _rng(seed), max_rounds=1)
+    return A.factors[0]
+
+
+def opt_kron(W: Matrix, noise: str = "laplace", p: int | None = None, restarts: int = 3, seed=None,
+             progress: Callable[[str], None] | None = None) -> Matrix:
+    """OPT_(x): one Kronecker strategy for a union of Kronecker workloads (see :mod:`.kron`)."""
+    _check_workload(W)
+    A, _ = opt_kron_union(W.kron_union(), _norm(noise), p, restarts, _rng(seed), progress=progress)
+    return A
+
+
+def opt_union(W: Matrix, noise: str = "laplace", groups: Sequence[Sequence[int]] | None = None,
+              p: int | None = None, restarts: int = 3, seed=None,
+              progress: Callable[[str], None] | None = None) -> Matrix:
+    """OPT_+: a union of Kronecker strategies, one per group of workload terms (see :mod:`.union`).
+
+    ``groups`` lists term indices of ``W.kron_union()``; by default one group per top-level
+    block of a union (e.g. per Census table), else one per Kronecker term.
+    """
+    _check_workload(W)
+    union = W.kron_union()
+    groups = default_groups(W, union) if groups is None else [np.asarray(g, dtype=np.intp) for g in groups]
+    A, _ = opt_union_groups(union, groups, _norm(noise), p, restarts, _rng(seed), progress)
+    return A
+
+
+def opt_marginals(W: Matrix, noise: str = "laplace", restarts: int = 3, seed=None) -> Matrix:
+    """OPT_M: weighted marginals (see :mod:`.marginals`); any union of Kronecker workloads."""
+    _check_workload(W)
+    A, _ = opt_marginals_strategy(W, _norm(noise), restarts, _rng(seed))
+    return A
+
+
+def opt_residual(W: Matrix) -> Matrix:
+    """The optimal residual strategy for Gaussian noise (closed form; the SVD bound on marginals)."""
+    _check_workload(W)
+    return residual_strategy(W)[0]
+
+
+@dataclass
+class OptimizationResult:
+    """The outcome of :func:`optimize`.
+
+    Attributes
+    ----------
+    strategy : Matrix
+        The best strategy found.
+    optimizer : str
+        Which optimizer produced it.
+    error : ErrorResult
+        Its expected total squared error under ``privacy`` (exact, or an upper bound for OPT_+).
+    privacy : Privacy
+    bound : SVDBound
+        The SVD lower bound for the workload.
+    report : pandas.DataFrame
+        One row per candidate: expected error, RMSE, whether exact, seconds, ratio to the bound.
+    """
+
+    strategy: Matrix
+    optimizer: str
+    error: ErrorResult
+    privacy: Privacy
+    bound: SVDBound
+    report: pd.DataFrame = field(repr=False)
+
+    @property
+    def rmse(self) -> float:
+        return float(np.sqrt(self.error / self.error.queries))
+
+
+def optimize(W: Matrix, privacy: Privacy, *, restarts: int = 3, seed=None,
+             optimizers: Sequence[str] | None = None, progress: bool | Callable[[str], None] = False) -> OptimizationResult:
+    """Run every optimizer that applies to ``W`` under ``privacy`` and keep the best strategy.
+
+    Candidates: ``identity`` (reference), ``opt_kron`` (OPT_(x)), ``opt_marginals`` (OPT_M),
+    ``opt_union`` (OPT_+, when the workload has several Kronecker terms; its error is the
+    upper bound of :mod:`.union`), and ``residual`` (Gaussian noise only). Deterministic given
+    ``seed``. ``progress=True`` prints progress lines; a callable receives them instead.
+    """
+    _check_workload(W)
+    if not isinstance(privacy, Privacy):
+        raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
+    norm = privacy.norm
+    rng = _rng(seed)
+    say = print if progress is True else (progress or None)
+    union = W.kron_union()
+    available = ["identity", "opt_kron", "opt_marginals"]
+    if union.num_terms > 1:
+        available.append("opt_union")
+    if norm == 2:
+        available.append("residual")
+    chosen = available if optimizers is None else [o for o in optimizers if o in available]
+    unknown = [] if optimizers is None else [o for o in optimizers if o not in available]
+    if unknown:
+        raise ValueError(f"optimizers {unknown} do not apply here; available: {available}")
+    unit = privacy.noise_variance(1.0)
+    rows, best = [], None
+    for name in chosen:
+        start = time.perf_counter()
+        exact = True
+        if name == "identity":
+            A = Identity(W.shape[1])
+            error = expected_error(W, A, privacy)
+        elif name == "opt_kron":
+            A, value = opt_kron_union(union, norm, None, restarts, rng, progress=say)
+            error = expected_error(W, A, privacy)
+        elif name == "opt_marginals":
+            A, value = opt_marginals_strategy(W, norm, restarts, rng)
+            error = expected_error(W, A, privacy)
+        elif name == "opt_union":
+            A, value = opt_union_groups(union, default_groups(W, union), norm, None, restarts, rng, say)
+            error = ErrorResult(unit * value, measure="total squared error", privacy=privacy, queries=W.shape[0])
+            exact = False
+        else:
+            A, value = residual_strategy(W)
+            error = expected_error(W, A, privacy)
+        seconds = time.perf_counter() - start
+        rows.append({"optimizer": name, "total squared error": float(error), "exact": exact, "seconds": seconds, "strategy": A})
+        if say:
+            say(f"{name}: total squared error {float(error):.6g} ({seconds:.2f} s)")
+        if best is None or error < best[2]:
+            best = (name, A, error)
+    bound = svd_bound(W, privacy, seed=0)
+    report = pd.DataFrame(rows).drop(columns="strategy")
+    report["rmse"] = np.sqrt(report["total squared error"] / W.shape[0])
+    report["ratio to SVD bound"] = report["total squared error"] / bound.value
+    name, A, error = best
+    return OptimizationResult(A, name, error, privacy, bound, report)

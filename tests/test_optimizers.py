@@ -1,0 +1,191 @@
+"""Strategy optimizers: gradients against autograd, reported errors against dense numpy, bounds."""
+
+from __future__ import annotations
+
+import autograd.numpy as anp
+import numpy as np
+import pytest
+from autograd import grad
+
+import hdmm
+from hdmm.optimizers.kron import opt_kron_union
+from hdmm.optimizers.marginals import MarginalsProblem, opt_marginals_strategy, residual_strategy
+from hdmm.optimizers.pidentity import PIdentity, pidentity_objective
+from hdmm.optimizers.union import budget_split, opt_union_groups
+
+LAPLACE, GAUSS = hdmm.PureDP(1.0), hdmm.ZCDP(0.5)
+
+
+def dense_error(W, A, privacy):
+    """Var(z) * tr(pinv(A^T A) W^T W) from dense matrices, inf when A does not support W."""
+    Wd, Ad = W.dense(), A.dense()
+    X = Ad.T @ Ad
+    Xp = np.linalg.pinv(X)
+    if np.linalg.norm(Wd - Wd @ Xp @ X) > 1e-6 * np.linalg.norm(Wd):
+        return np.inf
+    p = privacy.norm
+    sens = ((np.abs(Ad) ** p).sum(axis=0) ** (1 / p)).max()
+    return privacy.noise_variance(sens) * np.trace(Xp @ Wd.T @ Wd)
+
+
+def autograd_objective(T, G, norm):
+    d = 1 + anp.sum(T, axis=0) if norm == 1 else anp.sqrt(1 + anp.sum(T * T, axis=0))
+    A = anp.vstack([anp.eye(T.shape[1]), T]) / d[None, :]
+    return anp.trace(anp.dot(anp.linalg.inv(anp.dot(A.T, A)), G))
+
+
+@pytest.mark.parametrize("norm", [1, 2])
+@pytest.mark.parametrize("make", [hdmm.AllRange, hdmm.Prefix, lambda n: hdmm.WidthKRange(n, 3)])
+def test_pidentity_gradient_matches_autograd(norm, make):
+    rng = np.random.default_rng(1)
+    n, p = 14, 3
+    G = make(n).gram()
+    for _ in range(3):
+        T = rng.random((p, n)) * rng.choice([0.1, 1.0, 5.0])
+        value, gradient = pidentity_objective(T, G, norm)
+        assert value == pytest.approx(autograd_objective(T, G.dense(), norm), rel=1e-10)
+        np.testing.assert_allclose(gradient, grad(autograd_objective)(T, G.dense(), norm), rtol=1e-7, atol=1e-8)
+
+
+@pytest.mark.parametrize("norm, privacy", [(1, LAPLACE), (2, GAUSS)])
+def test_pidentity_strategy_is_normalised_and_its_error_is_exact(norm, privacy):
+    rng = np.random.default_rng(2)
+    T = rng.random((2, 9))
+    A = PIdentity(T, norm)
+    d = 1 + T.sum(0) if norm == 1 else np.sqrt(1 + (T * T).sum(0))
+    np.testing.assert_allclose(A.dense(), np.vstack([np.eye(9), T]) / d)
+    assert A.sensitivity(norm) == pytest.approx(1.0)
+    W = hdmm.AllRange(9)
+    assert float(hdmm.expected_error(W, A, privacy)) == pytest.approx(dense_error(W, A, privacy), rel=1e-9)
+    np.testing.assert_allclose(hdmm.per_query_variance(W, A, privacy).sum(), dense_error(W, A, privacy), rtol=1e-9)
+
+
+def test_opt0_reproduces_the_published_prefix_ratio():
+    # tutorial seed: on Prefix(128), Identity's error is 1.80x HDMM's (RMSE ratio)
+    W = hdmm.Prefix(128)
+    A = hdmm.opt0(W, seed=0)
+    ratio = np.sqrt(hdmm.expected_error(W, hdmm.Identity(128), LAPLACE) / hdmm.expected_error(W, A, LAPLACE))
+    assert ratio == pytest.approx(1.80, abs=0.05)
+    assert A.sensitivity(1) == pytest.approx(1.0)
+
+
+def test_optimizers_are_deterministic_given_a_seed():
+    W = hdmm.AllRange(32)
+    a, b = hdmm.opt0(W, seed=7), hdmm.opt0(W, seed=7)
+    np.testing.assert_array_equal(a.dense(), b.dense())
+
+
+@pytest.mark.parametrize("norm, privacy", [(1, LAPLACE), (2, GAUSS)])
+def test_opt_kron_reports_the_exact_error_and_beats_identity(norm, privacy):
+    dom = hdmm.Domain(["x", "y"], [6, 5])
+    W = hdmm.union([hdmm.product(dom, {"x": hdmm.Prefix(6), "y": hdmm.Identity(5)}),
+                    hdmm.product(dom, {"y": hdmm.AllRange(5)})], weights=[1.0, 2.0])
+    A, value = opt_kron_union(W.kron_union(), norm, rng=np.random.default_rng(0))
+    exact = dense_error(W, A, privacy)
+    assert privacy.noise_variance(1.0) * value == pytest.approx(exact, rel=1e-8)
+    assert float(hdmm.expected_error(W, A, privacy)) == pytest.approx(exact, rel=1e-8)
+    assert exact <= dense_error(W, hdmm.Identity(30), privacy) * (1 + 1e-9)
+    assert exact >= hdmm.svd_bound(W, privacy).value * (1 - 1e-9)
+
+
+def test_opt_marginals_gradient_matches_finite_differences():
+    W = hdmm.union([hdmm.AllMarginals((3, 4, 2), 2), hdmm.product((3, 4, 2), {0: hdmm.Prefix(3)})])
+    problem = MarginalsProblem(W.kron_union())
+    rng = np.random.default_rng(3)
+    theta = rng.random(problem.members.shape[0]) + 0.1
+    for norm in (1, 2):
+        value, gradient = problem.objective(theta, norm)
+        for i in rng.choice(theta.size, 4, replace=False):
+            step = np.zeros_like(theta)
+            step[i] = 1e-6
+            fd = (problem.objective(theta + step, norm)[0] - problem.objective(theta - step, norm)[0]) / 2e-6
+            assert gradient[i] == pytest.approx(fd, rel=1e-5)
+
+
+@pytest.mark.parametrize("norm, privacy", [(1, LAPLACE), (2, GAUSS)])
+def test_opt_marginals_error_is_exact_even_outside_the_marginals_algebra(norm, privacy):
+    dom = (3, 4, 2)
+    W = hdmm.union([hdmm.AllMarginals(dom, 1), hdmm.product(dom, {0: hdmm.Prefix(3), 1: hdmm.AllRange(4)})])
+    A, value = opt_marginals_strategy(W, norm, 2, np.random.default_rng(0))
+    assert A.sensitivity(norm) == pytest.approx(1.0)
+    assert privacy.noise_variance(1.0) * value == pytest.approx(dense_error(W, A, privacy), rel=1e-7)
+
+
+def test_residual_strategy_reaches_the_svd_bound_on_marginals():
+    W = hdmm.union([hdmm.DimKMarginals((3, 4, 5, 2), 2), hdmm.Marginal((3, 4, 5, 2), (0, 1, 2))], weights=[1, 3])
+    A, value = residual_strategy(W)
+    bound = hdmm.svd_bound(W, GAUSS)
+    assert bound.exact
+    assert A.sensitivity(2) == pytest.approx(1.0)
+    assert GAUSS.noise_variance(1.0) * value == pytest.approx(bound.value, rel=1e-9)
+    assert float(hdmm.expected_error(W, A, GAUSS)) == pytest.approx(dense_error(W, A, GAUSS), rel=1e-8)
+
+
+def test_residual_strategy_never_beats_the_bound_outside_the_algebra():
+    W = hdmm.union([hdmm.product((5, 4), {0: hdmm.Prefix(5)}), hdmm.product((5, 4), {1: hdmm.AllRange(4)})])
+    A, value = residual_strategy(W)
+    exact = dense_error(W, A, GAUSS)
+    assert GAUSS.noise_variance(1.0) * value == pytest.approx(exact, rel=1e-8)
+    assert exact >= hdmm.svd_bound(W, GAUSS).value
+
+
+def test_residual_strategy_plans_100_attributes_quickly():
+    dom = hdmm.Domain([f"x{i}" for i in range(100)], [2 + i % 4 for i in range(100)])
+    A, value = residual_strategy(hdmm.AllMarginals(dom, 3))
+    assert A.members.shape[0] == 166_751
+    assert np.isfinite(value)
+
+
+@pytest.mark.parametrize("norm", [1, 2])
+def test_budget_split_is_optimal(norm):
+    errors = np.array([3.0, 1.0, 10.0, 0.5])
+    w, bound = budget_split(errors, norm)
+    assert (w.sum() if norm == 1 else w @ w) == pytest.approx(1.0)
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        v = np.abs(w + 0.05 * rng.normal(size=w.size))
+        v /= v.sum() if norm == 1 else np.sqrt(v @ v)
+        assert np.sum(errors / v**2) >= bound * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("norm, privacy", [(1, LAPLACE), (2, GAUSS)])
+def test_opt_union_bound_is_an_upper_bound_and_supports(norm, privacy):
+    dom = (6, 5)
+    W = hdmm.union([hdmm.product(dom, {0: hdmm.Prefix(6)}), hdmm.product(dom, {1: hdmm.AllRange(5)})])
+    union = W.kron_union()
+    A, bound = opt_union_groups(union, [np.array([0]), np.array([1])], norm, rng=np.random.default_rng(0))
+    assert A.sensitivity(norm) == pytest.approx(1.0)
+    exact = dense_error(W, A, privacy)
+    assert np.isfinite(exact)
+    assert exact <= privacy.noise_variance(1.0) * bound * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("privacy", [LAPLACE, GAUSS])
+def test_optimize_picks_the_best_candidate_and_round_trips(privacy, tmp_path):
+    dom = hdmm.Domain(["a", "b", "c"], [4, 3, 5])
+    W = hdmm.union([hdmm.AllMarginals(dom, 2), hdmm.product(dom, {"c": hdmm.Prefix(5)})])
+    result = hdmm.optimize(W, privacy, seed=0)
+    report = result.report
+    assert set(report["optimizer"]) >= {"identity", "opt_kron", "opt_marginals", "opt_union"}
+    assert float(result.error) == pytest.approx(report["total squared error"].min())
+    assert float(result.error) <= float(hdmm.expected_error(W, hdmm.Identity(dom.size), privacy))
+    assert (report["ratio to SVD bound"] >= 1 - 1e-9).all()
+    again = hdmm.optimize(W, privacy, seed=0)
+    np.testing.assert_allclose(again.report["total squared error"], report["total squared error"])
+    path = tmp_path / "strategy.npz"
+    hdmm.save_strategy(result.strategy, path, {"workload": "test"})
+    loaded, meta = hdmm.load_strategy(path)
+    assert meta == {"workload": "test"}
+    assert float(hdmm.expected_error(W, loaded, privacy)) == pytest.approx(float(result.error), rel=1e-12)
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(ValueError, match="noise"):
+        hdmm.opt_kron(hdmm.Prefix(8), noise="gauss")
+    with pytest.raises(ValueError, match="do not apply"):
+        hdmm.optimize(hdmm.Prefix(8), LAPLACE, optimizers=["residual"])
+    with pytest.raises(TypeError):
+        hdmm.optimize(np.eye(3), LAPLACE)
+    with pytest.raises(ValueError, match="strategy file"):
+        np.savez("/tmp/not_a_strategy.npz", x=np.zeros(2))
+        hdmm.load_strategy("/tmp/not_a_strategy.npz")
