@@ -29,6 +29,7 @@ from functools import cached_property, reduce
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
+import scipy.linalg
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator
 
@@ -52,6 +53,9 @@ __all__ = [
 #: Largest number of entries ``dense()`` and the dense fall-backs will materialise
 #: (2**25 entries = 256 MiB of float64).
 DENSE_LIMIT = 2**25
+
+#: Largest one-attribute Gram a strategy factor inverts densely (8192 x 8192).
+FACTOR_DENSE_LIMIT = 2**26
 
 #: Relative tolerance for deciding that a query is not in a strategy's row space.
 SUPPORT_TOL = 1e-8
@@ -237,7 +241,14 @@ class Matrix:
     @cached_property
     def _gram_inverse(self) -> tuple[np.ndarray, np.ndarray]:
         """``(X^+, X^+ X)`` for ``X = A^T A``: the pseudo-inverse and the row-space projector."""
-        X = self.gram().dense()
+        X = self.gram().dense(max_entries=FACTOR_DENSE_LIMIT)
+        try:  # full column rank (the usual case): a Cholesky inverse, several times faster
+            factor = scipy.linalg.cho_factor(X)
+            Xinv = scipy.linalg.cho_solve(factor, np.eye(X.shape[0]))
+            if np.all(np.isfinite(Xinv)) and np.linalg.norm(Xinv @ X - np.eye(X.shape[0])) < 1e-6 * X.shape[0]:
+                return Xinv, np.eye(X.shape[0])
+        except np.linalg.LinAlgError:
+            pass
         Xp = np.linalg.pinv(X, hermitian=True)
         return Xp, Xp @ X
 
