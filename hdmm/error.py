@@ -33,7 +33,7 @@ import numpy as np
 from scipy.special import gamma
 
 from .marginals import in_marginal_algebra, trace_spectrum
-from .matrix import DENSE_LIMIT, SUPPORT_TOL, DenseLimitError, Matrix
+from .matrix import DENSE_LIMIT, SUPPORT_TOL, DenseLimitError, Matrix, gram_pinv
 from .privacy import Privacy
 from .kron_union import FactorMismatchError, KronUnion
 
@@ -242,7 +242,7 @@ def _dense_traces(W: Matrix, A: Matrix) -> tuple[_Traces, np.ndarray, np.ndarray
             "weighted-marginals strategy (their errors are computed exactly at any size)."
         )
     X = A.gram().dense()
-    Xp = np.linalg.pinv(X, hermitian=True)
+    Xp = gram_pinv(X)
     Wd = W.dense()
     residual = np.linalg.norm(Wd - Wd @ Xp @ X, axis=1)
     bad_rows = residual > math.sqrt(SUPPORT_TOL) * np.maximum(np.linalg.norm(Wd, axis=1), 1e-300)

@@ -60,6 +60,15 @@ FACTOR_DENSE_LIMIT = 2**26
 #: Relative tolerance for deciding that a query is not in a strategy's row space.
 SUPPORT_TOL = 1e-8
 
+#: Eigenvalues of a Gram below this fraction of the largest are treated as zero by the
+#: pseudo-inverse (numpy's default, about 1e-15, inverts rounding noise).
+PINV_RCOND = 1e-10
+
+
+def gram_pinv(X: np.ndarray) -> np.ndarray:
+    """Pseudo-inverse of a symmetric positive semi-definite Gram, rounding noise cut at ``PINV_RCOND``."""
+    return np.linalg.pinv(X, rcond=PINV_RCOND, hermitian=True)
+
 
 class DenseLimitError(ValueError):
     """Raised when an operation would materialise a matrix larger than allowed."""
@@ -249,7 +258,7 @@ class Matrix:
                 return Xinv, np.eye(X.shape[0])
         except np.linalg.LinAlgError:
             pass
-        Xp = np.linalg.pinv(X, hermitian=True)
+        Xp = gram_pinv(X)
         return Xp, Xp @ X
 
     def gram_pinv_trace(self, f: Matrix) -> tuple[float, bool]:

@@ -26,8 +26,10 @@ where :math:`\partial d_j / \partial T_{ij}` is 1 (Laplace) or :math:`T_{ij}/d_j
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
-from scipy.linalg import cho_factor, cho_solve
+from scipy.linalg import cho_factor, cho_solve, solve_triangular
 from scipy.optimize import Bounds, minimize
 
 from ..matrix import Explicit, Identity, KronVector, Matrix, _check_norm
@@ -38,6 +40,9 @@ __all__ = ["PIdentity", "pidentity_objective", "optimize_pidentity", "default_p"
 #: infinity, where the Woodbury objective loses all precision to cancellation; at ``T_MAX``
 #: the identity rows carry a weight of about ``1/T_MAX`` of the total, which costs nothing.
 T_MAX = 1e3
+
+#: Up to this many values a p-Identity strategy evaluates its error through a QR factor.
+STABLE_MAX_N = 2048
 
 
 def _scales(T: np.ndarray, norm: int) -> np.ndarray:
@@ -149,22 +154,31 @@ class PIdentity(Matrix):
         T = self.params
         return KronVector.from_array((1.0 + (T**p).sum(axis=0)) / self.d**p)
 
-    @property
-    def _woodbury(self) -> tuple[np.ndarray, tuple]:
-        T = self.params
-        return T, cho_factor(np.eye(T.shape[0]) + T @ T.T)
+    @cached_property
+    def _r_factor(self) -> np.ndarray:
+        """``R`` of ``A = QR``: ``X = R^T R`` without squaring ``A``'s condition number."""
+        return np.linalg.qr(self.dense(), mode="r")
 
     def gram_pinv_trace(self, f):
-        # full column rank: every workload is supported
-        return pidentity_objective(self.params, f.gram(), self.norm, gradient=False), True
+        """``tr(X^{-1} f^T f)``; every workload is supported (full column rank).
+
+        Up to ``STABLE_MAX_N`` values it is computed from the QR factor of ``A`` as
+        ``tr(R^{-T} G R^{-1})``: the Woodbury form loses precision to cancellation when the
+        identity rows carry little weight, and an optimizer can exploit that.
+        """
+        n = self.shape[1]
+        if n > STABLE_MAX_N:
+            return pidentity_objective(self.params, f.gram(), self.norm, gradient=False), True
+        R = self._r_factor
+        K = solve_triangular(R, f.gram().dense(), trans="T")
+        return float(np.trace(solve_triangular(R, K.T, trans="T"))), True
 
     @property
     def _gram_inverse(self):
-        """``X^{-1} = D (I - T^T M^{-1} T) D``; the projector is the identity (full rank)."""
+        """``X^{-1} = R^{-1} R^{-T}``; the projector is the identity (full rank)."""
         n = self.shape[1]
-        T, factor = self._woodbury
-        inner = np.eye(n) - T.T @ cho_solve(factor, T) if T.shape[0] else np.eye(n)
-        return self.d[:, None] * inner * self.d[None, :], np.eye(n)
+        Rinv = solve_triangular(self._r_factor, np.eye(n))
+        return Rinv @ Rinv.T, np.eye(n)
 
     def pinv(self):
         Xinv, _ = self._gram_inverse

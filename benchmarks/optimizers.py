@@ -1,0 +1,160 @@
+"""Optimizer benchmark: HDMM against the classical strategies and the SVD lower bound.
+
+Part 1 (``--part 1d``): AllRange, Prefix and WidthKRange(32) for n = 128 ... 8192, Laplace
+(pure DP, epsilon = 1) and Gaussian (zCDP, rho = 0.5, unit noise variance): RMSE of Identity,
+H2, HB, Privelet, GreedyH and HDMM (OPT_0 under Laplace; under Gaussian the convex program of
+MATH.md section 4 up to n = 2048, with its certified duality gap, and L2 p-Identity beyond),
+the SVD bound, and optimization time.
+
+Part 2 (``--part multi``): 2-D ranges (64 x 64 with the quadtree, 256 x 256), 3-D ranges
+(64^3), SF1 Persons, SF1+, Adult all marginals and 2-way marginals, CPS all marginals and
+range-marginals; Laplace and Gaussian; ``hdmm.optimize`` against Identity and the applicable
+baselines, with times.
+
+Writes ``benchmarks/results/optimizers_1d.csv``, ``optimizers_multi.csv`` and
+``optimizers.md``. Ratios between strategies do not depend on the privacy parameters.
+
+Run: ``python benchmarks/optimizers.py [--part 1d|multi|all] [--max-n 8192]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import pathlib
+import time
+
+import numpy as np
+import pandas as pd
+
+import hdmm
+from hdmm import strategies as S
+from hdmm.optimizers.convex import solve_convex
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+PRIVACY = {"laplace": hdmm.PureDP(1.0), "gaussian": hdmm.ZCDP(0.5)}
+CONVEX_MAX_N = 2048
+
+
+def _rmse(W, A, privacy) -> float:
+    return float(hdmm.rmse(W, A, privacy))
+
+
+def one_d(max_n: int) -> pd.DataFrame:
+    rows = []
+    workloads = {"AllRange": hdmm.AllRange, "Prefix": hdmm.Prefix, "WidthKRange(32)": lambda n: hdmm.WidthKRange(n, 32)}
+    sizes = [n for n in (128, 256, 512, 1024, 2048, 4096, 8192) if n <= max_n]
+    for (wname, make), n in itertools.product(workloads.items(), sizes):
+        W = make(n)
+        baselines = {"Identity": S.identity(n), "H2": S.hierarchical(n, 2), "HB": S.hb(n), "Privelet": S.wavelet(n),
+                     "GreedyH": S.greedy_h(W)}
+        unit_bound = hdmm.svd_bound(W, hdmm.ZCDP(0.5))  # unit noise variance: rescaled per privacy below
+        for noise, privacy in PRIVACY.items():
+            row = {"workload": wname, "n": n, "noise": noise}
+            start = time.perf_counter()
+            if noise == "gaussian" and n <= CONVEX_MAX_N:
+                result = solve_convex(W.gram().dense())
+                A = result.strategy
+                row["duality gap (relative)"] = result.gap / result.objective
+                row["dual bound RMSE"] = float(np.sqrt(privacy.noise_variance(1.0) * result.dual_bound / W.shape[0]))
+                row["method"] = "convex program"
+            else:
+                A = hdmm.opt0(W, noise=noise, seed=0)
+                row["method"] = "p-Identity"
+            row["seconds"] = time.perf_counter() - start
+            row["HDMM"] = _rmse(W, A, privacy)
+            for name, B in baselines.items():
+                row[name] = _rmse(W, B, privacy)
+            row["SVD bound"] = float(np.sqrt(unit_bound.value * privacy.noise_variance(1.0) / W.shape[0]))
+            rows.append(row)
+            print(row, flush=True)
+    return pd.DataFrame(rows)
+
+
+def _range_marginals(domain: hdmm.Domain, numeric: set[str]) -> hdmm.Matrix:
+    """Every subset of attributes: AllRange on numeric ones, Identity on the others, Total elsewhere."""
+    parts = []
+    for k in range(len(domain) + 1):
+        for subset in itertools.combinations(domain.names, k):
+            blocks = {a: hdmm.AllRange(domain[a]) if a in numeric else hdmm.Identity(domain[a]) for a in subset}
+            parts.append(hdmm.product(domain, blocks))
+    return hdmm.union(parts)
+
+
+def multi() -> pd.DataFrame:
+    from census_workloads import sf1_persons, sf1_plus
+
+    adult = hdmm.Domain.from_dict({"age": 75, "education": 16, "race": 5, "sex": 2, "hours": 20})
+    cps = hdmm.Domain.from_dict({"income": 50, "age": 100, "marital": 7, "race": 4, "sex": 2})
+    cases = {
+        "2-D ranges 64x64": (hdmm.Kronecker([hdmm.AllRange(64)] * 2),
+                             {"H2 x H2": S.kron(S.hierarchical(64), S.hierarchical(64)), "HB x HB": S.kron(S.hb(64), S.hb(64)),
+                              "Privelet x Privelet": S.kron(S.wavelet(64), S.wavelet(64)), "Quadtree": S.quadtree(64, 64)}),
+        "2-D ranges 256x256": (hdmm.Kronecker([hdmm.AllRange(256)] * 2),
+                               {"HB x HB": S.kron(S.hb(256), S.hb(256)), "Privelet x Privelet": S.kron(S.wavelet(256), S.wavelet(256))}),
+        "3-D ranges 64^3": (hdmm.Kronecker([hdmm.AllRange(64)] * 3), {"HB^3": S.kron(*[S.hb(64)] * 3)}),
+        "SF1 Persons": (sf1_persons(), {}),
+        "SF1+ (x 51 states)": (sf1_plus(), {}),
+        "Adult all marginals": (hdmm.AllMarginals(adult), {"DataCube": S.datacube(adult, hdmm.AllMarginals(adult))}),
+        "Adult 2-way marginals": (hdmm.DimKMarginals(adult, 2), {"DataCube": S.datacube(adult, hdmm.DimKMarginals(adult, 2))}),
+        "CPS all marginals": (hdmm.AllMarginals(cps), {"DataCube": S.datacube(cps, hdmm.AllMarginals(cps))}),
+        "CPS range-marginals": (_range_marginals(cps, {"income", "age"}), {}),
+    }
+    rows = []
+    for name, (W, baselines) in cases.items():
+        for noise, privacy in PRIVACY.items():
+            start = time.perf_counter()
+            result = hdmm.optimize(W, privacy, seed=0)
+            seconds = time.perf_counter() - start
+            identity = _rmse(W, hdmm.Identity(W.shape[1]), privacy)
+            row = {"workload": name, "cells": W.shape[1], "queries": W.shape[0], "noise": noise,
+                   "HDMM": result.rmse, "HDMM optimizer": result.optimizer, "HDMM exact": bool(result.report.loc[
+                       result.report["optimizer"] == result.optimizer, "exact"].iloc[0]),
+                   "Identity": identity, "SVD bound": result.bound.rmse, "seconds": seconds}
+            for bname, B in baselines.items():
+                row[bname] = _rmse(W, B, privacy)
+            rows.append(row)
+            print(row, flush=True)
+    return pd.DataFrame(rows)
+
+
+def summary(one: pd.DataFrame | None, many: pd.DataFrame | None) -> str:
+    lines = ["# Optimizer benchmark", "",
+             "RMSE per query (Laplace: pure DP, epsilon = 1; Gaussian: zCDP, rho = 0.5, unit noise variance at "
+             "sensitivity 1). Columns after HDMM are ratios to HDMM's RMSE (>1: HDMM is better).", ""]
+    if one is not None:
+        table = one.copy()
+        for col in ("Identity", "H2", "HB", "Privelet", "GreedyH", "SVD bound"):
+            table[col] = table[col] / table["HDMM"]
+        lines += ["## One attribute", "", table.to_markdown(index=False, floatfmt=".3g"), ""]
+        beaten = (one[["Identity", "H2", "HB", "Privelet", "GreedyH"]].min(axis=1) >= one["HDMM"] * (1 - 1e-9))
+        lines += [f"HDMM at or below every baseline in {int(beaten.sum())} of {len(one)} rows.", ""]
+    if many is not None:
+        table = many.copy()
+        for col in [c for c in table.columns if c not in ("workload", "cells", "queries", "noise", "HDMM",
+                                                          "HDMM optimizer", "HDMM exact", "seconds")]:
+            table[col] = table[col] / table["HDMM"]
+        lines += ["## Several attributes", "", table.to_markdown(index=False, floatfmt=".3g"), ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=["1d", "multi", "all"], default="all")
+    parser.add_argument("--max-n", type=int, default=8192)
+    args = parser.parse_args()
+    RESULTS.mkdir(exist_ok=True)
+    one = many = None
+    if args.part in ("1d", "all"):
+        one = one_d(args.max_n)
+        one.to_csv(RESULTS / "optimizers_1d.csv", index=False)
+    if args.part in ("multi", "all"):
+        many = multi()
+        many.to_csv(RESULTS / "optimizers_multi.csv", index=False)
+    text = summary(one, many)
+    (RESULTS / "optimizers.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
