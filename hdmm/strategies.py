@@ -45,7 +45,7 @@ from .error import expected_error
 from .marginals import Marginals, as_domain
 from .matrix import DENSE_LIMIT, Explicit, Identity, Kronecker, Matrix
 from .privacy import Privacy, PureDP
-from .workload import AllRange
+from .workload import AllRange, attribute_factors
 
 __all__ = [
     "identity",
@@ -654,17 +654,4 @@ def kronecker_baseline(domain: Domain | Sequence[int], strategies: Mapping[str |
         columns as its attribute has values.
     """
     domain = as_domain(domain)
-    chosen: dict[int, Matrix] = {}
-    for attr, A in strategies.items():
-        i = domain.index(attr)
-        if i in chosen:
-            raise ValueError(f"attribute {domain.names[i]!r} is given twice")
-        if not isinstance(A, Matrix):
-            raise TypeError(f"the strategy for {domain.names[i]!r} must be an hdmm matrix, got {type(A).__name__}")
-        if A.shape[1] != domain.shape[i]:
-            raise ValueError(
-                f"the strategy for {domain.names[i]!r} has {A.shape[1]} columns but the attribute has "
-                f"{domain.shape[i]} values"
-            )
-        chosen[i] = A
-    return Kronecker([chosen.get(i, Identity(n)) for i, n in enumerate(domain.shape)], names=domain.names)
+    return Kronecker(attribute_factors(domain, strategies, Identity), names=domain.names)

@@ -18,7 +18,7 @@ in :math:`O(n)` with cumulative sums.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -306,6 +306,30 @@ def Predicates(matrix, labels: Sequence[str] | None = None) -> Explicit:
 
 
 # ====================================================================== multi-attribute
+def attribute_factors(
+    domain: Domain, blocks: Mapping[str | int, Matrix], default: Callable[[int], Matrix]
+) -> list[Matrix]:
+    """One factor per attribute of ``domain``: ``blocks`` by name or position, ``default(n)`` elsewhere.
+
+    Checks that every block is an hdmm matrix with one column per value of its attribute and
+    that no attribute is named twice.
+    """
+    chosen: dict[int, Matrix] = {}
+    for attr, block in blocks.items():
+        i = domain.index(attr)
+        name = domain.names[i]
+        if i in chosen:
+            raise ValueError(f"attribute {name!r} is given twice")
+        if not isinstance(block, Matrix):
+            raise TypeError(f"the matrix for {name!r} must be an hdmm matrix, got {type(block).__name__}")
+        if block.shape[1] != domain.shape[i]:
+            raise ValueError(
+                f"the matrix for {name!r} has {block.shape[1]} columns but the attribute has {domain.shape[i]} values"
+            )
+        chosen[i] = block
+    return [chosen.get(i, default(n)) for i, n in enumerate(domain.shape)]
+
+
 def product(domain: Domain | Sequence[int], blocks: Mapping[str | int, Matrix], sep: str = " & ") -> Kronecker:
     """The Kronecker product of per-attribute blocks over ``domain``; unnamed attributes get Total.
 
@@ -313,18 +337,7 @@ def product(domain: Domain | Sequence[int], blocks: Mapping[str | int, Matrix], 
     at most each age. Labels read like ``sex=female & age in [0, 18)``.
     """
     domain = as_domain(domain)
-    chosen: dict[int, Matrix] = {}
-    for attr, block in blocks.items():
-        i = domain.index(attr)
-        if not isinstance(block, Matrix):
-            raise TypeError(f"the block for {domain.names[i]!r} must be an hdmm matrix, got {type(block).__name__}")
-        if block.shape[1] != domain.shape[i]:
-            raise ValueError(
-                f"the block for {domain.names[i]!r} has {block.shape[1]} columns but the attribute has "
-                f"{domain.shape[i]} values"
-            )
-        chosen[i] = block
-    factors = [chosen.get(i, Total(n)) for i, n in enumerate(domain.shape)]
+    factors = attribute_factors(domain, blocks, Total)
     values = [domain.values(name) if domain.has_labels(name) else None for name in domain.names]
     return Kronecker(factors, names=domain.names, values=values, sep=sep)
 
