@@ -142,15 +142,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["1d", "multi", "all"], default="all")
     parser.add_argument("--max-n", type=int, default=8192)
+    parser.add_argument("--summarize", action="store_true",
+                        help="only rebuild optimizers.md from the CSV files of earlier runs")
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
+    one_csv, many_csv = RESULTS / "optimizers_1d.csv", RESULTS / "optimizers_multi.csv"
     one = many = None
-    if args.part in ("1d", "all"):
+    if args.summarize:
+        one = pd.read_csv(one_csv) if one_csv.exists() else None
+        many = pd.read_csv(many_csv) if many_csv.exists() else None
+    if not args.summarize and args.part in ("1d", "all"):
         one = one_d(args.max_n)
-        one.to_csv(RESULTS / "optimizers_1d.csv", index=False)
-    if args.part in ("multi", "all"):
+        one.to_csv(one_csv, index=False)
+    if not args.summarize and args.part in ("multi", "all"):
         many = multi()
-        many.to_csv(RESULTS / "optimizers_multi.csv", index=False)
+        many.to_csv(many_csv, index=False)
     text = summary(one, many)
     (RESULTS / "optimizers.md").write_text(text)
     print(text)

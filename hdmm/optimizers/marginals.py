@@ -35,13 +35,17 @@ import itertools
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.optimize import minimize
+from scipy.optimize import Bounds, minimize
 
 from ..kron_union import KronUnion
 from ..marginals import Marginals, Residuals, as_domain, subset_keys, trace_spectrum
 from ..matrix import Matrix
 
 __all__ = ["MarginalsProblem", "optimize_marginal_weights", "opt_marginals_strategy", "residual_strategy"]
+
+#: Weights are searched as ``theta = exp(z)`` with bounds ``|z| <= Z_RANGE`` (a dynamic range
+#: of about 1e26 between marginals, far more than any optimum uses; it keeps ``exp`` finite).
+Z_RANGE = 30.0
 
 #: Above this many attributes, OPT_M's candidates are the workload's downward closure only.
 ALL_SUBSETS_MAX_DIM = 12
@@ -131,7 +135,8 @@ def optimize_marginal_weights(problem: MarginalsProblem, norm: int, restarts: in
     full[np.argmax(problem.members.sum(axis=1))] = 0.0
     starts = [np.zeros(k), full] + [rng.normal(0.0, 1.0, size=k) for _ in range(max(0, restarts - 2))]
     for z0 in starts:
-        result = minimize(fun, z0, jac=True, method="L-BFGS-B", options={"maxiter": 2000})
+        result = minimize(fun, z0, jac=True, method="L-BFGS-B", bounds=Bounds(-Z_RANGE, Z_RANGE),
+                          options={"maxiter": 2000})
         if result.fun < best:
             best, best_theta = float(result.fun), np.exp(result.x)
     scale = best_theta.sum() if norm == 1 else np.sqrt(best_theta @ best_theta)
