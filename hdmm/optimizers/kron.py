@@ -19,18 +19,27 @@ import numpy as np
 
 from ..kron_union import KronUnion
 from ..matrix import Identity, Kronecker, Matrix, Ones, Sum, Weighted
+from .convex import solve_convex
 from .pidentity import PIdentity, default_p, optimize_pidentity
 
 __all__ = ["optimize_factor", "opt_kron_union"]
 
 
+#: Under Gaussian noise, attributes up to this size get the convex program's global optimum.
+CONVEX_MAX_N = 2048
+
+
 def optimize_factor(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.random.Generator,
                     warm: Matrix | None = None) -> Matrix:
-    """The best one-attribute strategy found for Gram ``G``: a p-Identity strategy.
+    """The best one-attribute strategy found for Gram ``G``.
 
-    ``warm`` (a previous :class:`PIdentity`) seeds one of the starts.
+    Gaussian noise on up to ``CONVEX_MAX_N`` values: the global optimum of the convex program
+    (:mod:`.convex`). Otherwise a p-Identity strategy (``p`` extra rows, default about ``n/16``);
+    ``warm`` (a previous :class:`PIdentity`) seeds one of its starts.
     """
     n = G.shape[0]
+    if norm == 2 and n <= CONVEX_MAX_N:
+        return solve_convex(G.dense()).strategy
     p = default_p(n) if p is None else p
     T, _ = optimize_pidentity(G, p, norm, restarts, rng,
                               start=warm.params if isinstance(warm, PIdentity) and warm.params.shape[0] == p else None)

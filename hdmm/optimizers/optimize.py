@@ -44,10 +44,13 @@ def _check_workload(W: Matrix) -> None:
 
 
 def opt0(W: Matrix, p: int | None = None, noise: str = "laplace", restarts: int = 3, seed=None) -> Matrix:
-    """OPT_0: the best p-Identity strategy for a one-attribute (or small explicit) workload.
+    """OPT_0: the best strategy for a one-attribute (or small explicit) workload.
 
-    ``p`` extra queries (default about ``n/16``, at most 64), L-BFGS-B from ``restarts``
-    random starts. Multi-attribute workloads are treated as one attribute over the whole domain;
+    Laplace noise: a p-Identity strategy with ``p`` extra queries (default about ``n/16``, at
+    most 64), L-BFGS-B from ``restarts`` random starts. Gaussian noise: the global optimum of
+    the convex program (:func:`hdmm.optimizers.convex.solve_convex`) up to 2048 values,
+    p-Identity with L2-normalised columns beyond. The identity itself is returned when nothing
+    beats it. Multi-attribute workloads are treated as one attribute over the whole domain;
     use :func:`opt_kron` for them.
     """
     _check_workload(W)
@@ -88,9 +91,16 @@ def opt_marginals(W: Matrix, noise: str = "laplace", restarts: int = 3, seed=Non
     return A
 
 
-def opt_residual(W: Matrix) -> Matrix:
-    """The optimal residual strategy for Gaussian noise (closed form; the SVD bound on marginals)."""
+def opt_residual(W: Matrix, noise: str = "gaussian") -> Matrix:
+    """The optimal residual strategy for Gaussian noise (closed form; the SVD bound on marginals).
+
+    Deterministic (no random starts). Residual strategies are calibrated to L2 sensitivity;
+    under Laplace noise use :func:`opt_marginals` or :func:`opt_kron`.
+    """
     _check_workload(W)
+    if _norm(noise) != 2:
+        raise ValueError("residual strategies are optimal for Gaussian noise only; under Laplace noise use "
+                         "opt_marginals or opt_kron")
     return residual_strategy(W)[0]
 
 

@@ -96,8 +96,9 @@ def optimize_pidentity(
 ) -> tuple[np.ndarray, float]:
     """Minimise :func:`pidentity_objective` over ``T >= 0`` by L-BFGS-B from ``restarts`` starts.
 
-    The starts are uniform random in [0, 1), the first replaced by ``start`` when given (a warm
-    start). Returns the best ``T`` and its objective.
+    The first start is a partition of the values into ``p`` blocks of consecutive values (or
+    ``start``, a warm start, when given); the others are uniform random in [0, 1). Returns the
+    best ``T`` and its objective.
     """
     n = G.shape[0]
     rng = np.random.default_rng() if rng is None else rng
@@ -109,7 +110,11 @@ def optimize_pidentity(
         return value, grad.ravel()
 
     best_T, best = None, np.inf
-    starts = [rng.random(p * n) for _ in range(max(1, restarts))]
+    # a partition of the values into p consecutive blocks (a one-level hierarchy), then random
+    # starts; a warm start, when given, replaces the first
+    blocks = np.zeros((p, n))
+    blocks[np.arange(n) * p // n, np.arange(n)] = 1.0
+    starts = [blocks.ravel()] + [rng.random(p * n) for _ in range(max(1, restarts) - 1)]
     if start is not None:
         starts[0] = np.asarray(start, dtype=float).ravel()
     for x0 in starts:
