@@ -179,13 +179,16 @@ def test_optimize_picks_the_best_candidate_and_round_trips(privacy, tmp_path):
     assert float(hdmm.expected_error(W, loaded, privacy)) == pytest.approx(float(result.error), rel=1e-12)
 
 
-def test_bad_arguments_are_rejected():
+def test_bad_arguments_are_rejected(tmp_path):
     with pytest.raises(ValueError, match="noise"):
         hdmm.opt_kron(hdmm.Prefix(8), noise="gauss")
     with pytest.raises(ValueError, match="do not apply"):
         hdmm.optimize(hdmm.Prefix(8), LAPLACE, optimizers=["residual"])
+    with pytest.raises(ValueError, match="Gaussian"):
+        hdmm.opt_residual(hdmm.Prefix(8), noise="laplace")
     with pytest.raises(TypeError):
         hdmm.optimize(np.eye(3), LAPLACE)
+    path = tmp_path / "not_a_strategy.npz"
+    np.savez(path, x=np.zeros(2))
     with pytest.raises(ValueError, match="strategy file"):
-        np.savez("/tmp/not_a_strategy.npz", x=np.zeros(2))
-        hdmm.load_strategy("/tmp/not_a_strategy.npz")
+        hdmm.load_strategy(path)
