@@ -298,7 +298,8 @@ class SubsetProducts(Matrix):
         return k, row - int(self.offsets[k])
 
     def __repr__(self):
-        return f"{type(self).__name__}({self.members.shape[0]:,} subsets over {self.domain!r})"
+        domain = repr(self.domain) if len(self.domain) <= 8 else f"{len(self.domain)} attributes"
+        return f"{type(self).__name__}({self.members.shape[0]:,} subsets over {domain})"
 
 
 class Marginals(SubsetProducts):
