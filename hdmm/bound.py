@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from functools import reduce
 
 import numpy as np
 
@@ -181,11 +182,11 @@ def _block_norm(w2: np.ndarray, index: np.ndarray, grams: list[list[np.ndarray]]
     rows = int(sum(math.prod(row_counts[i][k] for i, k in enumerate(ix)) for ix in index))
     if min(cols, rows) <= exact_limit:
         if cols <= rows:
-            M = sum(w * _kron([grams[i][k] for i, k in enumerate(ix)]) for w, ix in zip(w2, index))
+            M = sum(w * reduce(np.kron, [grams[i][k] for i, k in enumerate(ix)]) for w, ix in zip(w2, index))
             return _Norm(_eig_sqrt_sum(M), 0.0, f"dense eigenvalues ({cols:,} x {cols:,} Gram)")
         cross = [[[Ra @ Rb.T for Rb in Rs] for Ra in Rs] for Rs in factors]
         blocks = [
-            [math.sqrt(wa * wb) * _kron([cross[i][a][b] for i, (a, b) in enumerate(zip(ia, ib))])
+            [math.sqrt(wa * wb) * reduce(np.kron, [cross[i][a][b] for i, (a, b) in enumerate(zip(ia, ib))])
              for wb, ib in zip(w2, index)]
             for wa, ia in zip(w2, index)
         ]
@@ -195,13 +196,6 @@ def _block_norm(w2: np.ndarray, index: np.ndarray, grams: list[list[np.ndarray]]
     # the quadrature bracket's half-width bounds the Lanczos bias; add it to the sampling error
     error = math.hypot(est.stderr, (est.upper - est.lower) / 2)
     return _Norm(est.value, error, f"stochastic Lanczos quadrature ({probes} probes, {est.steps} steps)")
-
-
-def _kron(parts: list[np.ndarray]) -> np.ndarray:
-    out = np.ones((1, 1))
-    for p in parts:
-        out = np.kron(out, p)
-    return out
 
 
 def nuclear_norm(union: KronUnion, *, exact_limit: int = 4096, probes: int = 30, steps: int = 480,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import numbers
 from functools import cached_property, reduce
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import scipy.linalg
@@ -1047,8 +1047,3 @@ def _positive_int(value, what: str) -> int:
         raise ValueError(f"{what} must be a positive integer, got {value!r}")
     return int(value)
 
-
-def kron_all(factors: Iterable[Matrix]) -> Matrix:
-    """The Kronecker product of ``factors``, or the factor itself when there is only one."""
-    factors = list(factors)
-    return factors[0] if len(factors) == 1 else Kronecker(factors)
