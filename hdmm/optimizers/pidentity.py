@@ -31,6 +31,7 @@ from functools import cached_property
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve, solve_triangular
 from scipy.optimize import Bounds, minimize
+from threadpoolctl import threadpool_limits
 
 from ..matrix import Explicit, Identity, KronVector, Matrix, _check_norm
 
@@ -117,11 +118,14 @@ def optimize_pidentity(
     starts = [blocks.ravel()] + [rng.random(p * n) for _ in range(max(1, restarts) - 1)]
     if start is not None:
         starts[0] = np.asarray(start, dtype=float).ravel()
-    for x0 in starts:
-        result = minimize(fun, x0, jac=True, method="L-BFGS-B", bounds=Bounds(0.0, T_MAX),
-                          options={"maxiter": maxiter})
-        if result.fun < best:
-            best_T, best = result.x.reshape(p, n), float(result.fun)
+    # The products are small (p x n): one BLAS thread is faster, and on a shared 2-core machine
+    # several threads per process can slow these loops down more than tenfold.
+    with threadpool_limits(limits=1, user_api="blas"):
+        for x0 in starts:
+            result = minimize(fun, x0, jac=True, method="L-BFGS-B", bounds=Bounds(0.0, T_MAX),
+                              options={"maxiter": maxiter})
+            if result.fun < best:
+                best_T, best = result.x.reshape(p, n), float(result.fun)
     return best_T, best
 
 
