@@ -92,6 +92,7 @@ from typing import Callable
 
 import numpy as np
 import scipy.linalg as la
+from numpy.typing import ArrayLike
 
 from ..matrix import Explicit, Matrix
 
@@ -211,7 +212,7 @@ class ConvexResult:
 
 
 # ====================================================================== public helpers
-def dual_bound(V: np.ndarray, y: np.ndarray) -> float:
+def dual_bound(V: ArrayLike, y: ArrayLike) -> float:
     r"""Certified lower bound :math:`h(y)` on :math:`\min \{\mathrm{tr}(X^+ V) : \mathrm{diag}(X) = 1\}`.
 
     .. math:: h(y) = \frac{\big(\sum_j \sqrt{\mu_j(Y^{1/2} V Y^{1/2})}\big)^2}{\sum_i y_i},
@@ -237,7 +238,7 @@ def dual_bound(V: np.ndarray, y: np.ndarray) -> float:
     return _certifier(V, e, Q, 0.0)(y)
 
 
-def gaussian_error(V: np.ndarray, X: np.ndarray) -> float:
+def gaussian_error(V: ArrayLike, X: ArrayLike) -> float:
     r"""Gaussian-noise error, in units of ``Var(1)``, of any strategy ``A`` with Gram ``X = A^TA``.
 
     .. math:: \Delta_2(A)^2\,\mathrm{tr}(X^+ V) = \max_i X_{ii}\;\mathrm{tr}(X^+ V),
@@ -270,13 +271,13 @@ def gaussian_error(V: np.ndarray, X: np.ndarray) -> float:
 
 # ====================================================================== solver
 def solve_convex(
-    V: np.ndarray | Matrix,
+    V: ArrayLike | Matrix,
     *,
     tol: float = 1e-8,
     max_iter: int = 100,
     cg_iter: int = 20,
     theta: float | None = None,
-    X0: np.ndarray | None = None,
+    X0: ArrayLike | None = None,
     callback: Callable[[ConvexProgress], None] | None = None,
 ) -> ConvexResult:
     r"""Optimal strategy Gram :math:`X` for workload Gram ``V`` under Gaussian noise.
@@ -387,7 +388,7 @@ def solve_convex(
 
 
 # ====================================================================== internals
-def _check_gram(V, name: str = "V") -> np.ndarray:
+def _check_gram(V: ArrayLike, name: str = "V") -> np.ndarray:
     """Validate a finite real symmetric square matrix; return it symmetrised, as float."""
     try:
         V = np.array(V, dtype=float)
@@ -436,7 +437,7 @@ def _schedule(target: float, mean_e: float) -> list[float]:
     return stages + [target]
 
 
-def _check_start(X0, n: int) -> np.ndarray:
+def _check_start(X0: ArrayLike, n: int) -> np.ndarray:
     """Validate a user start and rescale it to unit diagonal."""
     X = np.array(X0, dtype=float)
     if X.shape != (n, n) or not np.all(np.isfinite(X)):
