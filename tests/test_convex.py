@@ -3,7 +3,9 @@
 Every solution is checked against what characterises the optimum independently of the solver:
 feasibility (unit diagonal, positive definite), the KKT condition ``V = X Y X`` with ``Y``
 diagonal, weak duality (objective >= certified dual bound >= SVD bound), a brute-force
-minimisation on tiny cases, and hdmm's own error formula for the returned strategy.
+minimisation on tiny cases, and hdmm's own error formula for the returned strategy. The Newton
+direction is checked against the quadratic model solved by brute force, and the CG
+preconditioner's model of the Schur matrix against its claimed spectral bounds.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from hdmm.error import expected_error
 from hdmm.optimizers.convex import (
     ConvexProgress,
     ConvexResult,
+    _direction,
+    _Point,
+    _schur_model,
     dual_bound,
     gaussian_error,
     solve_convex,
@@ -56,7 +61,7 @@ def svd_bound_of(V: np.ndarray) -> float:
     return np.sqrt(e[e > len(e) * np.finfo(float).eps * e[-1]]).sum() ** 2 / len(e)
 
 
-def check_optimal(V: np.ndarray, res: ConvexResult, kkt: float = 1e-4) -> None:
+def check_optimal(V: np.ndarray, res: ConvexResult, kkt: float = 1e-3) -> None:
     """Feasibility, KKT, certified gap, bounds and the returned strategy."""
     n = V.shape[0]
     X = res.X
@@ -130,24 +135,38 @@ def test_range_workloads(n, workload):
 
 
 def test_brute_force_tiny():
-    """Minimise tr(X^-1 V) over X = A^T A with unit columns of a free 4 x 4 matrix A."""
+    """Minimise tr(X^-1 V) over X = R^T R, R upper triangular with unit columns (its Cholesky factor)."""
     rng = np.random.default_rng(7)
     for n in (3, 4):
+        upper = np.triu_indices(n)
         for rank in (n, n - 1):
             V = random_gram(n, rank, seed=10 * n + rank) + (0 if rank == n else 0.05 * np.eye(n))
 
-            def objective(a: np.ndarray) -> float:
-                A = a.reshape(n, n)
-                A = A / np.linalg.norm(A, axis=0)
-                return float(np.trace(np.linalg.solve(A.T @ A, V)))
+            def objective(r: np.ndarray) -> float:
+                R = np.zeros((n, n))
+                R[upper] = r
+                R /= np.linalg.norm(R, axis=0)
+                return float(np.trace(np.linalg.solve(R.T @ R, V)))
 
             best = min(
-                minimize(objective, rng.standard_normal(n * n), method="BFGS", options={"gtol": 1e-10}).fun
+                minimize(objective, rng.standard_normal(len(upper[0])), method="BFGS", options={"gtol": 1e-10}).fun
                 for _ in range(8)
             )
             res = solve_convex(V, tol=TOL)
             assert res.objective == pytest.approx(best, rel=1e-6)
             assert res.dual_bound <= best * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("workload", [hdmm.Prefix, hdmm.AllRange], ids=["prefix", "allrange"])
+def test_newton_alone_agrees(workload):
+    """Newton from the identity (no fixed-point start) reaches the optimum the default path finds."""
+    V = workload(64).gram().dense()
+    default = solve_convex(V, tol=TOL)
+    newton = solve_convex(V, tol=TOL, X0=np.eye(64))
+    assert newton.fixed_point_steps == 0 and newton.iterations > 0
+    check_optimal(V, newton)
+    assert newton.objective == pytest.approx(default.objective, rel=1e-10)
+    np.testing.assert_allclose(newton.X, default.X, rtol=0, atol=1e-4)
 
 
 def test_one_cell():
@@ -168,16 +187,56 @@ def test_constant_diagonal_root_is_optimal():
     assert solve_convex(V).objective > solve_convex(V).svd_bound  # not so for ranges
 
 
+# ====================================================================== the Newton step
+def test_newton_direction_solves_the_model():
+    """The Schur/CG direction equals the minimiser of the quadratic model with diag(D) = 0, by brute force."""
+    rng = np.random.default_rng(11)
+    n = 6
+    G = rng.standard_normal((n, n + 1))
+    X = G @ G.T
+    X /= np.sqrt(np.outer(np.diag(X), np.diag(X)))
+    B = rng.standard_normal((n, n))
+    V = B @ B.T
+    Z = np.linalg.inv(X)
+    M = Z @ V @ Z  # minus the gradient
+    # the model <G, D> + <D, H[D]> / 2 over symmetric D with zero diagonal, H[D] = Z D M + M D Z
+    basis = []
+    for i, j in zip(*np.triu_indices(n, 1)):
+        E = np.zeros((n, n))
+        E[i, j] = E[j, i] = 1.0
+        basis.append(E)
+    hessian = np.array([[np.sum(Ei * (Z @ Ej @ M + M @ Ej @ Z)) for Ej in basis] for Ei in basis])
+    gradient = np.array([-np.sum(M * Ei) for Ei in basis])
+    want = sum(c * Ei for c, Ei in zip(np.linalg.solve(hessian, -gradient), basis))
+    got = _direction(_Point.at(X, B), eta=1e-10, cg_iter=100)
+    np.testing.assert_allclose(got.D, want, rtol=0, atol=1e-9 * np.abs(want).max())
+    assert got.decrement == pytest.approx(np.sum(M * want), rel=1e-9)
+
+
+def test_schur_model_is_spectrally_equivalent():
+    """The exponential-sum model of S is within [0.72, 1.27] of it in the quadratic-form sense."""
+    rng = np.random.default_rng(5)
+    n = 10
+    P = rng.standard_normal((n, n))
+    for spread in (1.0, 1e4, 1e12):
+        v = np.geomspace(1.0 / spread, 1.0, n)
+        C = 1.0 / (v[:, None] + v[None, :])
+        S = np.einsum("kl,ki,li,kj,lj->ij", C, P, P, P, P)
+        ratios = np.linalg.eigvals(np.linalg.solve(_schur_model(P, v), S)).real
+        assert 1 / 1.27 <= ratios.min() and ratios.max() <= 1 / 0.72
+
+
 # ====================================================================== hdmm's error
 @pytest.mark.parametrize("W", [hdmm.Prefix(64), hdmm.WidthKRange(64, 8)], ids=["prefix", "width8"])
 def test_error_in_hdmm_terms(W):
     privacy = hdmm.ZCDP(0.5)
     res = solve_convex(W.gram().dense())
     unit = privacy.noise_variance(1.0)
-    assert float(expected_error(W, res.strategy, privacy)) == pytest.approx(unit * res.original_objective, rel=1e-8)
+    error = float(expected_error(W, res.strategy, privacy))
+    assert error == pytest.approx(unit * res.original_objective, rel=1e-8)
     # and it beats the identity strategy, and is at least the SVD bound
-    assert float(expected_error(W, res.strategy, privacy)) < float(expected_error(W, hdmm.Identity(64), privacy))
-    assert unit * res.original_objective >= float(hdmm.svd_bound(W, privacy)) * (1 - 1e-9)
+    assert error < float(expected_error(W, hdmm.Identity(64), privacy))
+    assert error >= float(hdmm.svd_bound(W, privacy)) * (1 - 1e-9)
 
 
 def test_gaussian_error():
