@@ -11,17 +11,18 @@ It always has sensitivity 1 and full column rank, so it supports every workload,
 error of a workload with Gram :math:`G` is
 
 .. math:: f(T) = \mathrm{tr}\big((A^TA)^{-1} G\big) = \mathrm{tr}\big(D (I + T^TT)^{-1} D G\big)
-          = \textstyle\sum_j d_j^2 G_{jj} - \mathrm{tr}\big(M^{-1} B G B^T\big),
+          = \textstyle\sum_j d_j^2 G_{jj} - \mathrm{tr}\big(M^{-1} T C T^T\big),
 
-with :math:`B = TD` and :math:`M = I_p + TT^T` (Woodbury). It needs ``p`` products with
-:math:`G` (``O(n)`` each for prefix and range Grams) and ``O(p^2 n)`` dense work, never an
-``n x n`` matrix. With :math:`C = DGD`, :math:`U = M^{-1}T` and
-:math:`S = M^{-1} T C T^T M^{-1}` the gradient is
+with :math:`C = DGD` and :math:`M = I_p + TT^T = LL^T` (Woodbury). With :math:`V = L^{-1}T` and
+:math:`Z = VC`,
 
-.. math:: \nabla_T f = 2ST - 2UC + \Big(\frac{\partial d}{\partial T}\Big)^T g, \qquad
-          g = 2\,d \circ \mathrm{diag}(G) - 2\,\mathrm{colsum}\big((BG) \circ U\big),
+.. math:: f = \textstyle\sum_j d_j^2 G_{jj} - \langle V, Z\rangle, \qquad
+          \nabla_T f = -2L^{-T}\big(Z - (ZV^T)V\big) + \Big(\frac{\partial d}{\partial T}\Big)^T g,
+          \qquad g_j = 2 d_j G_{jj} - \frac{2}{d_j}\textstyle\sum_i V_{ij} Z_{ij},
 
 where :math:`\partial d_j / \partial T_{ij}` is 1 (Laplace) or :math:`T_{ij}/d_j` (Gaussian).
+An evaluation needs ``p`` products with :math:`G` (``O(n)`` each for prefix and range Grams),
+two triangular solves and two ``p x p x n`` products: ``O(p^2 n)``, never an ``n x n`` matrix.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 from functools import cached_property
 
 import numpy as np
-from scipy.linalg import cho_factor, cho_solve, solve_triangular
+from scipy.linalg import cholesky, solve_triangular
 from scipy.optimize import Bounds, minimize
 from threadpoolctl import threadpool_limits
 
@@ -41,6 +42,9 @@ __all__ = ["PIdentity", "pidentity_objective", "optimize_pidentity", "default_p"
 #: infinity, where the Woodbury objective loses all precision to cancellation; at ``T_MAX``
 #: the identity rows carry a weight of about ``1/T_MAX`` of the total, which costs nothing.
 T_MAX = 1e3
+
+#: Iterations every start runs before all but the best start are dropped.
+PROBE_ITER = 150
 
 #: Up to this many values a p-Identity strategy evaluates its error through a QR factor.
 STABLE_MAX_N = 2048
@@ -69,21 +73,17 @@ def pidentity_objective(T: np.ndarray, G: Matrix, norm: int = 1, gradient: bool 
     if p == 0:
         value = float(d**2 @ diagG)
         return (value, np.zeros_like(T)) if gradient else value
-    B = T * d
-    BG = (G @ B.T).T
-    TC = BG * d
-    K = TC @ T.T
-    factor = cho_factor(np.eye(p) + T @ T.T)
-    MinvK = cho_solve(factor, K)
-    value = float(d**2 @ diagG - np.trace(MinvK))
+    L = cholesky(np.eye(p) + T @ T.T, lower=True, check_finite=False)
+    V = solve_triangular(L, T, lower=True, check_finite=False)
+    Z = (G @ (V * d).T).T * d
+    VZ = V * Z
+    value = float(d**2 @ diagG - VZ.sum())
     if not gradient:
         return value
-    U = cho_solve(factor, T)
-    S = cho_solve(factor, MinvK.T)
-    g = 2.0 * d * diagG - 2.0 * np.einsum("ij,ij->j", BG, U)
-    grad = 2.0 * (S @ T) - 2.0 * cho_solve(factor, TC)
+    grad = solve_triangular(L, (Z @ V.T) @ V - Z, lower=True, trans="T", check_finite=False)
+    g = d * diagG - VZ.sum(axis=0) / d
     grad += g[None, :] if norm == 1 else T * (g / d)[None, :]
-    return value, grad
+    return value, 2.0 * grad
 
 
 def default_p(n: int) -> int:
@@ -95,11 +95,13 @@ def optimize_pidentity(
     G: Matrix, p: int, norm: int = 1, restarts: int = 3, rng: np.random.Generator | None = None,
     maxiter: int = 1000, start: np.ndarray | None = None,
 ) -> tuple[np.ndarray, float]:
-    """Minimise :func:`pidentity_objective` over ``T >= 0`` by L-BFGS-B from ``restarts`` starts.
+    """Minimise :func:`pidentity_objective` over ``0 <= T <= T_MAX`` by L-BFGS-B.
 
     The first start is a partition of the values into ``p`` blocks of consecutive values (or
-    ``start``, a warm start, when given); the others are uniform random in [0, 1). Returns the
-    best ``T`` and its objective.
+    ``start``, a warm start, when given); the other ``restarts - 1`` are uniform random in
+    [0, 1). Every start first runs ``PROBE_ITER`` iterations; only the best of them is then
+    run on to ``maxiter`` iterations, so extra restarts cost a probe each, not a full run.
+    Returns the best ``T`` and its objective.
     """
     n = G.shape[0]
     rng = np.random.default_rng() if rng is None else rng
@@ -110,23 +112,23 @@ def optimize_pidentity(
         value, grad = pidentity_objective(theta.reshape(p, n), G, norm)
         return value, grad.ravel()
 
-    best_T, best = None, np.inf
-    # a partition of the values into p consecutive blocks (a one-level hierarchy), then random
-    # starts; a warm start, when given, replaces the first
+    def descend(x0, iterations):
+        return minimize(fun, x0, jac=True, method="L-BFGS-B", bounds=Bounds(0.0, T_MAX),
+                        options={"maxiter": iterations})
+
     blocks = np.zeros((p, n))
     blocks[np.arange(n) * p // n, np.arange(n)] = 1.0
     starts = [blocks.ravel()] + [rng.random(p * n) for _ in range(max(1, restarts) - 1)]
     if start is not None:
         starts[0] = np.asarray(start, dtype=float).ravel()
+    probe = min(maxiter, PROBE_ITER) if len(starts) > 1 else maxiter
     # The products are small (p x n): one BLAS thread is faster, and on a shared 2-core machine
     # several threads per process can slow these loops down more than tenfold.
     with threadpool_limits(limits=1, user_api="blas"):
-        for x0 in starts:
-            result = minimize(fun, x0, jac=True, method="L-BFGS-B", bounds=Bounds(0.0, T_MAX),
-                              options={"maxiter": maxiter})
-            if result.fun < best:
-                best_T, best = result.x.reshape(p, n), float(result.fun)
-    return best_T, best
+        best = min((descend(x0, probe) for x0 in starts), key=lambda result: result.fun)
+        if best.nit >= probe and maxiter > probe:
+            best = descend(best.x, maxiter - probe)
+    return best.x.reshape(p, n), float(best.fun)
 
 
 class PIdentity(Matrix):
