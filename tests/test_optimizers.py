@@ -192,3 +192,13 @@ def test_bad_arguments_are_rejected(tmp_path):
     np.savez(path, x=np.zeros(2))
     with pytest.raises(ValueError, match="strategy file"):
         hdmm.load_strategy(path)
+
+
+def test_optimize_reports_progress_as_a_bar_or_to_a_callable(capsys):
+    W = hdmm.product(hdmm.Domain(["x", "y"], [6, 5]), {"x": hdmm.Prefix(6), "y": hdmm.AllRange(5)})
+    lines = []
+    hdmm.optimize(W, LAPLACE, seed=0, progress=lines.append)
+    assert any(line.startswith("OPT_(x) round 1") for line in lines)
+    assert any(line.startswith("opt_marginals: total squared error") for line in lines)
+    hdmm.optimize(W, LAPLACE, seed=0, progress=True)
+    assert "optimize: " in capsys.readouterr().err

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
 from ..bound import SVDBound, svd_bound
 from ..error import ErrorResult, expected_error
@@ -142,14 +143,15 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int = 3, seed=None,
     Candidates: ``identity`` (reference), ``opt_kron`` (OPT_(x)), ``opt_marginals`` (OPT_M),
     ``opt_union`` (OPT_+, when the workload has several Kronecker terms; its error is the
     upper bound of :mod:`.union`), and ``residual`` (Gaussian noise only). Deterministic given
-    ``seed``. ``progress=True`` prints progress lines; a callable receives them instead.
+    ``seed``. ``progress=True`` shows a progress bar over the candidates (with each
+    optimizer's own steps, such as OPT_(x)'s rounds, as its status); a callable receives those
+    status lines instead.
     """
     _check_workload(W)
     if not isinstance(privacy, Privacy):
         raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
     norm = privacy.norm
     rng = _rng(seed)
-    say = print if progress is True else (progress or None)
     union = W.kron_union()
     available = ["identity", "opt_kron", "opt_marginals"]
     if union.num_terms > 1:
@@ -161,8 +163,11 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int = 3, seed=None,
     if unknown:
         raise ValueError(f"optimizers {unknown} do not apply here; available: {available}")
     unit = privacy.noise_variance(1.0)
+    bar = tqdm(chosen, desc="optimize", unit="optimizer", disable=progress is not True)
+    say = bar.set_postfix_str if progress is True else (progress or None)
     rows, best = [], None
-    for name in chosen:
+    for name in bar:
+        bar.set_description(f"optimize: {name}")
         start = time.perf_counter()
         exact = True
         if name == "identity":
