@@ -44,6 +44,7 @@ from .predicates import (
 )
 from .schema import AGE_LABELS, HISPANIC, RACES, RELATIONSHIP, SEX, STATES, cph_domain, race_label, race_mask
 from .sf1 import SF1_TABLES, sf1_persons, sf1_plus, sf1_tables
+from .synthetic import synthetic_persons
 
 __all__ = [
     "AGE_LABELS",
@@ -71,6 +72,7 @@ __all__ = [
     "sf1_persons",
     "sf1_plus",
     "sf1_tables",
+    "synthetic_persons",
     "total",
     "white_alone",
 ]

@@ -12,6 +12,7 @@ expected error of a strategy and the SVD lower bound, without any ``N x N`` matr
 """
 
 from .bound import SVDBound, svd_bound
+from .datasets import load_adult
 from .domain import Domain
 from .error import ErrorResult, expected_error, lp_error, per_query_variance, rmse
 from .io import load_strategy, save_strategy
@@ -92,6 +93,7 @@ __all__ = [
     "WidthKRange",
     "ZCDP",
     "expected_error",
+    "load_adult",
     "load_strategy",
     "lp_error",
     "opt0",

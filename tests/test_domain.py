@@ -395,12 +395,73 @@ def test_vectorize_unused_unknown_category_is_fine(person: Domain) -> None:
     assert x.sum() == 2
 
 
-def test_vectorize_numeric_labels_hint() -> None:
+def test_vectorize_numeric_labels_are_matched_as_labels() -> None:
+    # Replaces test_vectorize_numeric_labels_hint, which encoded the old behaviour:
+    # a numeric column was read as codes even for an attribute with numeric labels.
     d = Domain(["year"], [3], {"year": [2020, 2021, 2022]})
     df = pd.DataFrame({"year": [2020, 2022]})
-    with pytest.raises(ValueError, match=r"convert the column with \.astype\(object\)"):
-        d.vectorize(df)
+    np.testing.assert_array_equal(d.vectorize(df), [1, 0, 1])
     np.testing.assert_array_equal(d.vectorize(df.astype(object)), [1, 0, 1])
+    np.testing.assert_array_equal(d.vectorize(df.astype(float)), [1, 0, 1])
+    codes = pd.DataFrame({"year": [0, 2]})
+    np.testing.assert_array_equal(d.vectorize(codes, codes=True), [1, 0, 1])
+    with pytest.raises(ValueError, match=r"unknown values \[0, 2\] .* pass codes=True"):
+        d.vectorize(codes)
+
+
+def test_vectorize_labels_overlapping_codes_are_not_misread() -> None:
+    # The bug: labels 1..3 of "size" were read as codes 1..3 (shifted by one cell).
+    d = Domain(["size", "sex"], [3, 2], {"size": [1, 2, 3], "sex": ["M", "F"]})
+    df = pd.DataFrame({"size": [1, 2, 2, 3], "sex": ["M", "F", "F", "M"]})
+    np.testing.assert_array_equal(d.vectorize(df), [1, 0, 0, 2, 1, 0])
+    assert not d.reads_numbers_as_codes("size") and d.reads_numbers_as_codes("sex")
+    assert Domain(["a"], [2]).reads_numbers_as_codes(0)
+    assert not Domain(["a"], [2], {"a": ["x", 1]}).reads_numbers_as_codes("a")
+    # the same records as codes, numeric or not, with codes=True
+    as_codes = pd.DataFrame({"size": [0, 1, 1, 2], "sex": [0, 1, 1, 0]})
+    np.testing.assert_array_equal(d.vectorize(as_codes, codes=True), d.vectorize(df))
+    np.testing.assert_array_equal(
+        d.vectorize(as_codes.astype(object), codes=True), d.vectorize(df)
+    )
+    np.testing.assert_array_equal(
+        d.vectorize(as_codes.astype("category"), codes=True), d.vectorize(df)
+    )
+
+
+def test_vectorize_codes_flag_errors() -> None:
+    d = Domain(["sex", "size"], [2, 3], {"sex": ["M", "F"], "size": [1, 2, 3]})
+    labels = pd.DataFrame({"sex": ["M"], "size": [3]})
+    message = r"unknown values \['M'\] .* with codes=True values must be codes 0\.\.1; to pass"
+    with pytest.raises(ValueError, match=message + " value labels call vectorize without codes"):
+        d.vectorize(labels, codes=True)
+    message = r"'size' holds codes \[3\] outside \[0, 3\) .* call vectorize without codes=True"
+    with pytest.raises(ValueError, match=message):
+        d.vectorize(labels.assign(sex=0), codes=True)
+    with pytest.raises(TypeError, match="codes must be True or False, got 'yes'"):
+        d.vectorize(labels, codes="yes")
+
+
+def test_vectorize_error_messages_name_the_fix(person: Domain) -> None:
+    message = r"rename: df\.rename\(columns=\{'AGE': 'age'\}\).*Domain\.project"
+    with pytest.raises(ValueError, match=message):
+        person.vectorize(pd.DataFrame({"sex": [0], "race": [0], "AGE": [1]}))
+    message = r"labels are \['w', 'b', 'a'\]; map those values to labels or drop"
+    with pytest.raises(ValueError, match=message):
+        person.vectorize(pd.DataFrame({"sex": 0, "race": ["x"], "age": 0}))
+    message = r"outside \[0, 2\) \(attribute 'sex' has size 2\); recode or drop"
+    with pytest.raises(ValueError, match=message):
+        person.vectorize(pd.DataFrame({"sex": [2], "race": "w", "age": 0}))
+
+
+def test_vectorize_category_columns() -> None:
+    d = Domain(["a", "b"], [3, 2], {"a": ["x", "y", "z"]})
+    expected = np.array([0, 0, 1, 1, 1, 0.0])
+    for categories in (["x", "y", "z"], ["z", "y", "x", "unused"], ["y", "z"]):
+        a = pd.Categorical(["y", "z", "y"], categories=categories)
+        np.testing.assert_array_equal(d.vectorize(pd.DataFrame({"a": a, "b": [1, 0, 0]})), expected)
+    b = pd.Categorical([1, 0, 0], categories=[1, 0])  # no labels: categories are codes
+    df = pd.DataFrame({"a": ["y", "z", "y"], "b": b})
+    np.testing.assert_array_equal(d.vectorize(df), expected)
 
 
 def test_vectorize_other_errors(person: Domain) -> None:
@@ -429,3 +490,92 @@ def test_vectorize_many_records_quickly() -> None:
     x = d.vectorize(df)
     assert x.shape == (d.size,) and x.sum() == n
     assert math.isclose(x.reshape(d.shape).sum(axis=(0, 2)).mean(), n / 115)
+
+
+# ----------------------------------------------------------------- records
+def test_records_hand_example() -> None:
+    d = Domain(["sex", "age"], [2, 3], {"sex": ["M", "F"]})
+    df = d.records(np.array([0, 2.0, 0, 0, 0, 1]))
+    assert df.to_dict("list") == {"sex": ["M", "M", "F"], "age": [1, 1, 2]}
+    assert isinstance(df["sex"].dtype, pd.CategoricalDtype)
+    assert list(df["sex"].cat.categories) == ["M", "F"] and df["age"].dtype == np.uint8
+    assert list(df.index) == [0, 1, 2]
+    codes = d.records([0, 2, 0, 0, 0, 1], codes=True)
+    assert codes.to_dict("list") == {"sex": [0, 0, 1], "age": [1, 1, 2]}
+    assert (codes.dtypes == np.uint8).all()
+    assert d.records(np.zeros(6, dtype=int)).shape == (0, 2)
+    assert Domain([], []).records([4]).shape == (4, 0)
+
+
+def test_records_compact_dtypes() -> None:
+    d = Domain(["a", "b"], [300, 2], {"b": [10, 20]})
+    x = np.zeros(d.size)
+    x[-1] = 1
+    df = d.records(x)
+    assert df["a"].dtype == np.uint16 and df["b"].cat.codes.dtype == np.int8
+    assert df.to_dict("list") == {"a": [299], "b": [20]}
+
+
+def test_dataframe_vectorize_records_round_trip() -> None:
+    rng = np.random.default_rng(11)
+    d = Domain.from_dict({"size": [1, 2, 3], "sex": ["M", "F"], "age": 5, "w": [0.5, 0.25]})
+    n = 500
+    df = pd.DataFrame(
+        {
+            "size": rng.integers(1, 4, n),  # labels, numbers overlapping the codes
+            "sex": rng.integers(0, 2, n),  # codes of a string-labelled attribute
+            "age": rng.integers(0, 5, n),
+            "w": rng.choice([0.5, 0.25], n),
+        }
+    )
+    x = d.vectorize(df)
+    assert x.sum() == n
+    records = d.records(x)
+    np.testing.assert_array_equal(d.vectorize(records), x)
+    np.testing.assert_array_equal(d.vectorize(d.records(x, codes=True), codes=True), x)
+    # the records are the original rows, sorted by cell
+    back = records.astype(object)
+    back["sex"] = back["sex"].map({"M": 0, "F": 1})
+    original = df.astype(object).sort_values(list(d.names), kind="stable")
+    ordered = back.sort_values(list(d.names), kind="stable")
+    assert ordered.to_numpy().tolist() == original.to_numpy().tolist()
+
+
+round_trip_labels = st.one_of(
+    st.lists(st.text(max_size=3), min_size=1, max_size=4, unique=True),
+    st.lists(st.integers(-2, 5), min_size=1, max_size=4, unique=True),
+    st.lists(st.floats(-3, 3, allow_nan=False), min_size=1, max_size=4, unique=True),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_records_round_trip_property(data) -> None:
+    specs = data.draw(
+        st.lists(st.one_of(st.integers(1, 4), round_trip_labels), min_size=1, max_size=4)
+    )
+    d = Domain.from_dict({f"a{i}": spec for i, spec in enumerate(specs)})
+    x = np.array(data.draw(st.lists(st.integers(0, 3), min_size=d.size, max_size=d.size)))
+    for codes in (False, True):
+        np.testing.assert_array_equal(d.vectorize(d.records(x, codes=codes), codes=codes), x)
+
+
+@pytest.mark.parametrize(
+    ("x", "error", "message"),
+    [
+        (np.ones(5), ValueError, r"x has shape \(5,\) but the domain has 24 cells.*x\.ravel\(\)"),
+        (np.ones((2, 3, 4)), ValueError, r"shape \(2, 3, 4\) .* pass a vector of shape \(24,\)"),
+        (np.r_[-1.0, np.ones(23)], ValueError, r"counts \[-1\.0\] in cells \[0\] .* np\.clip"),
+        (np.r_[np.ones(23), 0.5], ValueError, r"counts \[0\.5\] in cells \[23\] that are not"),
+        (np.r_[np.nan, np.inf, np.ones(22)], ValueError, r"counts \[nan, inf\] in cells \[0, 1\]"),
+        (np.array(["1"] * 24), TypeError, "x must hold numbers, got dtype <U1"),
+    ],
+)
+def test_records_errors(person: Domain, x, error, message) -> None:
+    with pytest.raises(error, match=message):
+        person.records(x)
+
+
+def test_records_codes_flag_must_be_bool(person: Domain) -> None:
+    with pytest.raises(TypeError, match="codes must be True or False"):
+        person.records(np.ones(24), codes=1)
