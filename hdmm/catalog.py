@@ -1,0 +1,169 @@
+"""Workloads by name and from JSON files: what the command line and notebooks ask for.
+
+Named workloads (:data:`WORKLOADS`) pair a workload with its domain and the built-in data set
+that fits it. A workload file is JSON::
+
+    {
+      "domain": {"age": 85, "sex": ["female", "male"], "income": 2},
+      "queries": [
+        {"name": "age by sex", "age": "prefix", "sex": "identity"},
+        {"age": "width-10"},
+        {"marginals": 2}
+      ],
+      "weights": [1.0, 2.0, 1.0]
+    }
+
+``domain`` is :meth:`hdmm.Domain.from_dict` input. Each entry of ``queries`` is one part of
+the workload: either a product of one building block per attribute (attributes not named get
+``total``) or ``{"marginals": k}`` (every marginal on ``k`` attributes). The building blocks
+are :data:`BLOCKS`: ``identity``, ``total``, ``identity+total``, ``prefix``, ``allrange`` and
+``width-K`` (every range of ``K`` consecutive values). ``name`` labels a part and ``weights``
+(one per part, optional) multiplies its queries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from .domain import Domain
+from .marginals import DimKMarginals
+from .matrix import Identity, Matrix
+from .workload import AllRange, IdentityTotal, Prefix, Total, WidthKRange, product, union
+
+__all__ = ["NamedWorkload", "WORKLOADS", "BLOCKS", "ADULT_ATTRIBUTES", "named_workload", "workload_from_spec",
+           "load_workload"]
+
+#: Per-attribute building blocks of a workload file: name -> constructor from the attribute size.
+BLOCKS: dict[str, Callable[[int], Matrix]] = {
+    "identity": Identity,
+    "total": Total,
+    "identity+total": IdentityTotal,
+    "prefix": Prefix,
+    "allrange": AllRange,
+}
+
+#: The Adult attributes of the named ``adult`` workload (190,400 cells).
+ADULT_ATTRIBUTES = ("age", "education-num", "marital-status", "race", "sex", "income>50K")
+
+
+@dataclass(frozen=True)
+class NamedWorkload:
+    """A workload with its domain and the built-in data set that fits it.
+
+    Attributes
+    ----------
+    workload : Matrix
+    domain : Domain
+    data : str or None
+        ``"synthetic-persons"``, ``"synthetic-persons-states"``, ``"adult"`` or None.
+    description : str
+    """
+
+    workload: Matrix
+    domain: Domain
+    data: str | None
+    description: str
+
+
+def _census(name: str) -> NamedWorkload:
+    from census_workloads import cph_domain, pl94, sf1_persons, sf1_plus
+
+    builders = {
+        "sf1": (sf1_persons, False, "SF1 person tables P1-PCT12 (4,151 queries), national"),
+        "sf1-states": (sf1_plus, True, "SF1+: the SF1 person tables nationally and for each state (215,852 queries)"),
+        "pl94": (pl94, False, "PL94-171 person tables P1-P4 (288 queries), national"),
+        "pl94-states": (lambda: pl94(state=True), True, "PL94-171 person tables nationally and for each state"),
+    }
+    build, state, description = builders[name]
+    data = "synthetic-persons-states" if state else "synthetic-persons"
+    return NamedWorkload(build(), cph_domain(state=state), data, description)
+
+
+def _adult() -> NamedWorkload:
+    from .datasets import load_adult
+
+    domain = load_adult()[1].project(ADULT_ATTRIBUTES)
+    return NamedWorkload(DimKMarginals(domain, 2), domain, "adult",
+                         "Adult: every 2-way marginal of " + ", ".join(ADULT_ATTRIBUTES))
+
+
+#: Named workloads: name -> builder.
+WORKLOADS: dict[str, Callable[[], NamedWorkload]] = {
+    "sf1": lambda: _census("sf1"),
+    "sf1-states": lambda: _census("sf1-states"),
+    "pl94": lambda: _census("pl94"),
+    "pl94-states": lambda: _census("pl94-states"),
+    "adult": _adult,
+}
+
+
+def named_workload(name: str) -> NamedWorkload:
+    """The workload called ``name`` (see :data:`WORKLOADS`).
+
+    Raises
+    ------
+    ValueError
+        For an unknown name, listing the known ones.
+    """
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)} or give a JSON workload file")
+    return WORKLOADS[name]()
+
+
+def _block(spec: Any, attribute: str, size: int) -> Matrix:
+    if isinstance(spec, str) and spec.startswith("width-"):
+        width = spec[len("width-"):]
+        if not width.isdigit() or not 1 <= int(width) <= size:
+            raise ValueError(f"attribute {attribute!r}: {spec!r} needs a width between 1 and {size}, e.g. 'width-2'")
+        return WidthKRange(size, int(width))
+    if not isinstance(spec, str) or spec not in BLOCKS:
+        raise ValueError(f"attribute {attribute!r}: unknown query block {spec!r}; use one of "
+                         f"{', '.join(BLOCKS)} or 'width-K'")
+    return BLOCKS[spec](size)
+
+
+def _part(entry: Any, domain: Domain, position: int) -> tuple[str, Matrix]:
+    where = f"queries[{position}]"
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"{where} must be an object such as {{\"age\": \"prefix\"}}, got {entry!r}")
+    entry = dict(entry)
+    name = entry.pop("name", where)
+    if "marginals" in entry:
+        k = entry.pop("marginals")
+        if entry or not isinstance(k, int) or not 1 <= k <= len(domain):
+            raise ValueError(f"{where}: 'marginals' stands alone and needs a number of attributes between 1 and "
+                             f"{len(domain)}")
+        return str(name), DimKMarginals(domain, k)
+    unknown = [a for a in entry if a not in domain]
+    if unknown:
+        raise ValueError(f"{where} names attributes {unknown} that are not in the domain {list(domain.names)}")
+    blocks = {a: _block(spec, a, domain[a]) for a, spec in entry.items()}
+    return str(name), product(domain, blocks)
+
+
+def workload_from_spec(spec: Mapping[str, Any]) -> tuple[Matrix, Domain]:
+    """Build the workload and domain a parsed workload file describes (module docstring)."""
+    if not isinstance(spec, Mapping) or "domain" not in spec or "queries" not in spec:
+        raise ValueError("a workload file is a JSON object with a 'domain' and a list of 'queries'")
+    domain = Domain.from_dict(spec["domain"])
+    queries = spec["queries"]
+    if not isinstance(queries, list) or not queries:
+        raise ValueError("'queries' must be a non-empty list")
+    names, parts = zip(*(_part(entry, domain, i) for i, entry in enumerate(queries)))
+    weights = spec.get("weights")
+    if weights is not None and (not isinstance(weights, list) or len(weights) != len(parts)):
+        raise ValueError(f"'weights' must be a list with one number per query part ({len(parts)})")
+    return union(list(parts), weights, names=list(names)), domain
+
+
+def load_workload(path: str | os.PathLike[str]) -> tuple[Matrix, Domain]:
+    """Read a JSON workload file (module docstring) into a workload and its domain."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            spec = json.load(handle)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{os.fspath(path)} is not valid JSON: {exc}") from None
+    return workload_from_spec(spec)

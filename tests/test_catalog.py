@@ -1,0 +1,67 @@
+"""Named workloads and JSON workload files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import hdmm
+from hdmm.catalog import WORKLOADS, load_workload, named_workload, workload_from_spec
+
+SPEC = {
+    "domain": {"age": 6, "sex": ["female", "male"], "income": 2},
+    "queries": [
+        {"name": "age by sex", "age": "prefix", "sex": "identity"},
+        {"age": "width-2"},
+        {"marginals": 2},
+    ],
+    "weights": [1.0, 2.0, 1.0],
+}
+
+
+def test_a_workload_file_builds_the_union_it_describes(tmp_path):
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(SPEC))
+    W, domain = load_workload(path)
+    assert domain.names == ("age", "sex", "income") and domain.size == 24
+    assert W.names == ("age by sex", "queries[1]", "queries[2]")
+    expected = np.vstack([
+        np.kron(np.kron(hdmm.Prefix(6).dense(), np.eye(2)), np.ones((1, 2))),
+        2.0 * np.kron(hdmm.WidthKRange(6, 2).dense(), np.ones((1, 4))),
+        hdmm.DimKMarginals(domain, 2).dense(),
+    ])
+    np.testing.assert_allclose(W.dense(), expected)
+    assert W.labels[1] == "age by sex: age=0 & sex=male"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"queries": [{"age": "median"}]}, "unknown query block 'median'"),
+    ({"queries": [{"height": "prefix"}]}, "not in the domain"),
+    ({"queries": [{"age": "width-9"}]}, "width between 1 and 6"),
+    ({"queries": [{"marginals": 4}]}, "between 1 and 3"),
+    ({"queries": []}, "non-empty list"),
+    ({"weights": [1.0]}, "one number per query part"),
+    ({"queries": ["age"]}, "must be an object"),
+])
+def test_bad_workload_files_name_the_problem(change, message):
+    with pytest.raises(ValueError, match=message):
+        workload_from_spec({**SPEC, **change})
+
+
+def test_malformed_json_is_a_value_error(tmp_path):
+    path = tmp_path / "w.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_workload(path)
+
+
+def test_named_workloads():
+    assert set(WORKLOADS) == {"sf1", "sf1-states", "pl94", "pl94-states", "adult"}
+    sf1 = named_workload("sf1")
+    assert sf1.workload.shape == (4151, 492660) and sf1.domain.size == 492660 and sf1.data == "synthetic-persons"
+    adult = named_workload("adult")
+    assert adult.workload.shape[1] == adult.domain.size and adult.data == "adult"
+    with pytest.raises(ValueError, match="unknown workload 'sf2'"):
+        named_workload("sf2")
