@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from ..bound import SVDBound, svd_bound
 from ..error import ErrorResult, expected_error
@@ -47,7 +47,7 @@ def _check_workload(W: Matrix) -> None:
 def opt0(W: Matrix, p: int | None = None, noise: str = "laplace", restarts: int = 3, seed=None) -> Matrix:
     """OPT_0: the best strategy for a one-attribute (or small explicit) workload.
 
-    Laplace noise: a p-Identity strategy with ``p`` extra queries (default about ``n/16``, at
+    Laplace noise: a p-Identity strategy with ``p`` extra queries (default ``n/8``, at
     most 64), L-BFGS-B from ``restarts`` random starts. Gaussian noise: the global optimum of
     the convex program (:func:`hdmm.optimizers.convex.solve_convex`) up to 2048 values,
     p-Identity with L2-normalised columns beyond. The identity itself is returned when nothing

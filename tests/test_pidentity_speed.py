@@ -1,0 +1,101 @@
+"""OPT_0 internals: sparse and dense evaluation paths, the working-set projected L-BFGS."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hdmm
+import hdmm.optimizers.pidentity as P
+
+GRAMS = {
+    "prefix": lambda n: hdmm.Prefix(n).gram(),
+    "allrange": lambda n: hdmm.AllRange(n).gram(),
+    "width3": lambda n: hdmm.WidthKRange(n, 3).gram(),
+}
+
+
+def sparse_T(rng, p, n, density):
+    return rng.random((p, n)) * (rng.random((p, n)) < density) * rng.choice([0.1, 1.0, 5.0])
+
+
+@pytest.mark.parametrize("norm", [1, 2])
+@pytest.mark.parametrize("gram", sorted(GRAMS))
+def test_sparse_and_dense_paths_agree(norm, gram, monkeypatch):
+    rng = np.random.default_rng(0)
+    n, p = 40, 6
+    G = GRAMS[gram](n)
+    for _ in range(3):
+        T = sparse_T(rng, p, n, 0.05)
+        monkeypatch.setattr(P, "SPARSE_DENSITY", 1.0)
+        v_sparse, g_sparse = P.pidentity_objective(T, G, norm)
+        monkeypatch.setattr(P, "SPARSE_DENSITY", -1.0)
+        v_dense, g_dense = P.pidentity_objective(T, G, norm)
+        assert v_sparse == pytest.approx(v_dense, rel=1e-12)
+        np.testing.assert_allclose(g_sparse, g_dense, rtol=1e-9, atol=1e-9 * np.abs(g_dense).max())
+        # against the definition, with a dense n x n Gram
+        Gd = G.dense()
+        d = 1 + T.sum(0) if norm == 1 else np.sqrt(1 + (T * T).sum(0))
+        A = np.vstack([np.eye(n), T]) / d
+        assert v_dense == pytest.approx(np.trace(np.linalg.solve(A.T @ A, Gd)), rel=1e-10)
+
+
+@pytest.mark.parametrize("norm", [1, 2])
+def test_working_set_gradient_is_the_full_gradient_restricted(norm):
+    rng = np.random.default_rng(1)
+    n, p = 50, 5
+    G = GRAMS["allrange"](n)
+    problem = P._Problem(G, p, n, norm)
+    T = sparse_T(rng, p, n, 0.1)
+    omega = np.union1d(np.flatnonzero(T), rng.choice(p * n, 20, replace=False))  # explicit zeros too
+    ev = problem.evaluate(omega, T.ravel()[omega])
+    value, full = P.pidentity_objective(T, G, norm)
+    assert ev.value == pytest.approx(value, rel=1e-12)
+    np.testing.assert_allclose(ev.gradient_at(omega), full.ravel()[omega], rtol=1e-9, atol=1e-9 * np.abs(full).max())
+    np.testing.assert_allclose(ev.gradient(), full, rtol=1e-9, atol=1e-9 * np.abs(full).max())
+
+
+@pytest.mark.parametrize("gram", sorted(GRAMS))
+def test_projected_lbfgs_stays_feasible_and_reports_its_value(gram):
+    n, p = 64, 4
+    G = GRAMS[gram](n)
+    problem = P._Problem(G, p, n, 1)
+    blocks = np.zeros((p, n))
+    blocks[np.arange(n) * p // n, np.arange(n)] = 1.0
+    start = P.pidentity_objective(blocks, G, 1, gradient=False)
+    T, f, iterations = P._projected_lbfgs(problem, blocks, 300)
+    assert np.all(T >= 0) and np.all(T <= P.T_MAX)
+    assert f == pytest.approx(P.pidentity_objective(T, G, 1, gradient=False), rel=1e-10)
+    assert f < start
+    assert 0 < iterations <= 300
+
+
+def test_upper_bound_is_respected_when_the_workload_wants_totals():
+    n = 16
+    G = hdmm.Total(n).gram()
+    T, f = P.optimize_pidentity(G, 1, 1, restarts=1, rng=np.random.default_rng(0), maxiter=200)
+    assert np.all(T <= P.T_MAX) and np.all(T >= 0)
+    assert f < P.pidentity_objective(np.zeros((1, n)), G, 1, gradient=False)
+
+
+def test_warm_start_never_gets_worse():
+    n, p = 96, 6
+    G = GRAMS["prefix"](n)
+    rng = np.random.default_rng(3)
+    T0, f0 = P.optimize_pidentity(G, p, 1, restarts=1, rng=rng, maxiter=40)
+    T1, f1 = P.optimize_pidentity(G, p, 1, restarts=1, rng=rng, maxiter=40, start=T0)
+    assert f1 <= f0 * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("n, published", [(128, 1.80), (256, 2.18)])
+def test_opt0_meets_the_published_prefix_ratio(n, published):
+    # tutorial seed, "Error on Prefix workload": RMSE of Identity over HDMM
+    W = hdmm.Prefix(n)
+    A = hdmm.opt0(W, seed=0)
+    lap = hdmm.PureDP(1.0)
+    ratio = np.sqrt(hdmm.expected_error(W, hdmm.Identity(n), lap) / hdmm.expected_error(W, A, lap))
+    assert ratio >= published
+
+
+def test_default_p():
+    assert [P.default_p(n) for n in (1, 8, 16, 128, 256, 512, 8192)] == [1, 1, 2, 16, 32, 64, 64]
