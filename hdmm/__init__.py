@@ -16,6 +16,7 @@ from .datasets import load_adult
 from .domain import Domain
 from .error import ErrorResult, expected_error, lp_error, per_query_variance, rmse
 from .io import load_strategy, save_strategy
+from .mechanism import Measurement, measure, reconstruct
 from .marginals import AllMarginals, DimKMarginals, Marginal, Marginals, Residuals
 from .matrix import (
     DenseLimitError,
@@ -42,6 +43,7 @@ from .optimizers import (
     optimize,
 )
 from .privacy import ZCDP, ApproxDP, Privacy, PureDP
+from .release import Release, run
 from .kron_union import KronUnion
 from .workload import (
     AllRange,
@@ -62,8 +64,8 @@ __all__ = [
     "AllRange",
     "ApproxDP",
     "DenseLimitError",
-    "DimKMarginals",
     "Diagonal",
+    "DimKMarginals",
     "Domain",
     "ErrorResult",
     "Explicit",
@@ -74,6 +76,7 @@ __all__ = [
     "Marginal",
     "Marginals",
     "Matrix",
+    "Measurement",
     "Ones",
     "OptimizationResult",
     "PIdentity",
@@ -83,6 +86,7 @@ __all__ = [
     "Product",
     "PureDP",
     "Ranges",
+    "Release",
     "Residuals",
     "SVDBound",
     "Sum",
@@ -96,6 +100,7 @@ __all__ = [
     "load_adult",
     "load_strategy",
     "lp_error",
+    "measure",
     "opt0",
     "opt_kron",
     "opt_marginals",
@@ -104,7 +109,9 @@ __all__ = [
     "optimize",
     "per_query_variance",
     "product",
+    "reconstruct",
     "rmse",
+    "run",
     "save_strategy",
     "svd_bound",
     "union",

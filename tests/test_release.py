@@ -1,0 +1,279 @@
+"""End-to-end releases (hdmm.release.run): error statistics, inputs, post-processing, tables."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from scipy.optimize import minimize
+
+import hdmm
+from hdmm import workload as wl
+from hdmm.error import expected_error, per_query_variance
+from hdmm.matrix import Explicit, Identity, Kronecker, Ones, VStack
+from hdmm.privacy import ApproxDP, PureDP, ZCDP
+from hdmm.release import (
+    Release,
+    _union_variance_bound,
+    nonnegative_least_squares,
+    project_nonnegative,
+    round_to_total,
+    run,
+)
+from strategies import SETTINGS
+
+SHAPE = (16, 5, 3)
+DOMAIN = hdmm.Domain(["a", "b", "c"], SHAPE)
+
+
+def small_workload():
+    return wl.union(
+        [
+            wl.product(DOMAIN, {"a": wl.Prefix(16), "b": Identity(5)}),
+            wl.product(DOMAIN, {"b": wl.AllRange(5), "c": Identity(3)}),
+            hdmm.Marginal(DOMAIN, ("a", "c")),
+        ],
+        names=["prefix", "ranges", "marginal"],
+    )
+
+
+W_SMALL = small_workload()
+X_SMALL = np.random.default_rng(7).poisson(4.0, W_SMALL.shape[1]).astype(float)
+
+
+# ====================================================================== error statistics
+def strategy_of(kind: str, privacy):
+    noise = privacy.noise
+    if kind == "kronecker":
+        return hdmm.opt_kron(W_SMALL, noise=noise, seed=0)
+    if kind == "union":
+        return hdmm.opt_union(W_SMALL, noise=noise, seed=0)
+    return hdmm.opt_marginals(W_SMALL, noise=noise, seed=0)
+
+
+@pytest.mark.parametrize("privacy", [PureDP(1.0), ZCDP(0.5)], ids=["laplace", "gaussian"])
+@pytest.mark.parametrize("kind", ["kronecker", "union", "marginals"])
+def test_empirical_error_matches_expected_error(kind, privacy):
+    A = strategy_of(kind, privacy)
+    expected = expected_error(W_SMALL, A, privacy)
+    truth = W_SMALL @ X_SMALL
+    runs = 300
+    errors, coverage = np.empty(runs), np.empty(runs)
+    for r in range(runs):
+        release = run(W_SMALL, X_SMALL, privacy, strategy=A, rng=1000 + r)
+        errors[r] = np.sum((release.answers - truth) ** 2)
+        lower, upper = release.intervals(0.9)
+        coverage[r] = np.mean((lower <= truth) & (truth <= upper))
+    assert release.method == {"kronecker": "kronecker", "union": "lsmr", "marginals": "marginals"}[kind]
+    assert release.variance_exact
+    assert release.expected_error == pytest.approx(float(expected), rel=1e-8)
+    # the mean of `runs` independent squared errors, within 5 of its standard errors
+    standard_error = errors.std(ddof=1) / math.sqrt(runs)
+    assert abs(errors.mean() - expected) <= 5 * standard_error, (errors.mean(), float(expected), standard_error)
+    if privacy.noise == "gaussian":  # exact intervals: coverage 0.9 on average over runs
+        assert abs(coverage.mean() - 0.9) <= 5 * coverage.std(ddof=1) / math.sqrt(runs) + 1e-3
+
+
+# ====================================================================== inputs
+def test_dataframe_input_through_a_domain():
+    dom = hdmm.Domain(["sex", "age"], [2, 10], values={"sex": ["M", "F"]})
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"sex": rng.choice(["M", "F"], 500), "age": rng.integers(0, 10, 500), "other": 1})
+    W = wl.product(dom, {"sex": Identity(2), "age": wl.Prefix(10)})
+    from_records = run(W, df, PureDP(1.0), strategy=Identity(20), domain=dom, rng=3)
+    from_vector = run(W, dom.vectorize(df), PureDP(1.0), strategy=Identity(20), rng=3)
+    np.testing.assert_array_equal(from_records.answers, from_vector.answers)
+    assert from_records.table()["query"].iloc[0] == W.labels[0]
+    assert W.labels[0].startswith("sex=M")
+    with pytest.raises(ValueError, match="pass domain="):
+        run(W, df, PureDP(1.0), strategy=Identity(20))
+    with pytest.raises(ValueError, match="has 6 cells but the workload has 20"):
+        run(W, df, PureDP(1.0), strategy=Identity(20), domain=hdmm.Domain(["sex", "age"], [2, 3]))
+    with pytest.raises(ValueError, match="column 'age' holds codes"):
+        run(W, df.assign(age=df["age"] + 5), PureDP(1.0), strategy=Identity(20), domain=dom)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"data": np.ones(5)}, ValueError, "5 entries but the domain has 240"),
+        ({"data": -X_SMALL}, ValueError, "negative"),
+        ({"data": np.r_[X_SMALL[:-1], np.nan]}, ValueError, "NaN"),
+        ({"data": X_SMALL.reshape(16, 15)}, ValueError, "1-D"),
+        ({"strategy": "best"}, ValueError, "strategy must be 'auto'"),
+        ({"strategy": 3}, TypeError, "strategy must be"),
+        ({"strategy": Identity(7)}, ValueError, "strategy has 7 columns but the workload has 240"),
+        ({"strategy": Ones(1, 240)}, ValueError, "does not support the workload.*prefix"),
+        ({"postprocess": "round"}, ValueError, "postprocess must be one of"),
+        ({"method": "qr"}, ValueError, "unknown reconstruction method"),
+        ({"method": "kronecker", "strategy": VStack([Identity(240), Ones(1, 240)])}, ValueError, "needs a \\(weighted\\) Kronecker"),
+        ({"privacy": 1.0}, TypeError, "privacy must be"),
+        ({"W": np.eye(240)}, TypeError, "workload must be an hdmm matrix"),
+        ({"domain": "abc"}, TypeError, "domain must be an hdmm.Domain"),
+        ({"rng": "seed"}, TypeError, "rng must be"),
+    ],
+)
+def test_run_rejects_bad_input(kwargs, error, match):
+    args = {"W": W_SMALL, "data": X_SMALL, "privacy": PureDP(1.0), "strategy": Identity(240), "rng": 0}
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        run(**args)
+
+
+def test_run_optimizes_and_accepts_optimization_results():
+    auto = run(W_SMALL, X_SMALL, PureDP(1.0), rng=5)
+    again = run(W_SMALL, X_SMALL, PureDP(1.0), rng=5)
+    np.testing.assert_array_equal(auto.answers, again.answers)  # seeded: reproducible
+    assert auto.optimizer in {"identity", "opt_kron", "opt_marginals", "opt_union"}
+    assert auto.timings["optimize"] > 0
+    result = hdmm.optimize(W_SMALL, PureDP(1.0), seed=0)
+    given_result = run(W_SMALL, X_SMALL, PureDP(1.0), strategy=result, rng=5)
+    assert given_result.optimizer == result.optimizer and given_result.strategy is result.strategy
+    user = run(W_SMALL, X_SMALL, PureDP(1.0), strategy=result.strategy, rng=5)
+    assert user.optimizer == "user"
+    np.testing.assert_array_equal(user.answers, given_result.answers)
+    with pytest.warns(UserWarning, match="optimised for laplace noise"):
+        run(W_SMALL, X_SMALL, ZCDP(1.0), strategy=result, rng=5)
+
+
+# ====================================================================== post-processing
+def sparse_release(postprocess):
+    x = np.zeros(240)
+    x[::7] = 3.0
+    A = hdmm.opt_kron(W_SMALL, seed=0)
+    return x, run(W_SMALL, x, PureDP(0.5), strategy=A, rng=11, postprocess=postprocess)
+
+
+@pytest.mark.parametrize("postprocess", ["nonnegative", "integer"])
+def test_postprocessing_keeps_the_total_and_reports_its_change(postprocess):
+    _, plain = sparse_release(None)
+    _, post = sparse_release(postprocess)
+    assert plain.postprocess_change == 0.0
+    np.testing.assert_array_equal(post.unprocessed_answers, plain.answers)  # same seed, same noise
+    np.testing.assert_array_equal(post.std_errors, plain.std_errors)
+    assert np.all(post.estimate >= 0) and np.any(plain.estimate < 0)
+    total = plain.estimate.sum()
+    if postprocess == "nonnegative":
+        assert post.estimate.sum() == pytest.approx(total, rel=1e-9)
+    else:
+        np.testing.assert_array_equal(post.estimate, np.round(post.estimate))
+        assert post.estimate.sum() == round(total)
+    change = np.sqrt(np.mean((post.answers - plain.answers) ** 2))
+    assert post.postprocess_change == pytest.approx(change) and change > 0
+    assert "post-processing" in post.summary() and "unprocessed estimate" in post.summary()
+    table = post.table()
+    assert "unprocessed_answer" in table.columns
+    np.testing.assert_array_equal(table["answer"], post.answers)
+
+
+def test_nonnegative_least_squares_is_optimal():
+    rng = np.random.default_rng(3)
+    A = Explicit(np.abs(rng.standard_normal((9, 6))))
+    xhat = rng.standard_normal(6) + 0.3
+    v = nonnegative_least_squares(A, xhat, noise_std=1.0, tol=1e-9)
+    f = lambda u: 0.5 * float(np.sum((A @ (u - xhat)) ** 2))
+    ref = minimize(f, np.full(6, max(xhat.sum(), 0) / 6), method="SLSQP", bounds=[(0, None)] * 6,
+                   constraints=[{"type": "eq", "fun": lambda u: u.sum() - max(xhat.sum(), 0)}], options={"ftol": 1e-14})
+    assert np.all(v >= 0) and v.sum() == pytest.approx(max(xhat.sum(), 0))
+    assert f(v) <= f(ref.x) + 1e-8
+
+
+@SETTINGS
+@given(st.lists(st.floats(-50, 50), min_size=1, max_size=30), st.one_of(st.just(0.0), st.floats(1e-6, 100)))
+def test_project_nonnegative_is_the_euclidean_projection(values, total):
+    x = np.array(values)
+    v = project_nonnegative(x, total)
+    assert np.all(v >= 0) and v.sum() == pytest.approx(total, abs=1e-9 * max(1.0, total))
+    # the sort-based formula (Duchi et al. 2008), computed independently
+    u = np.sort(x)[::-1]
+    css = np.cumsum(u) - total
+    rho = np.flatnonzero(u - css / np.arange(1, x.size + 1) > 0)
+    if total > 0:
+        theta = css[rho[-1]] / (rho[-1] + 1)
+        np.testing.assert_allclose(v, np.maximum(x - theta, 0), atol=1e-9 * max(1.0, np.abs(x).max()))
+    assert np.all(project_nonnegative(x, -3.0) == 0)
+
+
+@SETTINGS
+@given(st.lists(st.floats(0, 20), min_size=1, max_size=40))
+def test_round_to_total(values):
+    x = np.array(values)
+    r = round_to_total(x)
+    np.testing.assert_array_equal(r, np.round(r))
+    assert r.sum() == round(x.sum()) and np.all(np.abs(r - x) < 1)
+    with pytest.raises(ValueError, match="non-negative"):
+        round_to_total(np.array([-1.0, 2.0]))
+
+
+# ====================================================================== the release object
+def test_release_table_intervals_and_summary():
+    A = hdmm.opt_kron(W_SMALL, noise="gaussian", seed=0)
+    release = run(W_SMALL, X_SMALL, ApproxDP(1.0, 1e-6), strategy=A, rng=2)
+    assert isinstance(release, Release)
+    table = release.table(level=0.9)
+    assert list(table.columns) == ["table", "query", "answer", "std_error", "lower", "upper"]
+    assert len(table) == W_SMALL.shape[0]
+    assert list(table["query"]) == list(W_SMALL.labels)
+    assert table["table"].iloc[0] == "prefix" and table["table"].iloc[-1] == "marginal"
+    assert table.attrs["interval_method"] == "exact (Gaussian noise)" == release.interval_method
+    lower, upper = release.intervals(0.9)
+    np.testing.assert_allclose(upper - lower, 2 * 1.6448536269514722 * release.std_errors)
+    np.testing.assert_allclose(release.std_errors**2, per_query_variance(W_SMALL, A, release.privacy))
+    assert release.privacy_description == ApproxDP(1.0, 1e-6).description
+    assert release.measurement.sensitivity == pytest.approx(A.sensitivity(2))
+    text = release.summary()
+    for piece in ["240 cells", "delta=1e-06", "from user", "reconstructed by kronecker", "seconds:"]:
+        assert piece in text
+    assert repr(release).startswith("Release(") and "RMSE" in repr(release)
+    assert set(release.timings) >= {"optimize", "standard errors", "measure", "reconstruct", "answer"}
+    with pytest.raises(ValueError, match="level"):
+        release.intervals(1.5)
+    laplace = run(W_SMALL, X_SMALL, PureDP(1.0), strategy=A, rng=2)
+    assert laplace.interval_method.startswith("normal approximation (Laplace")
+
+
+def test_union_on_a_large_domain_has_conservative_standard_errors():
+    dom = hdmm.Domain(["a", "b"], [100, 60])  # 6,000 cells: too many for a dense pseudo-inverse
+    W = wl.union([wl.product(dom, {"a": wl.Prefix(100)}), wl.product(dom, {"b": Identity(60)})])
+    A = VStack([Kronecker([wl.Prefix(100), Ones(1, 60)]), Kronecker([Ones(1, 100), Identity(60)]),
+                0.5 * Kronecker([Identity(100), Identity(60)])])
+    x = np.random.default_rng(0).poisson(2.0, dom.size).astype(float)
+    release = run(W, x, PureDP(1.0), strategy=A, rng=0)
+    assert not release.variance_exact and release.method == "lsmr"
+    assert "conservative" in release.interval_method and "upper bound" in release.summary()
+    assert np.all(np.isfinite(release.std_errors))
+    # on a small domain the bound can be checked against the exact variance
+    small = hdmm.Domain(["a", "b"], [10, 6])
+    Ws = wl.union([wl.product(small, {"a": wl.Prefix(10)}), wl.product(small, {"b": Identity(6)})])
+    As = VStack([Kronecker([wl.Prefix(10), Ones(1, 6)]), Kronecker([Ones(1, 10), Identity(6)]),
+                 0.5 * Kronecker([Identity(10), Identity(6)])])
+    exact = per_query_variance(Ws, As, PureDP(1.0))
+    bound = _union_variance_bound(Ws, As, PureDP(1.0))
+    assert np.all(bound >= exact * (1 - 1e-9)) and np.any(bound > exact * 1.01)
+
+
+def test_sf1_smoke():
+    from census_workloads import cph_domain, sf1_persons
+
+    W, dom = sf1_persons(), cph_domain()
+    x = np.random.default_rng(0).poisson(0.6, dom.size).astype(float)
+    start = time.perf_counter()
+    identity = run(W, x, PureDP(1.0), strategy=Identity(dom.size), rng=0)
+    # a cheap rank-deficient Kronecker strategy: relationship is a total in every SF1 table
+    kron = Kronecker([Identity(n) if name != "relationship" else Ones(1, n) for name, n in zip(dom.names, dom.shape)])
+    totals = run(W, x, PureDP(1.0), strategy=kron, rng=0, postprocess="nonnegative")
+    assert time.perf_counter() - start < 60
+    for release in (identity, totals):
+        table = release.table()
+        assert len(table) == 4151 and list(table.columns[:2]) == ["table", "query"]
+        assert table["table"].iloc[0] == "P1" and table["query"].iloc[0] == "P1: total"
+        assert table["table"].iloc[-1] == "PCT12A-O"
+        assert np.all(table["std_error"] > 0)
+    assert totals.method == "kronecker" and totals.rmse < identity.rmse
+    assert totals.estimate.min() >= 0
+    assert abs(totals.answers[0] - x.sum()) < 10 * totals.std_errors[0] + 1
