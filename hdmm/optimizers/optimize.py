@@ -48,7 +48,7 @@ def opt0(W: Matrix, p: int | None = None, noise: str = "laplace", restarts: int 
     """OPT_0: the best strategy for a one-attribute (or small explicit) workload.
 
     Laplace noise: a p-Identity strategy with ``p`` extra queries (default ``n/8``, at
-    most 64), L-BFGS-B from ``restarts`` random starts. Gaussian noise: the global optimum of
+    most 64), projected L-BFGS from ``restarts`` starts. Gaussian noise: the global optimum of
     the convex program (:func:`hdmm.optimizers.convex.solve_convex`) up to 2048 values,
     p-Identity with L2-normalised columns beyond. The identity itself is returned when nothing
     beats it. Multi-attribute workloads are treated as one attribute over the whole domain;

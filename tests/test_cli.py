@@ -1,0 +1,114 @@
+"""The ``hdmm`` command line: the main jobs end to end, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from hdmm.cli import main
+
+SPEC = {
+    "domain": {"age": 8, "sex": ["female", "male"]},
+    "queries": [{"name": "age by sex", "age": "prefix", "sex": "identity"}, {"age": "width-3"}],
+}
+
+
+@pytest.fixture
+def files(tmp_path):
+    """A JSON workload file and a CSV of 500 records over its domain."""
+    workload = tmp_path / "w.json"
+    workload.write_text(json.dumps(SPEC))
+    rng = np.random.default_rng(0)
+    data = tmp_path / "people.csv"
+    pd.DataFrame({"age": rng.integers(0, 8, 500), "sex": rng.choice(["female", "male"], 500)}).to_csv(data, index=False)
+    return tmp_path, str(workload), str(data)
+
+
+def fails(argv, capsys) -> str:
+    """Run the CLI expecting a bad-input failure; returns its one error line."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("hdmm: error: ") and "Traceback" not in "\n".join(err)
+    return err[-1]
+
+
+def test_release_from_files_writes_a_labelled_table(files, capsys):
+    tmp, workload, data = files
+    out = tmp / "release.csv"
+    assert main(["release", "--workload", workload, "--data", data, "--epsilon", "1", "--strategy", "identity",
+                 "--noise-seed", "3", "--output", str(out)]) == 0
+    table = pd.read_csv(out)
+    assert list(table.columns[:4]) == ["table", "query", "answer", "std_error"]
+    assert len(table) == 16 + 6 and table["query"][0] == "age by sex: age=0 & sex=female"
+    assert f"wrote 22 rows to {out}" in capsys.readouterr().out
+
+
+def test_optimize_then_release_and_error_with_the_saved_strategy(files, capsys):
+    tmp, workload, data = files
+    strategy = str(tmp / "s.npz")
+    assert main(["optimize", "--workload", workload, "--rho", "0.5", "--seed", "0", "--output", strategy]) == 0
+    assert "saved to" in capsys.readouterr().out
+    assert main(["release", "--workload", workload, "--data", data, "--rho", "0.5", "--strategy", strategy]) == 0
+    assert "zCDP" in capsys.readouterr().out
+    plot = tmp / "error.png"
+    assert main(["error", "--workload", workload, "--rho", "0.5", "--strategy", strategy, "--plot", str(plot)]) == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "rmse (identity)" in capsys.readouterr().out
+
+
+def test_release_on_built_in_sf1_data(capsys):
+    assert main(["release", "--workload", "sf1", "--epsilon", "1", "--strategy", "identity", "--people", "20000",
+                 "--noise-seed", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "4,151 queries over 492,660 cells" in out and "RMSE against the true answers" in out
+    assert "PCT12A-O" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workload", "sf2", "--epsilon", "1"], "unknown workload 'sf2'"),
+    (["--workload", "sf1", "--epsilon", "-1"], "epsilon"),
+    (["--workload", "sf1", "--epsilon", "nan"], "epsilon"),
+    (["--workload", "sf1", "--epsilon", "1", "--delta", "2"], "delta"),
+    (["--workload", "sf1", "--epsilon", "1", "--rho", "0.5"], "not both"),
+    (["--workload", "sf1"], "give a privacy budget"),
+    (["--workload", "sf1", "--epsilon", "1", "--output", "out.txt"], ".csv or .parquet"),
+    (["--workload", "sf1", "--epsilon", "1", "--data", "adult", "--strategy", "identity"], "adult workload"),
+])
+def test_bad_arguments_give_one_line(argv, message, capsys):
+    assert message in fails(["release", *argv], capsys)
+
+
+def test_bad_data_gives_one_line(files, capsys):
+    tmp, workload, data = files
+    base = ["release", "--workload", workload, "--epsilon", "1", "--strategy", "identity", "--data"]
+    assert "No such file" in fails([*base, str(tmp / "missing.csv")], capsys)
+    assert ".csv or .parquet" in fails([*base, str(tmp / "people.txt")], capsys)
+    pd.DataFrame({"age": [1, 2]}).to_csv(tmp / "nosex.csv", index=False)
+    assert "sex" in fails([*base, str(tmp / "nosex.csv")], capsys)
+    pd.DataFrame({"age": [1, 9], "sex": ["male", "male"]}).to_csv(tmp / "outside.csv", index=False)
+    assert "age" in fails([*base, str(tmp / "outside.csv")], capsys)
+    pd.DataFrame({"age": [1, 2], "sex": ["male", "other"]}).to_csv(tmp / "badlabel.csv", index=False)
+    assert "other" in fails([*base, str(tmp / "badlabel.csv")], capsys)
+    (tmp / "bad.json").write_text("{")
+    assert "not valid JSON" in fails(["release", "--workload", str(tmp / "bad.json"), "--epsilon", "1"], capsys)
+
+
+def test_a_strategy_for_another_domain_is_refused(files, capsys):
+    tmp, workload, data = files
+    strategy = str(tmp / "s.npz")
+    assert main(["optimize", "--workload", workload, "--epsilon", "1", "--seed", "0", "--output", strategy]) == 0
+    capsys.readouterr()
+    message = fails(["release", "--workload", "sf1", "--epsilon", "1", "--strategy", strategy], capsys)
+    assert "16 columns" in message and "hdmm optimize" in message
+
+
+def test_the_console_entry_point_prints_no_traceback():
+    done = subprocess.run([sys.executable, "-m", "hdmm", "release", "--workload", "sf1", "--epsilon", "0"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("hdmm: error:") and "Traceback" not in done.stderr
