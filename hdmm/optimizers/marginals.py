@@ -16,8 +16,11 @@ sparse matrix ``Z`` with ``Z[T, S] = 1/prod_{i in S} n_i``), sensitivity
 :math:`D_1 = \sum_S \theta_S` (Laplace) or :math:`D_2^2 = \sum_S \theta_S^2` (Gaussian), and
 objective :math:`D^2 \sum_T \tau_T/\lambda_T`. With :math:`r = \tau/\lambda^2`,
 :math:`\partial \lambda\text{-part}/\partial\theta_S = -2\theta_S (Z^T r)_S`. Under Gaussian noise
-the objective is convex in :math:`u = \theta^2`. Weights are optimised as
-:math:`\theta = e^z` (positive, so the strategy never loses support mid-search).
+the objective is convex in :math:`u = \theta^2`; under Laplace noise it has many local optima.
+Weights are searched directly over :math:`\theta \ge 0` (L-BFGS-B), so a marginal can drop
+out of the strategy and come back; a step that loses support has infinite objective and is
+refused by the line search. The objective costs only ``O(nnz(Z))``, so small problems get
+at least ``MIN_STARTS`` starts.
 
 **Residuals (Gaussian).** Measuring :math:`\sqrt{\lambda_T} R_T` with :math:`R_T^TR_T = E_T`
 gives :math:`D_2^2 = \sum_T \lambda_T \mathrm{tr}(E_T)` (normalised) and error
@@ -43,9 +46,12 @@ from ..matrix import Matrix
 
 __all__ = ["MarginalsProblem", "optimize_marginal_weights", "opt_marginals_strategy", "residual_strategy"]
 
-#: Weights are searched as ``theta = exp(z)`` with bounds ``|z| <= Z_RANGE`` (a dynamic range
-#: of about 1e26 between marginals, far more than any optimum uses; it keeps ``exp`` finite).
-Z_RANGE = 30.0
+#: Problems whose superset matrix ``Z`` has at most this many non-zeros are cheap: they get at
+#: least ``MIN_STARTS`` starts (Laplace OPT_M's optimum varies a lot between starts).
+CHEAP_NNZ = 100_000
+
+#: Fewest starts for a cheap problem.
+MIN_STARTS = 32
 
 #: Above this many attributes, OPT_M's candidates are the workload's downward closure only.
 ALL_SUBSETS_MAX_DIM = 12
@@ -121,24 +127,22 @@ class MarginalsProblem:
 
 
 def optimize_marginal_weights(problem: MarginalsProblem, norm: int, restarts: int, rng: np.random.Generator):
-    """Minimise the OPT_M objective over ``theta = exp(z)``; returns ``(theta, objective)``."""
+    """Minimise the OPT_M objective over ``theta >= 0``; returns ``(theta, objective)``.
 
-    def fun(z):
-        theta = np.exp(z)
-        value, grad = problem.objective(theta, norm)
-        return value, grad * theta
-
-    best, best_theta = np.inf, None
+    Starts: every candidate weighted equally, (nearly) the full data cube only, then uniform
+    random weights, ``restarts`` in all, or ``MIN_STARTS`` for a cheap problem.
+    """
     k = problem.members.shape[0]
-    # deterministic starts first: every candidate equal, and (nearly) the full data cube only
-    full = np.full(k, -8.0)
-    full[np.argmax(problem.members.sum(axis=1))] = 0.0
-    starts = [np.zeros(k), full] + [rng.normal(0.0, 1.0, size=k) for _ in range(max(0, restarts - 2))]
-    for z0 in starts:
-        result = minimize(fun, z0, jac=True, method="L-BFGS-B", bounds=Bounds(-Z_RANGE, Z_RANGE),
-                          options={"maxiter": 2000})
+    starts = max(restarts, MIN_STARTS) if problem.Z.nnz <= CHEAP_NNZ else max(1, restarts)
+    full = np.full(k, 1e-4)
+    full[np.argmax(problem.members.sum(axis=1))] = 1.0
+    candidates = [np.ones(k), full] + [rng.random(k) for _ in range(starts - 2)]
+    best, best_theta = np.inf, None
+    for theta0 in candidates[:starts]:
+        result = minimize(problem.objective, theta0, args=(norm,), jac=True, method="L-BFGS-B",
+                          bounds=Bounds(0.0, np.inf), options={"maxiter": 2000})
         if result.fun < best:
-            best, best_theta = float(result.fun), np.exp(result.x)
+            best, best_theta = float(result.fun), result.x
     scale = best_theta.sum() if norm == 1 else np.sqrt(best_theta @ best_theta)
     return best_theta / scale, best
 
