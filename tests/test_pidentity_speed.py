@@ -98,4 +98,23 @@ def test_opt0_meets_the_published_prefix_ratio(n, published):
 
 
 def test_default_p():
-    assert [P.default_p(n) for n in (1, 8, 16, 128, 256, 512, 8192)] == [1, 1, 2, 16, 32, 64, 64]
+    assert [P.default_p(n) for n in (1, 8, 16, 128, 256, 512, 1024, 2048, 8192)] == [1, 1, 2, 16, 32, 64, 64, 128, 128]
+
+
+def test_hierarchical_start_is_a_dyadic_tree():
+    T = P.hierarchical_start(10, 7)
+    assert T.shape == (7, 10)
+    # 4 blocks, 2 halves, the total: every level covers each value once, with weight 1/2
+    np.testing.assert_array_equal((T > 0).sum(axis=1), [2, 3, 2, 3, 5, 5, 10])
+    np.testing.assert_allclose(T.sum(axis=0), 1.5)
+    T = P.hierarchical_start(1024, 64)
+    assert (T.sum(axis=1) > 0).sum() == 63 and np.all(T[63] == 0)
+
+
+def test_total_support_check_matches_its_definition():
+    from hdmm.optimizers.kron import _total_supports
+
+    assert _total_supports([hdmm.Total(7), 3.0 * hdmm.Total(7)])
+    assert _total_supports([hdmm.Explicit(np.ones((4, 5)))])
+    assert not _total_supports([hdmm.Total(7), hdmm.Prefix(7)])
+    assert not _total_supports([hdmm.Explicit(np.array([[1.0, 1.0, 1.0 + 1e-2]]))])

@@ -47,8 +47,20 @@ def optimize_factor(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.
 
 
 def _total_supports(factors: list[Matrix]) -> bool:
-    """Whether measuring only the total supports the factors (all rows multiples of 1^T)."""
-    return all(Ones(1, f.shape[1]).gram_pinv_trace(f)[1] for f in factors)
+    r"""Whether measuring only the total supports the factors (all their rows multiples of 1^T).
+
+    That holds exactly when each Gram :math:`G = f^Tf` is a multiple of :math:`11^T`. For a
+    positive semidefinite ``G``, :math:`\mathrm{tr}(G) \ge \lambda_{\max} \ge 1^TG1/n`, with
+    equality exactly then: two cheap numbers rule out every factor that is not nearly a total,
+    and only those left get the exact support test.
+    """
+    for f in factors:
+        G = f.gram()
+        ones = np.ones(G.shape[0])
+        along = float(ones @ (G @ ones)) / G.shape[0]
+        if G.trace() > along * (1.0 + 1e-6) or not Ones(1, f.shape[1]).gram_pinv_trace(f)[1]:
+            return False
+    return True
 
 
 def opt_kron_union(
@@ -80,7 +92,7 @@ def opt_kron_union(
             candidates = [optimize_factor(G_eff, norm, p, restarts if round_ == 0 else 1, rng, strategy[i]),
                           Identity(union.sizes[i])]
             used = [f for f, c in zip(union.factors[i], coef) if c > 0]
-            if union.sizes[i] <= 4096 and _total_supports(used):
+            if _total_supports(used):
                 candidates.append(Ones(1, union.sizes[i]))
             for A in candidates:
                 t = traces_of(i, A)

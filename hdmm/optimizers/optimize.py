@@ -44,11 +44,13 @@ def _check_workload(W: Matrix) -> None:
         raise TypeError(f"the workload must be an hdmm matrix, got {type(W).__name__}")
 
 
-def opt0(W: Matrix, p: int | None = None, noise: str = "laplace", restarts: int = 3, seed=None) -> Matrix:
+def opt0(W: Matrix, p: int | None = None, noise: str = "laplace", restarts: int = 1, seed=None) -> Matrix:
     """OPT_0: the best strategy for a one-attribute (or small explicit) workload.
 
-    Laplace noise: a p-Identity strategy with ``p`` extra queries (default ``n/8``, at
-    most 64), projected L-BFGS from ``restarts`` starts. Gaussian noise: the global optimum of
+    Laplace noise: a p-Identity strategy with ``p`` extra queries (default ``n/8`` up to 64,
+    128 beyond 1024 values; :func:`~hdmm.optimizers.pidentity.default_p`), by projected L-BFGS
+    from a dyadic hierarchy; ``restarts > 1`` adds a block-partition start and random starts
+    (:func:`~hdmm.optimizers.pidentity.optimize_pidentity`). Gaussian noise: the global optimum of
     the convex program (:func:`hdmm.optimizers.convex.solve_convex`) up to 2048 values,
     p-Identity with L2-normalised columns beyond. The identity itself is returned when nothing
     beats it. Multi-attribute workloads are treated as one attribute over the whole domain;
