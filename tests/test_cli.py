@@ -112,3 +112,14 @@ def test_the_console_entry_point_prints_no_traceback():
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stderr.strip().startswith("hdmm: error:") and "Traceback" not in done.stderr
+
+
+def test_parquet_in_and_out(files, capsys):
+    tmp, workload, data = files
+    records = tmp / "people.parquet"
+    pd.read_csv(data).to_parquet(records, index=False)
+    out = tmp / "release.parquet"
+    assert main(["release", "--workload", workload, "--data", str(records), "--epsilon", "1", "--strategy",
+                 "identity", "--output", str(out)]) == 0
+    table = pd.read_parquet(out)
+    assert len(table) == 22 and table["query"][0] == "age by sex: age=0 & sex=female"
