@@ -31,9 +31,10 @@ from .bound import svd_bound
 from .catalog import NamedWorkload, load_workload, named_workload
 from .error import expected_error, per_query_variance
 from .io import load_strategy, save_strategy
-from .matrix import Identity, Matrix, VStack
+from .matrix import Identity, Matrix
 from .optimizers import optimize
 from .privacy import ZCDP, ApproxDP, Privacy, PureDP
+from .release import run, table_names
 
 #: Built-in data sets by name (``--data``).
 BUILT_IN_DATA = ("synthetic", "adult")
@@ -115,17 +116,12 @@ def _strategy(spec: str, named: NamedWorkload, privacy: Privacy, args: argparse.
     return A
 
 
-def _tables(W: Matrix) -> list[tuple[str, slice]]:
-    """The workload's tables (top-level parts of a union) as ``(name, rows)``; one table otherwise."""
-    if isinstance(W, VStack) and W.names is not None:
-        bounds = np.cumsum([0] + [b.shape[0] for b in W.blocks])
-        return [(name, slice(lo, hi)) for name, lo, hi in zip(W.names, bounds[:-1], bounds[1:])]
-    return [("workload", slice(0, W.shape[0]))]
-
-
 def _per_table_rmse(W: Matrix, variance: np.ndarray) -> pd.DataFrame:
-    return pd.DataFrame([{"table": name, "queries": rows.stop - rows.start, "rmse": float(np.sqrt(variance[rows].mean()))}
-                         for name, rows in _tables(W)])
+    """RMSE per table of the workload (its named parts; the whole workload as one table otherwise)."""
+    tables = table_names(W)
+    frame = pd.DataFrame({"table": "workload" if tables is None else tables, "variance": variance})
+    grouped = frame.groupby("table", sort=False)["variance"]
+    return pd.DataFrame({"queries": grouped.size(), "rmse": np.sqrt(grouped.mean())}).reset_index()
 
 
 def _write(table: pd.DataFrame, path: str) -> None:
@@ -147,8 +143,6 @@ def _format(x: float) -> str:
 # ---------------------------------------------------------------------------------- commands
 def release(args: argparse.Namespace) -> None:
     """Measure, reconstruct and answer the workload on the data; write or preview the table."""
-    from .release import run
-
     privacy = _privacy(args)
     if args.output is not None and not args.output.endswith((".csv", ".parquet")):
         raise UsageError(f"--output {args.output}: use a .csv or .parquet file name")

@@ -175,6 +175,13 @@ def _postprocess(measurement: Measurement, estimate: np.ndarray, kind: str) -> n
 
 
 # ====================================================================== the release
+def table_names(W: Matrix) -> np.ndarray | None:
+    """The table each row of ``W`` belongs to, for a union with named parts (e.g. the Census tables), else None."""
+    if isinstance(W, VStack) and W.names is not None:
+        return np.repeat(np.array(W.names, dtype=object), [b.shape[0] for b in W.blocks])
+    return None
+
+
 @dataclass(frozen=True, eq=False)
 class Release:
     r"""A differentially private release of a workload's answers, with its uncertainty.
@@ -304,8 +311,9 @@ class Release:
         lower, upper = self.intervals(level)
         columns: dict[str, Any] = {}
         W = self.workload
-        if isinstance(W, VStack) and W.names is not None:
-            columns["table"] = np.repeat(np.array(W.names, dtype=object), [b.shape[0] for b in W.blocks])
+        tables = table_names(W)
+        if tables is not None:
+            columns["table"] = tables
         columns["query"] = list(W.labels)
         columns["answer"] = self.answers
         columns["std_error"] = self.std_errors
