@@ -118,3 +118,13 @@ def test_total_support_check_matches_its_definition():
     assert _total_supports([hdmm.Explicit(np.ones((4, 5)))])
     assert not _total_supports([hdmm.Total(7), hdmm.Prefix(7)])
     assert not _total_supports([hdmm.Explicit(np.array([[1.0, 1.0, 1.0 + 1e-2]]))])
+
+
+def test_window_test_stops_once_progress_is_slow():
+    n, p = 64, 8
+    G = GRAMS["prefix"](n)
+    start = P.hierarchical_start(n, p)
+    _, f_full, it_full = P._projected_lbfgs(P._Problem(G, p, n, 1), start, 400)
+    _, f_window, it_window = P._projected_lbfgs(P._Problem(G, p, n, 1), start, 400, window_tol=1e-2)
+    assert P.WINDOW <= it_window < it_full
+    assert f_full <= f_window <= f_full * 1.05

@@ -60,12 +60,15 @@ T_MAX = 1e3
 #: Iterations every start runs before all but the best start are dropped.
 PROBE_ITER = 150
 
-#: Default iterations: ``MAXITER_SMALL`` up to ``SMALL_N`` values, ``MAXITER_LARGE`` beyond.
-#: Beyond ``SMALL_N`` an iteration costs milliseconds and, from the hierarchical start, 300
-#: iterations come within 0.3% (in total squared error) of 1000 on prefix and range workloads.
+#: At most this many iterations by default.
+MAXITER = 1000
+
+#: Beyond ``SMALL_N`` values an iteration costs milliseconds, and the search stops once the
+#: last ``WINDOW`` iterations gained less than ``WINDOW_TOL`` of the objective (relative);
+#: smaller domains always run ``MAXITER`` iterations, which are cheap there.
 SMALL_N = 512
-MAXITER_SMALL = 1000
-MAXITER_LARGE = 300
+WINDOW = 100
+WINDOW_TOL = 2e-3
 
 #: Up to this many values a p-Identity strategy evaluates its error through a QR factor.
 STABLE_MAX_N = 2048
@@ -237,7 +240,7 @@ def _two_loop(q: np.ndarray, S: list, Y: list, rho: list) -> np.ndarray:
     return q
 
 
-def _projected_lbfgs(problem: _Problem, T0: np.ndarray, maxiter: int, ftol: float = 1e-10):
+def _projected_lbfgs(problem: _Problem, T0: np.ndarray, maxiter: int, ftol: float = 1e-10, window_tol: float = 0.0):
     r"""Minimise over ``0 <= T <= T_MAX`` by projected L-BFGS on a working set.
 
     Each iteration fixes the entries at a bound whose derivative pushes outwards, takes the
@@ -246,6 +249,10 @@ def _projected_lbfgs(problem: _Problem, T0: np.ndarray, maxiter: int, ftol: floa
     working set becomes: entries that are positive, plus entries with a negative derivative.
     Correction pairs are carried over to a new working set (entries that join it had ``s = 0``,
     so they simply get the initial scaling ``H_0``).
+
+    Stops after ``maxiter`` iterations, after 5 iterations in a row that each gain less than
+    ``ftol`` (relative), or once the last ``WINDOW`` iterations together gained less than
+    ``window_tol`` (relative; 0 turns this test off).
 
     Returns
     -------
@@ -262,6 +269,7 @@ def _projected_lbfgs(problem: _Problem, T0: np.ndarray, maxiter: int, ftol: floa
     x, g = flat[omega], full[omega]
     S, Y, rho = [], [], []
     it, stall = 0, 0
+    history = [f]
     while it < maxiter:
         it += 1
         free = ~(((x <= 0) & (g > 0)) | ((x >= T_MAX) & (g < 0)))
@@ -297,7 +305,8 @@ def _projected_lbfgs(problem: _Problem, T0: np.ndarray, maxiter: int, ftol: floa
         decrease = f - ev_new.value
         x, g, f, ev = x_new, g_new, ev_new.value, ev_new
         stall = stall + 1 if decrease <= ftol * abs(f) else 0
-        if stall >= 5:
+        history.append(f)
+        if stall >= 5 or (it >= WINDOW and history[-WINDOW - 1] - f <= window_tol * abs(f)):
             break
         if it % REFRESH == 0:
             full = ev.gradient().ravel()
@@ -363,12 +372,13 @@ def optimize_pidentity(
     :func:`hierarchical_start` (or ``start``, a warm start, when given), a partition of the
     values into ``p`` blocks of consecutive values, then uniform random in [0, 1). With several
     starts, each first runs ``PROBE_ITER`` iterations and only the best is run on to ``maxiter``
-    iterations (by default ``MAXITER_SMALL`` or ``MAXITER_LARGE``, by domain size), so extra
-    starts cost a probe each, not a full run. Returns the best ``T`` and its objective.
+    iterations (default ``MAXITER``; beyond ``SMALL_N`` values it stops earlier once ``WINDOW``
+    iterations gain less than ``WINDOW_TOL``), so extra starts cost a probe each, not a full
+    run. Returns the best ``T`` and its objective.
     """
     n = G.shape[0]
-    if maxiter is None:
-        maxiter = MAXITER_SMALL if n <= SMALL_N else MAXITER_LARGE
+    maxiter = MAXITER if maxiter is None else maxiter
+    window_tol = WINDOW_TOL if n > SMALL_N else 0.0
     rng = np.random.default_rng() if rng is None else rng
     if p == 0:
         return np.zeros((0, n)), pidentity_objective(np.zeros((0, n)), G, norm, gradient=False)
@@ -380,10 +390,10 @@ def optimize_pidentity(
     starts = starts[:max(1, restarts)]
     probe = min(maxiter, PROBE_ITER) if len(starts) > 1 else maxiter
     with threadpool_limits(limits=1, user_api="blas"):
-        runs = [_projected_lbfgs(problem, T0, probe) for T0 in starts]
+        runs = [_projected_lbfgs(problem, T0, probe, window_tol=window_tol) for T0 in starts]
         T, f, it = min(runs, key=lambda r: r[1])
         if it >= probe and maxiter > probe:
-            T, f, it = _projected_lbfgs(problem, T, maxiter - probe)
+            T, f, it = _projected_lbfgs(problem, T, maxiter - probe, window_tol=window_tol)
     return T, float(f)
 
 
