@@ -34,7 +34,7 @@ def optimize_factor(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.
     """The best one-attribute strategy found for Gram ``G``.
 
     Gaussian noise on up to ``CONVEX_MAX_N`` values: the global optimum of the convex program
-    (:mod:`.convex`). Otherwise a p-Identity strategy (``p`` extra rows, default ``n/8`` up to 64);
+    (:mod:`.convex`). Otherwise a p-Identity strategy (``p`` extra rows, :func:`.pidentity.default_p`);
     ``warm`` (a previous :class:`PIdentity`) seeds one of its starts.
     """
     n = G.shape[0]
