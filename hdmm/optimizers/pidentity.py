@@ -383,11 +383,11 @@ def optimize_pidentity(
     if p == 0:
         return np.zeros((0, n)), pidentity_objective(np.zeros((0, n)), G, norm, gradient=False)
     problem = _Problem(G, p, n, norm)
-    blocks = np.zeros((p, n))
-    blocks[np.arange(n) * p // n, np.arange(n)] = 1.0
-    first = hierarchical_start(n, p) if start is None else np.asarray(start, dtype=float).reshape(p, n)
-    starts = [first, blocks] + [rng.random((p, n)) for _ in range(max(0, restarts - 2))]
-    starts = starts[:max(1, restarts)]
+    starts = [hierarchical_start(n, p) if start is None else np.asarray(start, dtype=float).reshape(p, n)]
+    if restarts >= 2:
+        blocks = np.zeros((p, n))
+        blocks[np.arange(n) * p // n, np.arange(n)] = 1.0
+        starts += [blocks] + [rng.random((p, n)) for _ in range(restarts - 2)]
     probe = min(maxiter, PROBE_ITER) if len(starts) > 1 else maxiter
     with threadpool_limits(limits=1, user_api="blas"):
         runs = [_projected_lbfgs(problem, T0, probe, window_tol=window_tol) for T0 in starts]
