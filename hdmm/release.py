@@ -126,6 +126,7 @@ def nonnegative_least_squares(
     f = 0.5 * float(np.sum((Av - target) ** 2))
     w, Aw, momentum = v, Av, 1.0
     threshold = tol * noise_std * math.sqrt(A.shape[0])
+    change = math.inf  # stays so if no step ever descends
     for _ in range(maxiter):
         step = project_nonnegative(w - (A.T @ (Aw - target)) / L, t)
         A_step = A @ step
