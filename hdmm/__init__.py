@@ -35,6 +35,7 @@ from .matrix import (
 from .optimizers import (
     OptimizationResult,
     PIdentity,
+    SquareRootStrategy,
     opt0,
     opt_kron,
     opt_marginals,
@@ -89,6 +90,7 @@ __all__ = [
     "Release",
     "Residuals",
     "SVDBound",
+    "SquareRootStrategy",
     "Sum",
     "Total",
     "Transpose",

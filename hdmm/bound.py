@@ -103,11 +103,14 @@ def _factor_gram(f: Matrix) -> np.ndarray:
 
 
 def factor_nuclear_norm(f: Matrix) -> float:
-    """``||f||_*`` of a one-attribute factor, from the smaller of its two Grams."""
+    """``||f||_*`` of a one-attribute factor: closed form when its Gram has one, else from the smaller of its two Grams."""
     if isinstance(f, Identity):
         return float(f.shape[0])
     if isinstance(f, Ones):
         return math.sqrt(f.shape[0] * f.shape[1])
+    spectrum = f.gram().spectrum()
+    if spectrum is not None:
+        return float(np.sum(np.sqrt(np.clip(spectrum.values, 0.0, None))))
     m, n = f.shape
     if m < n:
         F = f.dense(max_entries=FACTOR_LIMIT * n)

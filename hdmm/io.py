@@ -17,6 +17,8 @@ import scipy.sparse as sp
 from .marginals import Marginals, Residuals
 from .matrix import Diagonal, Explicit, Identity, Kronecker, Matrix, Ones, Sum, VStack, Weighted
 from .optimizers.pidentity import PIdentity
+from .optimizers.root import SquareRootStrategy
+from .spectral import DenseBasis, SineBasis, Spectrum
 
 __all__ = ["save_strategy", "load_strategy", "FORMAT", "VERSION"]
 
@@ -42,6 +44,12 @@ class _Writer:
             return {"type": "Diagonal", "d": self.array(M.d)}
         if isinstance(M, PIdentity):
             return {"type": "PIdentity", "T": self.array(M.params), "norm": M.norm}
+        if isinstance(M, SquareRootStrategy):
+            basis = M.spectrum.basis
+            node = {"type": "SquareRoot", "values": self.array(M.spectrum.values), "theta": M.theta}
+            if isinstance(basis, SineBasis):
+                return {**node, "sine": basis.kind, "n": basis.n}
+            return {**node, "Q": self.array(basis.Q)}
         if isinstance(M, (Marginals, Residuals)):
             return {"type": type(M).__name__, "domain": M.domain.to_dict(),
                     "members": self.array(M.members), "weights": self.array(M.weights)}
@@ -80,6 +88,9 @@ def _read(node: dict, arrays) -> Matrix:
         return Diagonal(get("d"))
     if kind == "PIdentity":
         return PIdentity(get("T"), node["norm"])
+    if kind == "SquareRoot":
+        basis = SineBasis(node["n"], node["sine"]) if "sine" in node else DenseBasis(get("Q"))
+        return SquareRootStrategy(Spectrum(basis, get("values")), node["theta"])
     if kind in ("Marginals", "Residuals"):
         from .domain import Domain
 

@@ -32,6 +32,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator
+from .spectral import Spectrum
 
 __all__ = [
     "DENSE_LIMIT",
@@ -125,6 +126,8 @@ class Matrix:
 
     __array_ufunc__ = None
     shape: tuple[int, int]
+    #: Whether :meth:`pinv` is structural and cheap at any size (reconstruction uses it directly).
+    fast_pinv: bool = False
 
     # ------------------------------------------------------------------ products with arrays
     def _matmat(self, X: np.ndarray) -> np.ndarray:
@@ -236,6 +239,14 @@ class Matrix:
         """The trace of a square matrix."""
         self._check_square("trace()")
         return float(np.sum(self.diag()))
+
+    def spectrum(self) -> Spectrum | None:
+        r"""A fast eigendecomposition :math:`Q\,\mathrm{diag}(\lambda)\,Q^T` of this symmetric matrix.
+
+        ``None`` unless the structure gives one without a dense eigensolver (the prefix and
+        all-range Grams, their positive multiples and sums of one kind; see :mod:`hdmm.spectral`).
+        """
+        return None
 
     def pinv(self) -> Matrix:
         """The Moore-Penrose pseudo-inverse.
@@ -520,6 +531,8 @@ def _describe_row(row: np.ndarray, name: str | None, values: Sequence | None) ->
 class Identity(Matrix):
     """The ``n x n`` identity: one query per cell."""
 
+    fast_pinv = True
+
     def __init__(self, n: int):
         self.n = _positive_int(n, "n")
         self.shape = (self.n, self.n)
@@ -581,6 +594,8 @@ class Identity(Matrix):
 class Ones(Matrix):
     """The ``m x n`` all-ones matrix; ``Ones(1, n)`` is the single query "total"."""
 
+    fast_pinv = True
+
     def __init__(self, m: int, n: int):
         self.shape = (_positive_int(m, "m"), _positive_int(n, "n"))
 
@@ -637,6 +652,8 @@ class Ones(Matrix):
 
 class Diagonal(Matrix):
     """A diagonal matrix ``diag(d)``."""
+
+    fast_pinv = True
 
     def __init__(self, d):
         d = np.asarray(d, dtype=float)
@@ -893,6 +910,10 @@ class Weighted(Matrix):
     def trace(self):
         return self.weight * self.base.trace()
 
+    def spectrum(self):
+        inner = self.base.spectrum()
+        return None if inner is None else inner.scaled(self.weight)
+
     def pinv(self):
         if self.weight == 0:
             return Weighted(self.base.T, 0.0)
@@ -950,6 +971,15 @@ class Sum(Matrix):
     def trace(self):
         self._check_square("trace()")
         return float(sum(t.trace() for t in self.terms))
+
+    def spectrum(self):
+        total = self.terms[0].spectrum()
+        for t in self.terms[1:]:
+            if total is None:
+                return None
+            part = t.spectrum()
+            total = None if part is None else total.plus(part)
+        return total
 
     def dense(self, max_entries=None):
         _check_dense_size(*self.shape, "dense() of a sum", max_entries)

@@ -35,7 +35,7 @@ from scipy.sparse.linalg import lsmr
 
 from .kron_union import FactorMismatchError, KronUnion
 from .marginals import in_marginal_algebra, trace_spectrum
-from .matrix import Diagonal, Identity, Kronecker, Matrix, Ones, Weighted
+from .matrix import Kronecker, Matrix, Weighted
 from .privacy import Privacy
 
 __all__ = ["Measurement", "measure", "reconstruct", "reconstruction_method", "RECONSTRUCTION_METHODS"]
@@ -212,7 +212,7 @@ def _kronecker_form(A: Matrix) -> Matrix | None:
 
 def _cheap_pinv(f: Matrix) -> bool:
     """Whether ``"auto"`` pseudo-inverts this Kronecker factor: structural, or small enough to do densely."""
-    return isinstance(f, (Identity, Ones, Diagonal)) or f.shape[0] * f.shape[1] <= EXACT_FACTOR_ENTRIES
+    return f.fast_pinv or f.shape[0] * f.shape[1] <= EXACT_FACTOR_ENTRIES
 
 
 def _marginals_union(A: Matrix) -> KronUnion | None:

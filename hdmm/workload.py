@@ -39,6 +39,7 @@ from .matrix import (
     _positive_int,
     _value_label,
 )
+from .spectral import Spectrum
 
 __all__ = [
     "Total",
@@ -201,6 +202,9 @@ class PrefixGram(_SymmetricStructured):
     def diag(self):
         return self.n - np.arange(self.n, dtype=float)
 
+    def spectrum(self):
+        return Spectrum.sine(self.n, "prefix")
+
     def dense(self, max_entries=None):
         _check_dense_size(self.n, self.n, "dense() of a PrefixGram", max_entries)
         i = np.arange(self.n)
@@ -224,6 +228,9 @@ class AllRangeGram(_SymmetricStructured):
     def diag(self):
         i = np.arange(self.n, dtype=float)
         return (i + 1) * (self.n - i)
+
+    def spectrum(self):
+        return Spectrum.sine(self.n, "allrange")
 
     def dense(self, max_entries=None):
         _check_dense_size(self.n, self.n, "dense() of an AllRangeGram", max_entries)

@@ -21,6 +21,7 @@ from ..kron_union import KronUnion
 from ..matrix import Identity, Kronecker, Matrix, Ones, Sum, Weighted
 from .convex import solve_convex
 from .pidentity import PIdentity, default_p, optimize_pidentity
+from .root import SquareRootStrategy
 
 __all__ = ["optimize_factor", "opt_kron_union"]
 
@@ -28,18 +29,26 @@ __all__ = ["optimize_factor", "opt_kron_union"]
 #: Under Gaussian noise, attributes up to this size get the convex program's global optimum.
 CONVEX_MAX_N = 2048
 
+#: Under Gaussian noise, larger attributes get the square-root strategy: with a fast eigenbasis
+#: at any size, else from a dense eigensolver up to this size (7 s at 4096), else p-Identity.
+ROOT_DENSE_MAX_N = 4096
+
 
 def optimize_factor(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.random.Generator,
                     warm: Matrix | None = None) -> Matrix:
     """The best one-attribute strategy found for Gram ``G``.
 
-    Gaussian noise on up to ``CONVEX_MAX_N`` values: the global optimum of the convex program
-    (:mod:`.convex`). Otherwise a p-Identity strategy (``p`` extra rows, :func:`.pidentity.default_p`);
+    Gaussian noise: on up to ``CONVEX_MAX_N`` values the global optimum of the convex program
+    (:mod:`.convex`); beyond, the square-root strategy (:mod:`.root`, within about 2% of the SVD
+    bound on range workloads) when ``G`` has a fast eigenbasis or at most ``ROOT_DENSE_MAX_N``
+    values. Otherwise a p-Identity strategy (``p`` extra rows, :func:`.pidentity.default_p`);
     ``warm`` (a previous :class:`PIdentity`) seeds one of its starts.
     """
     n = G.shape[0]
     if norm == 2 and n <= CONVEX_MAX_N:
         return solve_convex(G.dense()).strategy
+    if norm == 2 and (n <= ROOT_DENSE_MAX_N or G.spectrum() is not None):
+        return SquareRootStrategy.for_gram(G)
     p = default_p(n) if p is None else p
     T, _ = optimize_pidentity(G, p, norm, restarts, rng,
                               start=warm.params if isinstance(warm, PIdentity) and warm.params.shape[0] == p else None)

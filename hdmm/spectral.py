@@ -1,0 +1,232 @@
+r"""Eigendecompositions of workload Grams: dense, or fast for the structured range Grams.
+
+A :class:`Spectrum` is :math:`V = Q\,\mathrm{diag}(\lambda)\,Q^T` with an orthogonal ``Q`` that
+is never formed when it has a fast transform. Two Grams have one in closed form (0-based
+cells ``i, j`` of a domain of ``n`` values):
+
+*All ranges*, :math:`V_{ij} = (\min(i,j)+1)(n-\max(i,j))`. With :math:`a = i + 1`,
+:math:`V = (n+1)K^{-1}` for the second-difference matrix :math:`K = \mathrm{tridiag}(-1, 2, -1)`,
+so
+
+.. math:: Q_{ik} = \sqrt{\tfrac{2}{n+1}}\,\sin\frac{\pi k a}{n+1}, \qquad
+          \lambda_k = \frac{n+1}{4\sin^2\big(\pi k / (2(n+1))\big)}, \qquad k = 1..n,
+
+and ``Q`` (symmetric) is the orthonormal DST-I.
+
+*Prefixes*, :math:`V_{ij} = n - \max(i,j)`. With :math:`a = n - i`, :math:`V_{ij} = \min(a_i, a_j)`,
+the inverse of ``K`` with its last diagonal entry replaced by 1, so
+
+.. math:: Q_{ik} = \tfrac{2}{\sqrt{2n+1}}\,\sin\frac{(2k-1)\pi a}{2n+1}, \qquad
+          \lambda_k = \frac{1}{4\sin^2\big((2k-1)\pi / (2(2n+1))\big)},
+
+the odd frequencies of a DST-I of length ``2n`` (the input padded with ``n`` zeros).
+
+Either way a product with ``Q`` or ``Q^T`` costs :math:`O(n \log n)`, so a function of the Gram
+(:math:`V^{1/2}`, :math:`V^{-1/4}`, ...) is applied without an ``n x n`` matrix. Products of
+sines are sums of cosines, which gives two more closed forms (:meth:`SineBasis.diag_of`,
+:meth:`SineBasis.congruence_norm`): the diagonal of :math:`Q\,\mathrm{diag}(f)\,Q^T` is one
+cosine transform, and :math:`B = Q^T \mathrm{diag}(u)\, Q` is a Toeplitz minus a Hankel
+matrix, :math:`B_{lk} = c_{|l-k|} - c_{l+k}`, from one cosine transform ``c`` of ``u``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import scipy.fft
+import scipy.linalg as la
+
+__all__ = ["Spectrum", "SineBasis", "DenseBasis"]
+
+#: Columns of ``Q`` (or ``Q^T``) formed at once when walking through all of them.
+CHUNK = 512
+
+
+class SineBasis:
+    r"""The orthogonal eigenvectors of the all-range or prefix Gram on ``n`` values (module docstring).
+
+    Parameters
+    ----------
+    n
+        Number of values.
+    kind
+        ``"allrange"`` or ``"prefix"``.
+    """
+
+    def __init__(self, n: int, kind: str):
+        if kind not in ("allrange", "prefix"):
+            raise ValueError(f"kind must be 'allrange' or 'prefix', got {kind!r}")
+        self.n, self.kind = int(n), kind
+
+    def eigenvalues(self) -> np.ndarray:
+        """The Gram's eigenvalue for each basis vector, in basis order (module docstring)."""
+        n = self.n
+        if self.kind == "allrange":
+            return (n + 1) / (4.0 * np.sin(np.pi * np.arange(1, n + 1) / (2 * (n + 1))) ** 2)
+        return 1.0 / (4.0 * np.sin((2 * np.arange(1, n + 1) - 1) * np.pi / (2 * (2 * n + 1))) ** 2)
+
+    def apply(self, Y: np.ndarray) -> np.ndarray:
+        """``Q @ Y`` for an ``n x k`` array ``Y`` (spectral coefficients to cell values)."""
+        n = self.n
+        if self.kind == "allrange":
+            return scipy.fft.dst(Y, type=1, norm="ortho", axis=0)
+        padded = np.zeros((2 * n, Y.shape[1]))
+        padded[0::2] = Y
+        return scipy.fft.dst(padded, type=1, axis=0)[n - 1::-1] / np.sqrt(2 * n + 1)
+
+    def apply_transpose(self, X: np.ndarray) -> np.ndarray:
+        """``Q^T @ X`` for an ``n x k`` array ``X`` (cell values to spectral coefficients)."""
+        n = self.n
+        if self.kind == "allrange":
+            return scipy.fft.dst(X, type=1, norm="ortho", axis=0)
+        padded = np.zeros((2 * n, X.shape[1]))
+        padded[:n] = X[::-1]
+        return scipy.fft.dst(padded, type=1, axis=0)[0::2] / np.sqrt(2 * n + 1)
+
+    def _cosines(self, v: np.ndarray, period: int) -> np.ndarray:
+        r""":math:`\sum_j v_j \cos(2\pi j m / \mathrm{period})` for ``m = 0 .. period - 1`` (one FFT)."""
+        padded = np.zeros(period)
+        padded[: v.size] = v
+        return scipy.fft.fft(padded).real
+
+    def diag_of(self, f: np.ndarray) -> np.ndarray:
+        r""":math:`\mathrm{diag}(Q\,\mathrm{diag}(f)\,Q^T)` in :math:`O(n \log n)`.
+
+        :math:`Q_{ik}^2 = \tfrac{1}{n+1}(1 - \cos\frac{2\pi k a}{n+1})` (all ranges) or
+        :math:`\tfrac{2}{2n+1}(1 - \cos\frac{2\pi(2k-1)a}{2n+1})` (prefixes).
+        """
+        n = self.n
+        if self.kind == "allrange":
+            v = np.concatenate([[0.0], f])                      # frequency k at index k
+            return (f.sum() - self._cosines(v, n + 1)[1 : n + 1]) / (n + 1)
+        v = np.zeros(2 * n)
+        v[1::2] = f                                             # frequency 2k - 1 at index 2k - 1
+        cells = (f.sum() - self._cosines(v, 2 * n + 1)[1 : n + 1]) * 2 / (2 * n + 1)  # a = 1 .. n
+        return cells[::-1]                                      # cell i has a = n - i
+
+    def congruence_norm(self, u: np.ndarray, w: np.ndarray, mu: np.ndarray) -> float:
+        r""":math:`\sum_{lk} w_l\,\mu_k\,B_{lk}^2` for :math:`B = Q^T \mathrm{diag}(u)\, Q`, in :math:`O(n^2)` flops.
+
+        All ranges: :math:`B_{lk} = c_{|l-k|} - c_{l+k}` with
+        :math:`c_m = \tfrac{1}{n+1}\sum_a u_a \cos\frac{\pi m a}{n+1}`; prefixes:
+        :math:`B_{lk} = c_{2|l-k|} - c_{2(l+k-1)}` with
+        :math:`c_m = \tfrac{2}{2n+1}\sum_a u_{n-a} \cos\frac{\pi m a}{2n+1}` (``k, l = 1..n``).
+        """
+        n = self.n
+        k = np.arange(1, n + 1)
+        if self.kind == "allrange":
+            c = self._cosines(np.concatenate([[0.0], u]), 2 * (n + 1)) / (n + 1)
+            gap, far = (lambda l: np.abs(l[:, None] - k)), (lambda l: l[:, None] + k)
+        else:
+            c = self._cosines(np.concatenate([[0.0], u[::-1]]), 2 * (2 * n + 1)) * 2 / (2 * n + 1)
+            gap, far = (lambda l: 2 * np.abs(l[:, None] - k)), (lambda l: 2 * (l[:, None] + k - 1))
+        total = 0.0
+        for lo in range(0, n, CHUNK):
+            l = k[lo : lo + CHUNK]
+            B = c[gap(l)] - c[far(l)]
+            total += float(w[lo : lo + CHUNK] @ (B * B) @ mu)
+        return total
+
+    def rows(self) -> Iterator[tuple[slice, np.ndarray]]:
+        """Blocks ``(cells, Q[cells, :].T)`` covering every row of ``Q``, ``CHUNK`` at a time."""
+        for lo in range(0, self.n, CHUNK):
+            block = slice(lo, min(lo + CHUNK, self.n))
+            E = np.zeros((self.n, block.stop - lo))
+            E[np.arange(lo, block.stop), np.arange(block.stop - lo)] = 1.0
+            yield block, self.apply_transpose(E)
+
+    def columns(self) -> Iterator[tuple[slice, np.ndarray]]:
+        """Blocks ``(indices, Q[:, indices])`` covering every column of ``Q``, ``CHUNK`` at a time."""
+        for lo in range(0, self.n, CHUNK):
+            block = slice(lo, min(lo + CHUNK, self.n))
+            E = np.zeros((self.n, block.stop - lo))
+            E[np.arange(lo, block.stop), np.arange(block.stop - lo)] = 1.0
+            yield block, self.apply(E)
+
+    def same_as(self, other: object) -> bool:
+        return isinstance(other, SineBasis) and (other.n, other.kind) == (self.n, self.kind)
+
+    def __repr__(self) -> str:
+        return f"SineBasis(n={self.n}, {self.kind!r})"
+
+
+class DenseBasis:
+    """An orthogonal ``n x n`` matrix ``Q`` held as a dense array (from a dense eigensolver)."""
+
+    def __init__(self, Q: np.ndarray):
+        self.Q = np.asarray(Q, dtype=float)
+        self.n = self.Q.shape[0]
+
+    def apply(self, Y: np.ndarray) -> np.ndarray:
+        return self.Q @ Y
+
+    def apply_transpose(self, X: np.ndarray) -> np.ndarray:
+        return self.Q.T @ X
+
+    def rows(self) -> Iterator[tuple[slice, np.ndarray]]:
+        for lo in range(0, self.n, CHUNK):
+            block = slice(lo, min(lo + CHUNK, self.n))
+            yield block, self.Q[block].T
+
+    def columns(self) -> Iterator[tuple[slice, np.ndarray]]:
+        for lo in range(0, self.n, CHUNK):
+            block = slice(lo, min(lo + CHUNK, self.n))
+            yield block, self.Q[:, block]
+
+    def diag_of(self, f: np.ndarray) -> np.ndarray:
+        return np.einsum("ik,k,ik->i", self.Q, f, self.Q)
+
+    def congruence_norm(self, u: np.ndarray, w: np.ndarray, mu: np.ndarray) -> float:
+        B = self.Q.T @ (u[:, None] * self.Q)
+        return float(w @ (B * B) @ mu)
+
+    def same_as(self, other: object) -> bool:
+        return other is self
+
+    def __repr__(self) -> str:
+        return f"DenseBasis(n={self.n})"
+
+
+@dataclass(frozen=True)
+class Spectrum:
+    r"""A symmetric matrix :math:`Q\,\mathrm{diag}(\lambda)\,Q^T` with ``Q`` held by ``basis``.
+
+    Attributes
+    ----------
+    basis : SineBasis or DenseBasis
+        The orthogonal eigenvectors, applied by :meth:`~SineBasis.apply` and
+        :meth:`~SineBasis.apply_transpose`.
+    values : numpy.ndarray
+        The eigenvalue of each basis vector, in basis order (not sorted).
+    """
+
+    basis: SineBasis | DenseBasis
+    values: np.ndarray
+
+    @classmethod
+    def of_dense(cls, V: np.ndarray) -> Spectrum:
+        """The eigendecomposition of a dense symmetric matrix (``O(n^3)``)."""
+        values, Q = la.eigh(V, driver="evd", check_finite=False)
+        return cls(DenseBasis(Q), values)
+
+    @classmethod
+    def sine(cls, n: int, kind: str) -> Spectrum:
+        """The closed-form spectrum of the all-range (``"allrange"``) or prefix (``"prefix"``) Gram."""
+        basis = SineBasis(n, kind)
+        return cls(basis, basis.eigenvalues())
+
+    def scaled(self, c: float) -> Spectrum:
+        """The spectrum of ``c`` times this matrix."""
+        return Spectrum(self.basis, c * self.values)
+
+    def plus(self, other: Spectrum) -> Spectrum | None:
+        """The spectrum of the sum, or ``None`` when the two bases differ."""
+        if not self.basis.same_as(other.basis):
+            return None
+        return Spectrum(self.basis, self.values + other.values)
+
+    def function_diag(self, f: np.ndarray) -> np.ndarray:
+        r""":math:`\mathrm{diag}(Q\,\mathrm{diag}(f)\,Q^T)` for values ``f`` (one per eigenvector)."""
+        return self.basis.diag_of(np.asarray(f, dtype=float))

@@ -1,0 +1,138 @@
+"""The closed-form spectra of range Grams and the square-root strategy, against dense numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hdmm
+from hdmm.mechanism import reconstruction_method
+from hdmm.optimizers import kron
+from hdmm.spectral import DenseBasis, SineBasis, Spectrum
+
+KINDS = {"allrange": hdmm.AllRange, "prefix": hdmm.Prefix}
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 40), kind=st.sampled_from(sorted(KINDS)), seed=st.integers(0, 2**31))
+def test_sine_spectrum_is_the_gram_eigendecomposition(n, kind, seed):
+    G = KINDS[kind](n).gram()
+    s = G.spectrum()
+    Q = s.basis.apply(np.eye(n))
+    np.testing.assert_allclose(Q.T @ Q, np.eye(n), atol=1e-12)
+    np.testing.assert_allclose((Q * s.values) @ Q.T, G.dense(), atol=1e-9 * n * n)
+    np.testing.assert_allclose(s.basis.apply_transpose(np.eye(n)), Q.T, atol=1e-12)
+    rng = np.random.default_rng(seed)
+    f, u, w, mu = rng.random((4, n))
+    np.testing.assert_allclose(s.function_diag(f), np.diag((Q * f) @ Q.T), atol=1e-12)
+    B = Q.T @ (u[:, None] * Q)
+    np.testing.assert_allclose(s.basis.congruence_norm(u, w, mu), w @ (B * B) @ mu, rtol=1e-10)
+    dense = DenseBasis(Q)
+    np.testing.assert_allclose(dense.congruence_norm(u, w, mu), w @ (B * B) @ mu, rtol=1e-10)
+    np.testing.assert_allclose(dense.diag_of(f), np.diag((Q * f) @ Q.T), atol=1e-12)
+    for walk, expected in ((s.basis.rows(), Q.T), (s.basis.columns(), Q)):
+        got = np.hstack([block for _, block in walk])
+        np.testing.assert_allclose(got, expected, atol=1e-12)
+
+
+def test_spectra_combine_only_within_one_basis():
+    n = 12
+    P, R = hdmm.Prefix(n).gram(), hdmm.AllRange(n).gram()
+    mixed = (2.0 * P + 3.0 * P).spectrum()
+    np.testing.assert_allclose(mixed.values, 5.0 * P.spectrum().values)
+    assert (P + R).spectrum() is None
+    assert hdmm.WidthKRange(n, 3).gram().spectrum() is None
+    with pytest.raises(ValueError, match="kind"):
+        SineBasis(n, "suffix")
+
+
+WORKLOADS = [hdmm.Prefix(33), hdmm.AllRange(20), hdmm.WidthKRange(30, 4), hdmm.Prefix(16)]
+
+
+@pytest.mark.parametrize("W", WORKLOADS, ids=repr)
+def test_square_root_strategy_matches_its_dense_definition(W):
+    A = hdmm.SquareRootStrategy.for_workload(W)
+    V = W.gram().dense()
+    e, Q = np.linalg.eigh(V)
+    e = np.maximum(e, A.theta)
+    root = (Q * np.sqrt(e)) @ Q.T
+    scale = 1 / np.sqrt(np.diag(root))
+    X = root * np.outer(scale, scale)
+    Ad = A.dense()
+    np.testing.assert_allclose(Ad.T @ Ad, X, atol=1e-10)
+    assert A.sensitivity(2) == pytest.approx(1.0)
+    assert A.sensitivity(1) == pytest.approx(np.abs(Ad).sum(axis=0).max())
+    np.testing.assert_allclose(A.pinv().dense(), np.linalg.inv(Ad), atol=1e-8 * np.abs(np.linalg.inv(Ad)).max())
+    np.testing.assert_allclose(A.pinv().T.dense(), np.linalg.inv(Ad).T, atol=1e-8 * np.abs(np.linalg.inv(Ad)).max())
+    trace, supported = A.gram_pinv_trace(W)
+    assert supported
+    assert trace == pytest.approx(np.trace(np.linalg.solve(X, V)), rel=1e-9)
+    privacy = hdmm.ZCDP(0.5)
+    err = hdmm.expected_error(W, A, privacy)
+    assert float(err) == pytest.approx(np.trace(np.linalg.solve(X, V)) * privacy.noise_scale(1.0) ** 2, rel=1e-8)
+    bound = (np.sqrt(np.linalg.eigvalsh(V).clip(0)).sum()) ** 2 / V.shape[0]
+    assert trace >= bound * (1 - 1e-9)
+    np.testing.assert_allclose(A._gram_inverse[0], np.linalg.inv(X), rtol=1e-8, atol=1e-10)
+
+
+def test_square_root_strategy_rejects_a_bad_spectrum_or_floor():
+    basis = DenseBasis(np.eye(3))
+    for values in ([1.0, np.nan, 1.0], [0.0, 0.0, 0.0], [1.0, -1.0, 2.0], [1.0, 2.0]):
+        with pytest.raises(ValueError):
+            hdmm.SquareRootStrategy(Spectrum(basis, np.array(values)))
+    for theta in (-1.0, np.inf, 0.0):
+        with pytest.raises(ValueError, match="theta"):
+            hdmm.SquareRootStrategy(Spectrum(basis, np.array([0.0, 1.0, 2.0])), theta)
+
+
+def test_the_floor_of_a_singular_gram_is_tuned_to_the_workload():
+    W = hdmm.WidthKRange(64, 8)  # Gram of rank 57
+    G = W.gram()
+    spectrum = Spectrum.of_dense(G.dense())
+    tuned = hdmm.SquareRootStrategy.for_gram(G)
+    assert tuned.theta > 0
+    optimum = hdmm.optimizers.convex.solve_convex(G.dense()).original_objective
+    assert tuned.gram_pinv_trace(W)[0] < 1.01 * optimum
+    mean = spectrum.values.clip(0).mean()
+    for floor in (1e-8, 1e-6, 1e-2, 1e-1):  # the convex solver's 1e-8 costs a factor 3 here
+        fixed = hdmm.SquareRootStrategy(spectrum, floor * mean)
+        assert tuned.gram_pinv_trace(W)[0] <= fixed.gram_pinv_trace(W)[0]
+
+
+@pytest.mark.parametrize("make", [hdmm.Prefix, hdmm.AllRange])
+def test_gaussian_opt0_beyond_the_convex_program_is_near_the_bound_on_large_ranges(make):
+    W = make(4096)
+    A = hdmm.opt0(W, noise="gaussian")
+    assert isinstance(A, hdmm.SquareRootStrategy) and isinstance(A.basis, SineBasis)
+    bound = hdmm.svd_bound(W, hdmm.ZCDP(0.5))
+    err = hdmm.expected_error(W, A, hdmm.ZCDP(0.5))
+    assert 1.0 <= np.sqrt(float(err) / float(bound)) < 1.02
+
+
+def test_gaussian_factor_uses_a_dense_eigensolver_between_the_limits(monkeypatch):
+    monkeypatch.setattr(kron, "CONVEX_MAX_N", 16)
+    W = hdmm.WidthKRange(64, 8)
+    A = hdmm.opt0(W, noise="gaussian")
+    assert isinstance(A, hdmm.SquareRootStrategy) and isinstance(A.basis, DenseBasis)
+    convex = hdmm.optimizers.convex.solve_convex(W.gram().dense())
+    ratio = hdmm.expected_error(W, A, hdmm.ZCDP(1)) / hdmm.expected_error(W, convex.strategy, hdmm.ZCDP(1))
+    assert 1.0 - 1e-9 <= ratio < 1.05
+    monkeypatch.setattr(kron, "ROOT_DENSE_MAX_N", 32)
+    assert isinstance(hdmm.opt0(W, noise="gaussian"), hdmm.PIdentity)
+
+
+def test_square_root_strategy_reconstructs_exactly_and_round_trips(tmp_path):
+    n = 8192
+    W = hdmm.Prefix(n)
+    A = hdmm.SquareRootStrategy.for_workload(W)
+    assert reconstruction_method(A) == "kronecker"
+    x = np.random.default_rng(1).integers(0, 50, n).astype(float)
+    np.testing.assert_allclose(A.pinv() @ (A @ x), x, atol=1e-8)
+    for strategy in (A, hdmm.SquareRootStrategy.for_workload(hdmm.WidthKRange(40, 5))):
+        path = tmp_path / "root.npz"
+        hdmm.save_strategy(strategy, path)
+        loaded, _ = hdmm.load_strategy(path)
+        v = np.random.default_rng(2).random(strategy.shape[1])
+        np.testing.assert_array_equal(loaded @ v, strategy @ v)
