@@ -11,6 +11,7 @@ expected error of a strategy and the SVD lower bound, without any ``N x N`` matr
 10.77
 """
 
+from .block_diagonal import BlockDiagonal
 from .bound import SVDBound, svd_bound
 from .datasets import load_adult
 from .domain import Domain
@@ -64,6 +65,7 @@ __all__ = [
     "AllMarginals",
     "AllRange",
     "ApproxDP",
+    "BlockDiagonal",
     "DenseLimitError",
     "Diagonal",
     "DimKMarginals",

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from .block_diagonal import BlockDiagonal
 from .marginals import Marginals, Residuals
 from .matrix import Diagonal, Explicit, Identity, Kronecker, Matrix, Ones, Sum, VStack, Weighted
 from .optimizers.pidentity import PIdentity
@@ -59,6 +60,8 @@ class _Writer:
                 return {"type": "SparseExplicit", "shape": list(M.shape), "data": self.array(csr.data),
                         "indices": self.array(csr.indices), "indptr": self.array(csr.indptr)}
             return {"type": "Explicit", "matrix": self.array(M.matrix)}
+        if isinstance(M, BlockDiagonal):
+            return {"type": "BlockDiagonal", "copies": M.copies, "block": self.node(M.block)}
         if isinstance(M, Kronecker):
             return {"type": "Kronecker", "factors": [self.node(f) for f in M.factors]}
         if isinstance(M, VStack):
@@ -100,6 +103,8 @@ def _read(node: dict, arrays) -> Matrix:
         return Explicit(sp.csr_array((get("data"), get("indices"), get("indptr")), shape=tuple(node["shape"])))
     if kind == "Explicit":
         return Explicit(get("matrix"))
+    if kind == "BlockDiagonal":
+        return BlockDiagonal(_read(node["block"], arrays), node["copies"])
     if kind == "Kronecker":
         return Kronecker([_read(f, arrays) for f in node["factors"]])
     if kind == "VStack":

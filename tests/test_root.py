@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import hdmm
 from hdmm.mechanism import reconstruction_method
+from hdmm.block_diagonal import fold
 from hdmm.optimizers import kron
 from hdmm.spectral import DenseBasis, SineBasis, Spectrum
 
@@ -136,3 +137,58 @@ def test_square_root_strategy_reconstructs_exactly_and_round_trips(tmp_path):
         loaded, _ = hdmm.load_strategy(path)
         v = np.random.default_rng(2).random(strategy.shape[1])
         np.testing.assert_array_equal(loaded @ v, strategy @ v)
+
+
+# ---------------------------------------------------------------------- block-diagonal strategies
+@pytest.mark.parametrize("block", [hdmm.PIdentity(np.random.default_rng(0).random((3, 8))), hdmm.Prefix(8),
+                                   hdmm.Ones(1, 8)], ids=repr)
+def test_block_diagonal_matches_its_dense_kronecker_form(block):
+    A = hdmm.BlockDiagonal(block, 4)
+    dense = np.kron(np.eye(4), block.dense())
+    np.testing.assert_allclose(A.dense(), dense, atol=1e-12)
+    np.testing.assert_allclose(A.T.dense(), dense.T, atol=1e-12)
+    np.testing.assert_allclose(A.pinv().dense(), np.linalg.pinv(dense), atol=1e-10)
+    for p in (1, 2):
+        assert A.sensitivity(p) == pytest.approx(np.linalg.norm(dense, ord=p, axis=0).max())
+    for W in (hdmm.WidthKRange(32, 5), hdmm.AllRange(32), hdmm.Identity(32)):
+        trace, supported = A.gram_pinv_trace(W)
+        X = dense.T @ dense
+        V = W.gram().dense()
+        Xp = np.linalg.pinv(X)
+        assert supported == bool(np.allclose(V @ Xp @ X, V, atol=1e-8 * np.abs(V).max()))
+        if supported:
+            assert trace == pytest.approx(np.trace(Xp @ V), rel=1e-9)
+
+
+def test_fold_sums_the_diagonal_blocks():
+    for G in (hdmm.Prefix(24).gram(), hdmm.WidthKRange(24, 3).gram()):
+        F = fold(G, 6)
+        D = G.dense()
+        np.testing.assert_allclose(F.dense(), sum(D[b:b + 6, b:b + 6] for b in range(0, 24, 6)), atol=1e-12)
+    assert fold(hdmm.WidthKRange(240, 3).gram(), 60).is_sparse
+    with pytest.raises(ValueError, match="divisible"):
+        fold(hdmm.Prefix(10).gram(), 4)
+
+
+def test_large_local_workloads_get_a_block_diagonal_candidate(monkeypatch, tmp_path):
+    monkeypatch.setattr(kron, "TILE_BLOCK_N", 128)
+    W = hdmm.WidthKRange(512, 3)
+    G = W.gram()
+    rng = np.random.default_rng(0)
+    for norm, privacy in ((1, hdmm.PureDP(1)), (2, hdmm.ZCDP(1))):
+        candidates = kron.factor_candidates(G, norm, None, 1, rng)
+        A = candidates[-1]
+        assert len(candidates) == 2 and isinstance(A, hdmm.BlockDiagonal) and A.copies == 4
+        assert A.sensitivity(norm) == pytest.approx(1.0)
+        dense = A.dense()
+        exact = np.trace(np.linalg.solve(dense.T @ dense, G.dense())) * A.sensitivity(norm) ** 2
+        assert float(hdmm.expected_error(W, A, privacy)) == pytest.approx(
+            exact * privacy.noise_scale(1.0) ** 2 * (2 if norm == 1 else 1), rel=1e-8)
+        best = hdmm.opt0(W, noise="laplace" if norm == 1 else "gaussian", seed=0)
+        assert hdmm.expected_error(W, best, privacy) <= hdmm.expected_error(W, A, privacy) * (1 + 1e-9)
+        path = tmp_path / f"{norm}.npz"
+        hdmm.save_strategy(A, path)
+        loaded, _ = hdmm.load_strategy(path)
+        np.testing.assert_allclose(loaded.dense(), dense)
+    # a global workload folds densely: no block-diagonal candidate
+    assert len(kron.factor_candidates(hdmm.Prefix(512).gram(), 1, None, 1, rng)) == 1

@@ -17,13 +17,14 @@ from typing import Callable
 
 import numpy as np
 
+from ..block_diagonal import BlockDiagonal, fold
 from ..kron_union import KronUnion
 from ..matrix import Identity, Kronecker, Matrix, Ones, Sum, Weighted
 from .convex import solve_convex
 from .pidentity import PIdentity, default_p, optimize_pidentity
 from .root import SquareRootStrategy
 
-__all__ = ["optimize_factor", "opt_kron_union"]
+__all__ = ["optimize_factor", "factor_candidates", "opt_kron_union"]
 
 
 #: Under Gaussian noise, attributes up to this size get the convex program's global optimum.
@@ -32,6 +33,11 @@ CONVEX_MAX_N = 2048
 #: Under Gaussian noise, larger attributes get the square-root strategy: with a fast eigenbasis
 #: at any size, else from a dense eigensolver up to this size (7 s at 4096), else p-Identity.
 ROOT_DENSE_MAX_N = 4096
+
+#: Beyond this many values a block-diagonal candidate joins the search: the same strategy on
+#: blocks of at most this many consecutive values (at least an eighth of it), when the folded
+#: Gram is sparse (a local workload; see :mod:`hdmm.block_diagonal`).
+TILE_BLOCK_N = 2048
 
 
 def optimize_factor(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.random.Generator,
@@ -53,6 +59,38 @@ def optimize_factor(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.
     T, _ = optimize_pidentity(G, p, norm, restarts, rng,
                               start=warm.params if isinstance(warm, PIdentity) and warm.params.shape[0] == p else None)
     return PIdentity(T, norm)
+
+
+def _tile_size(n: int) -> int | None:
+    """The largest divisor of ``n`` in ``[TILE_BLOCK_N / 8, TILE_BLOCK_N]`` below ``n``, if any."""
+    for m in range(min(TILE_BLOCK_N, n - 1), TILE_BLOCK_N // 8 - 1, -1):
+        if n % m == 0:
+            return m
+    return None
+
+
+def factor_candidates(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.random.Generator,
+                      warm: Matrix | None = None) -> list[Matrix]:
+    """Strategies for Gram ``G`` worth comparing: :func:`optimize_factor`'s, and a block-diagonal one.
+
+    Beyond ``TILE_BLOCK_N`` values, ``G`` is folded onto blocks of ``m`` consecutive values
+    (:func:`hdmm.block_diagonal.fold`); when the fold is sparse (only local workloads, whose
+    queries stay within a few cells, have sparse folds), the block strategy is optimized on it
+    (the square-root strategy under Gaussian noise, :func:`optimize_factor` under Laplace) and
+    repeated along the diagonal. The caller keeps whichever candidate has the least exact error.
+    """
+    candidates = [optimize_factor(G, norm, p, restarts, rng, warm)]
+    n = G.shape[0]
+    m = _tile_size(n) if n > TILE_BLOCK_N else None
+    if m is not None:
+        F = fold(G, m)
+        if F.is_sparse:
+            if norm == 2:
+                block = SquareRootStrategy.for_gram(F)
+            else:
+                block = optimize_factor(F, norm, p, restarts, rng, warm.block if isinstance(warm, BlockDiagonal) else None)
+            candidates.append(BlockDiagonal(block, n // m))
+    return candidates
 
 
 def _total_supports(factors: list[Matrix]) -> bool:
@@ -98,8 +136,8 @@ def opt_kron_union(
             others = np.prod(np.delete(union.gather(traces), i, axis=1), axis=1) * w2
             coef = np.bincount(union.index[:, i], weights=others, minlength=len(grams[i]))
             G_eff = Sum([Weighted(G, c) for G, c in zip(grams[i], coef) if c > 0])
-            candidates = [optimize_factor(G_eff, norm, p, restarts if round_ == 0 else 1, rng, strategy[i]),
-                          Identity(union.sizes[i])]
+            candidates = factor_candidates(G_eff, norm, p, restarts if round_ == 0 else 1, rng, strategy[i])
+            candidates.append(Identity(union.sizes[i]))
             used = [f for f, c in zip(union.factors[i], coef) if c > 0]
             if _total_supports(used):
                 candidates.append(Ones(1, union.sizes[i]))

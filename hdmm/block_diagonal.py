@@ -1,0 +1,142 @@
+r"""Block-diagonal strategies: one small strategy repeated on consecutive blocks of a large domain.
+
+Split ``n = B m`` cells into ``B`` blocks of ``m`` consecutive cells and measure each with the
+same ``m``-cell strategy ``A_m``: :math:`A = I_B \otimes A_m`. Then
+:math:`(A^TA)^+ = I_B \otimes X_m^+` with :math:`X_m = A_m^TA_m`, and for any workload Gram ``G``
+
+.. math:: \mathrm{tr}\big((A^TA)^+ G\big) = \mathrm{tr}\big(X_m^+\,\mathrm{fold}_m(G)\big),
+          \qquad \mathrm{fold}_m(G) = \sum_{b=1}^{B} G_{bb},
+
+the sum of the ``m x m`` diagonal blocks of ``G``: the error of ``A`` is the error of ``A_m`` on
+the folded workload, so the best ``A_m`` is an ``m``-cell OPT_0 problem, however large ``n`` is.
+The sensitivity of ``A`` is that of ``A_m``. For local workloads (every query within a few
+cells, such as width-32 ranges) only the few queries that straddle a block edge pay for the
+split, so this is nearly as good as a strategy over the whole domain at a fraction of the cost;
+for global workloads (prefixes, all ranges) it is poor, and the optimizer keeps the better one.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import numpy as np
+import scipy.sparse as sp
+
+from .matrix import FACTOR_DENSE_LIMIT, SUPPORT_TOL, Explicit, KronVector, Matrix, _check_dense_size, _positive_int
+
+__all__ = ["BlockDiagonal", "fold"]
+
+#: A folded Gram with at most this fraction of non-zeros is kept sparse.
+SPARSE_DENSITY = 0.1
+
+#: Columns of ``G`` formed at once while folding.
+CHUNK = 512
+
+
+def fold(G: Matrix, m: int) -> Explicit:
+    r""":math:`\mathrm{fold}_m(G) = \sum_b G_{bb}`, the sum of the ``m x m`` diagonal blocks of ``G``.
+
+    Uses only products of ``G`` with blocks of unit vectors (``n`` columns in all, ``CHUNK`` at a
+    time), so an implicit ``G`` is never made dense. The result is sparse when it is mostly zero.
+
+    Raises
+    ------
+    ValueError
+        When ``G`` is not square or ``m`` does not divide its size.
+    """
+    n = G.shape[0]
+    m = _positive_int(m, "block size m")
+    if G.shape != (n, n) or n % m:
+        raise ValueError(f"cannot fold a {G.shape[0]} x {G.shape[1]} matrix into blocks of {m}: "
+                         "it must be square with a size divisible by m")
+    out = np.zeros((m, m))
+    for start in range(0, n, m):
+        for lo in range(start, start + m, CHUNK):
+            hi = min(lo + CHUNK, start + m)
+            E = np.zeros((n, hi - lo))
+            E[np.arange(lo, hi), np.arange(hi - lo)] = 1.0
+            out[:, lo - start: hi - start] += (G @ E)[start: start + m]
+    out = (out + out.T) / 2
+    if np.count_nonzero(out) <= SPARSE_DENSITY * out.size:
+        return Explicit(sp.csr_array(out))
+    return Explicit(out)
+
+
+class BlockDiagonal(Matrix):
+    r"""``copies`` copies of ``block`` along the diagonal: :math:`I_B \otimes A_m` (module docstring).
+
+    Parameters
+    ----------
+    block
+        The strategy ``A_m`` for one block of ``m`` consecutive cells.
+    copies
+        The number of blocks ``B``; the strategy covers ``B m`` cells.
+    """
+
+    def __init__(self, block: Matrix, copies: int):
+        if not isinstance(block, Matrix):
+            raise TypeError(f"block must be an hdmm matrix, got {type(block).__name__}")
+        self.block = block
+        self.copies = _positive_int(copies, "copies")
+        self.shape = (self.copies * block.shape[0], self.copies * block.shape[1])
+
+    @property
+    def fast_pinv(self) -> bool:
+        return self.block.fast_pinv or self.block.shape[0] * self.block.shape[1] <= FACTOR_DENSE_LIMIT
+
+    def _blocks(self, X: np.ndarray, width: int) -> np.ndarray:
+        """``X`` (``B width x k``) as ``width x (B k)``: one column per (block, column) pair."""
+        k = X.shape[1]
+        return X.reshape(self.copies, width, k).transpose(1, 0, 2).reshape(width, self.copies * k)
+
+    def _unblocks(self, Y: np.ndarray, k: int) -> np.ndarray:
+        return Y.reshape(Y.shape[0], self.copies, k).transpose(1, 0, 2).reshape(-1, k)
+
+    def _matmat(self, X):
+        return self._unblocks(self.block._matmat(self._blocks(X, self.block.shape[1])), X.shape[1])
+
+    def _rmatmat(self, Y):
+        return self._unblocks(self.block._rmatmat(self._blocks(Y, self.block.shape[0])), Y.shape[1])
+
+    @property
+    def T(self):
+        return BlockDiagonal(self.block.T, self.copies)
+
+    def gram(self):
+        return BlockDiagonal(self.block.gram(), self.copies)
+
+    def column_norm_powers(self, p):
+        return KronVector.from_array(np.ones(self.copies)).kron(self.block.column_norm_powers(p))
+
+    def diag(self):
+        return np.tile(self.block.diag(), self.copies)
+
+    def pinv(self):
+        return BlockDiagonal(self.block.pinv(), self.copies)
+
+    def gram_pinv_trace(self, f):
+        r""":math:`\mathrm{tr}(X_m^+\,\mathrm{fold}_m(f^Tf))`, supported when the folded Gram lies in the row space of ``A_m``."""
+        Xp, projector = self.block._gram_inverse
+        F = fold(f.gram(), self.block.shape[1]).dense()
+        total = float(np.trace(F))
+        kept = float(np.sum(F * projector.T))
+        return float(np.sum(F * Xp.T)), total - kept <= SUPPORT_TOL * total
+
+    @cached_property
+    def _gram_inverse(self):
+        n = self.shape[1]
+        _check_dense_size(n, n, "the inverse Gram of a block-diagonal strategy", FACTOR_DENSE_LIMIT)
+        Xp, projector = self.block._gram_inverse
+        eye = np.eye(self.copies)
+        return np.kron(eye, Xp), np.kron(eye, projector)
+
+    def describe(self, row, name=None, values=None):
+        b, r = divmod(row, self.block.shape[0])
+        inner = self.block.describe(r, name, values)
+        return f"block {b}: {inner}" if inner is not None else f"block {b}: total"
+
+    def __repr__(self):
+        return f"BlockDiagonal({self.block!r}, copies={self.copies})"
+
+    def _key(self):
+        return ("BlockDiagonal", self.copies, self.block._key())
