@@ -24,13 +24,29 @@ import scipy.sparse as sp
 
 from .matrix import FACTOR_DENSE_LIMIT, SUPPORT_TOL, Explicit, KronVector, Matrix, _check_dense_size, _positive_int
 
-__all__ = ["BlockDiagonal", "fold"]
+__all__ = ["BlockDiagonal", "fold", "is_local"]
 
 #: A folded Gram with at most this fraction of non-zeros is kept sparse.
 SPARSE_DENSITY = 0.1
 
 #: Columns of ``G`` formed at once while folding.
 CHUNK = 512
+
+
+def is_local(G: Matrix, m: int) -> bool:
+    """Whether ``G`` looks local at block size ``m``: a cheap test before :func:`fold`.
+
+    One product with ``G``: the column at the start of the middle block must have at most
+    ``SPARSE_DENSITY * m`` non-zeros within its block. That column is part of the fold (Gram
+    entries of counting workloads are non-negative, so blocks do not cancel), so a global
+    workload, whose fold is dense, is recognised without folding it.
+    """
+    n = G.shape[0]
+    start = (n // m // 2) * m
+    e = np.zeros((n, 1))
+    e[start] = 1.0
+    column = (G @ e)[start: start + m, 0]
+    return np.count_nonzero(column) <= SPARSE_DENSITY * m
 
 
 def fold(G: Matrix, m: int) -> Explicit:
@@ -53,7 +69,7 @@ def fold(G: Matrix, m: int) -> Explicit:
     for start in range(0, n, m):
         for lo in range(start, start + m, CHUNK):
             hi = min(lo + CHUNK, start + m)
-            E = np.zeros((n, hi - lo))
+            E = np.zeros((n, hi - lo), order="F")  # cumulative sums down columns run contiguously
             E[np.arange(lo, hi), np.arange(hi - lo)] = 1.0
             out[:, lo - start: hi - start] += (G @ E)[start: start + m]
     out = (out + out.T) / 2

@@ -31,13 +31,14 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .domain import Domain
-from .matrix import Explicit, Identity, Kronecker, KronVector, Matrix, Ones, Product, _check_norm
+from .matrix import Identity, Kronecker, KronVector, Matrix, Ones, Product, Weighted, _check_dense_size, _check_norm
 from .kron_union import KronUnion
 
 __all__ = [
     "SubsetProducts",
     "Marginals",
     "Residuals",
+    "Helmert",
     "helmert",
     "Marginal",
     "DimKMarginals",
@@ -193,8 +194,10 @@ def in_marginal_algebra(union: KronUnion) -> bool:
     """
 
     def is_aI_bJ(f: Matrix) -> bool:
-        if isinstance(f, (Identity, Ones)):
+        if isinstance(f, (Identity, Ones, Helmert)):
             return True
+        if isinstance(f, Weighted):
+            return is_aI_bJ(f.base)
         n = f.shape[1]
         if n * n > 2**24:
             return False
@@ -374,6 +377,57 @@ def helmert(n: int) -> np.ndarray:
     return R
 
 
+class Helmert(Matrix):
+    r"""The :func:`helmert` basis as an implicit ``(n - 1) x n`` matrix with ``O(n)`` products.
+
+    With :math:`c_k = y_{k-1}/\sqrt{k(k+1)}`: :math:`(Hx)_{k-1} = (\sum_{j<k} x_j - k x_k)/\sqrt{k(k+1)}`
+    and :math:`(H^Ty)_j = \sum_{k>j} c_k - j c_j`. The rows are orthonormal, so
+    :math:`H^+ = H^T`, and :math:`H^TH = I - J/n`.
+    """
+
+    fast_pinv = True
+
+    def __init__(self, n: int):
+        if int(n) < 1:
+            raise ValueError(f"n must be a positive integer, got {n!r}")
+        self.n = int(n)
+        self.shape = (self.n - 1, self.n)
+        k = np.arange(1, self.n, dtype=float)
+        self._norms = np.sqrt(k * (k + 1))
+
+    def _matmat(self, X):
+        k = np.arange(1, self.n, dtype=float)[:, None]
+        return (np.cumsum(X, axis=0)[:-1] - k * X[1:]) / self._norms[:, None]
+
+    def _rmatmat(self, Y):
+        c = np.zeros((self.n, Y.shape[1]))
+        c[1:] = Y / self._norms[:, None]                        # c_k, k = 1 .. n-1 (c_0 = 0)
+        after = np.cumsum(c[::-1], axis=0)[::-1] - c            # sum over k > j
+        return after - np.arange(self.n, dtype=float)[:, None] * c
+
+    def column_norm_powers(self, p):
+        _check_norm(p)
+        if p == 2:
+            return KronVector.from_array(np.full(self.n, 1.0 - 1.0 / self.n))
+        c = np.zeros(self.n)
+        c[1:] = 1.0 / self._norms
+        after = np.cumsum(c[::-1])[::-1] - c
+        return KronVector.from_array(after + np.arange(self.n) * c)
+
+    def pinv(self):
+        return self.T
+
+    def dense(self, max_entries=None):
+        _check_dense_size(*self.shape, "dense() of a Helmert basis", max_entries)
+        return helmert(self.n)
+
+    def describe(self, row, name=None, values=None):
+        return f"{name or 'value'}: contrast {row + 1}"
+
+    def __repr__(self):
+        return f"Helmert(n={self.n})"
+
+
 class Residuals(SubsetProducts):
     r"""Residual measurements: for each subset ``T`` the queries :math:`\sqrt{\lambda_T}\,R_T`
     with :math:`R_T = \bigotimes_{i \in T} H_i \bigotimes_{i \notin T} 1^T/\sqrt{n_i}`
@@ -386,7 +440,7 @@ class Residuals(SubsetProducts):
     """
 
     def _attribute_factors(self, n):
-        return Explicit(np.full((1, n), 1.0 / np.sqrt(n))), Explicit(helmert(n))
+        return Weighted(Ones(1, n), 1.0 / np.sqrt(n)), Helmert(n)
 
     def column_norm_powers(self, p):
         if p == 1:

@@ -188,16 +188,12 @@ class _SymmetricStructured(Matrix):
 class PrefixGram(_SymmetricStructured):
     r"""Gram of the prefix workload: :math:`G_{ij} = n - \max(i, j)`.
 
-    :math:`(Gx)_i = (n - i) \sum_{j \le i} x_j + \sum_{j > i} (n - j) x_j`.
+    :math:`G = P^TP` for the prefix-sum matrix ``P``, so :math:`Gx` is a cumulative sum followed
+    by a reversed one: :math:`(Gx)_i = \sum_{k \ge i} \sum_{j \le k} x_j`.
     """
 
     def _matmat(self, X):
-        n = self.n
-        idx = np.arange(n, dtype=float)[:, None]
-        head = np.cumsum(X, axis=0)
-        tail = np.cumsum(((n - idx) * X)[::-1], axis=0)[::-1]
-        tail = np.vstack([tail[1:], np.zeros((1, X.shape[1]))])
-        return (n - idx) * head + tail
+        return np.cumsum(np.cumsum(X, axis=0)[::-1], axis=0)[::-1]
 
     def diag(self):
         return self.n - np.arange(self.n, dtype=float)

@@ -178,7 +178,8 @@ def test_large_local_workloads_get_a_block_diagonal_candidate(monkeypatch, tmp_p
     for norm, privacy in ((1, hdmm.PureDP(1)), (2, hdmm.ZCDP(1))):
         candidates = kron.factor_candidates(G, norm, None, 1, rng)
         A = candidates[-1]
-        assert len(candidates) == 2 and isinstance(A, hdmm.BlockDiagonal) and A.copies == 4
+        # under Laplace noise the blocks replace a whole-domain p-Identity; the convex optimum stays
+        assert len(candidates) == norm and isinstance(A, hdmm.BlockDiagonal) and A.copies == 4
         assert A.sensitivity(norm) == pytest.approx(1.0)
         dense = A.dense()
         exact = np.trace(np.linalg.solve(dense.T @ dense, G.dense())) * A.sensitivity(norm) ** 2
@@ -192,3 +193,16 @@ def test_large_local_workloads_get_a_block_diagonal_candidate(monkeypatch, tmp_p
         np.testing.assert_allclose(loaded.dense(), dense)
     # a global workload folds densely: no block-diagonal candidate
     assert len(kron.factor_candidates(hdmm.Prefix(512).gram(), 1, None, 1, rng)) == 1
+
+
+@pytest.mark.parametrize("W", [hdmm.Prefix(40), hdmm.WidthKRange(40, 6), hdmm.AllRange(12)], ids=repr)
+def test_square_root_per_query_variances_match_dense(W):
+    A = hdmm.SquareRootStrategy.for_workload(W)
+    dense = A.dense()
+    Wd = W.dense()
+    expected = np.einsum("ij,ij->i", Wd @ np.linalg.inv(dense.T @ dense), Wd)
+    variances, unsupported, nonzero = A.gram_pinv_rows(W)
+    np.testing.assert_allclose(variances, expected, rtol=1e-9)
+    assert not unsupported.any() and nonzero.all()
+    np.testing.assert_allclose(hdmm.per_query_variance(W, A, hdmm.ZCDP(1)), expected * hdmm.ZCDP(1).noise_scale(1.0) ** 2,
+                               rtol=1e-8)

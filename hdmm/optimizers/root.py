@@ -43,7 +43,7 @@ from functools import cached_property
 import numpy as np
 
 from ..matrix import FACTOR_DENSE_LIMIT, KronVector, Matrix, _check_dense_size, _check_norm
-from ..spectral import Spectrum
+from ..spectral import CHUNK, Spectrum
 from .convex import SINGULAR_TOL
 
 __all__ = ["SquareRootStrategy"]
@@ -56,6 +56,9 @@ LOG_THETA_RANGE = (-6.0, -1.0)
 
 #: Golden-section steps of that search (the bracket shrinks to 0.618**STEPS of its width).
 THETA_STEPS = 10
+
+#: Per-query variances walk the workload's rows when it has at most this many queries per cell.
+ROW_WALK = 4
 
 
 def is_singular(values: np.ndarray) -> bool:
@@ -149,11 +152,14 @@ class SquareRootStrategy(Matrix):
         return self.scale[:, None] * self.basis.apply(self.quarter[:, None] * Y)
 
     def column_norm_powers(self, p):
+        """Squared L2 column norms: :math:`s_j^2 R_{jj}` (1 up to rounding; one diagonal). L1: a walk over the rows of ``Q``."""
         _check_norm(p)
+        if p == 2:
+            return KronVector.from_array(self.scale**2 * self.basis.diag_of(np.sqrt(self.values)))
         out = np.empty(self.shape[1])
         for cells, Qt in self.basis.rows():  # Qt[k, j] = Q[j, k]: column j of A is s_j lambda^{1/4} Q[j, :]
-            out[cells] = self.quarter**p @ (np.abs(Qt) ** p)
-        return KronVector.from_array(out * self.scale**p)
+            out[cells] = self.quarter @ np.abs(Qt)
+        return KronVector.from_array(out * self.scale)
 
     def gram_pinv_trace(self, f):
         """``(tr(X^{-1} f^T f), True)``: ``X`` is positive definite, so every workload is supported."""
@@ -176,6 +182,28 @@ class SquareRootStrategy(Matrix):
             Y = Q / self.scale[:, None]
             total += float(inverse_root[block] @ np.einsum("ij,ij->j", Y, G @ Y))
         return total
+
+    def gram_pinv_rows(self, f):
+        r"""Per query ``w`` of ``f``: :math:`w^TX^{-1}w = \|A^{-T}w\|^2`, all supported, and whether ``w`` is non-zero.
+
+        Up to ``ROW_WALK`` queries per cell the rows of ``f`` are taken ``CHUNK`` at a time and
+        mapped through :math:`A^{-T} = \Lambda^{-1/4}Q^TS^{-1}` (no ``n x n`` matrix); more
+        queries (all ranges) go through the dense inverse Gram and ``f.quadratic_diag``.
+        """
+        m, n = f.shape
+        if m > ROW_WALK * n:
+            return super().gram_pinv_rows(f)
+        inverse_transpose = self.pinv().T
+        variances, norms = np.empty(m), np.empty(m)
+        for lo in range(0, m, CHUNK):
+            hi = min(lo + CHUNK, m)
+            E = np.zeros((m, hi - lo))
+            E[np.arange(lo, hi), np.arange(hi - lo)] = 1.0
+            rows = f.T @ E                                      # rows lo..hi of f, as columns
+            Z = inverse_transpose @ rows
+            variances[lo:hi] = np.einsum("ij,ij->j", Z, Z)
+            norms[lo:hi] = np.einsum("ij,ij->j", rows, rows)
+        return variances, np.zeros(m, dtype=bool), norms > 0
 
     @cached_property
     def _gram_inverse(self):
