@@ -57,6 +57,8 @@ def method_name(A: hdmm.Matrix) -> str:
         return "square root"
     if isinstance(A, hdmm.PIdentity):
         return "p-Identity"
+    if isinstance(A, hdmm.BlockDiagonal):
+        return f"{method_name(A.block)}, {A.copies} blocks"
     return repr(A)
 
 

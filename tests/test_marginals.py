@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import hdmm
 from hdmm.domain import Domain
 from hdmm.marginals import AllMarginals, DimKMarginals, Marginal, Marginals
 from hdmm.matrix import Identity, Kronecker, VStack
@@ -169,3 +170,24 @@ def test_three_way_marginals_over_100_attributes_build_quickly():
     K = DimKMarginals(dom, 3)
     assert K.members.shape[0] == math.comb(100, 3)
     print(f"\nAllMarginals(100 attributes, 3) built in {built:.2f} s")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10])
+def test_helmert_matrix_matches_the_dense_basis(n):
+    from hdmm.marginals import Helmert, helmert
+
+    H, D = Helmert(n), helmert(n)
+    np.testing.assert_allclose(H @ np.eye(n), D, atol=1e-12)
+    if n > 1:
+        np.testing.assert_allclose(H.T @ np.eye(n - 1), D.T, atol=1e-12)
+        np.testing.assert_allclose(H.pinv().dense(), np.linalg.pinv(D), atol=1e-12)
+    for p in (1, 2):
+        np.testing.assert_allclose(H.column_norm_powers(p).to_array(), (np.abs(D) ** p).sum(axis=0), atol=1e-12)
+
+
+def test_residuals_on_a_large_attribute_stay_implicit_and_exact():
+    W = hdmm.Prefix(8192)
+    result = hdmm.optimize(W, hdmm.ZCDP(0.5), seed=0)  # used to densify the residual basis and fail
+    assert isinstance(result.strategy.factors[0], hdmm.SquareRootStrategy)
+    residual = result.report.set_index("optimizer").loc["residual"]
+    assert residual["exact"] and np.isfinite(residual["total squared error"])
