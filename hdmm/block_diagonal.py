@@ -17,20 +17,16 @@ for global workloads (prefixes, all ranges) it is poor, and the optimizer keeps 
 
 from __future__ import annotations
 
-from functools import cached_property
-
 import numpy as np
 import scipy.sparse as sp
 
 from .matrix import FACTOR_DENSE_LIMIT, SUPPORT_TOL, Explicit, KronVector, Matrix, _check_dense_size, _positive_int
+from .spectral import ROW_WALK, blocks, unit_columns
 
 __all__ = ["BlockDiagonal", "fold", "is_local"]
 
 #: A folded Gram with at most this fraction of non-zeros is kept sparse.
 SPARSE_DENSITY = 0.1
-
-#: Columns of ``G`` formed at once while folding.
-CHUNK = 512
 
 
 def is_local(G: Matrix, m: int) -> bool:
@@ -42,18 +38,18 @@ def is_local(G: Matrix, m: int) -> bool:
     workload, whose fold is dense, is recognised without folding it.
     """
     n = G.shape[0]
+    m = _positive_int(m, "block size m")
     start = (n // m // 2) * m
-    e = np.zeros((n, 1))
-    e[start] = 1.0
-    column = (G @ e)[start: start + m, 0]
+    column = (G @ unit_columns(n, slice(start, start + 1)))[start: start + m, 0]
     return np.count_nonzero(column) <= SPARSE_DENSITY * m
 
 
 def fold(G: Matrix, m: int) -> Explicit:
     r""":math:`\mathrm{fold}_m(G) = \sum_b G_{bb}`, the sum of the ``m x m`` diagonal blocks of ``G``.
 
-    Uses only products of ``G`` with blocks of unit vectors (``n`` columns in all, ``CHUNK`` at a
-    time), so an implicit ``G`` is never made dense. The result is sparse when it is mostly zero.
+    Uses only products of ``G`` with blocks of unit vectors (``n`` columns in all, in blocks of
+    :func:`hdmm.spectral.blocks`), so an implicit ``G`` is never made dense. The result is sparse
+    when it is mostly zero.
 
     Raises
     ------
@@ -67,11 +63,9 @@ def fold(G: Matrix, m: int) -> Explicit:
                          "it must be square with a size divisible by m")
     out = np.zeros((m, m))
     for start in range(0, n, m):
-        for lo in range(start, start + m, CHUNK):
-            hi = min(lo + CHUNK, start + m)
-            E = np.zeros((n, hi - lo), order="F")  # cumulative sums down columns run contiguously
-            E[np.arange(lo, hi), np.arange(hi - lo)] = 1.0
-            out[:, lo - start: hi - start] += (G @ E)[start: start + m]
+        for block in blocks(m, n):
+            columns = slice(start + block.start, start + block.stop)
+            out[:, block] += (G @ unit_columns(n, columns))[start: start + m]
     out = (out + out.T) / 2
     if np.count_nonzero(out) <= SPARSE_DENSITY * out.size:
         return Explicit(sp.csr_array(out))
@@ -98,7 +92,10 @@ class BlockDiagonal(Matrix):
 
     @property
     def fast_pinv(self) -> bool:
-        return self.block.fast_pinv or self.block.shape[0] * self.block.shape[1] <= FACTOR_DENSE_LIMIT
+        """Whether the block's pseudo-inverse is cheap (structural, or small enough to form densely)."""
+        from .mechanism import EXACT_FACTOR_ENTRIES
+
+        return self.block.fast_pinv or self.block.shape[0] * self.block.shape[1] <= EXACT_FACTOR_ENTRIES
 
     def _blocks(self, X: np.ndarray, width: int) -> np.ndarray:
         """``X`` (``B width x k``) as ``width x (B k)``: one column per (block, column) pair."""
@@ -130,26 +127,54 @@ class BlockDiagonal(Matrix):
     def pinv(self):
         return BlockDiagonal(self.block.pinv(), self.copies)
 
+    def _check_width(self, f: Matrix) -> None:
+        if f.shape[1] != self.shape[1]:
+            raise ValueError(f"the workload has {f.shape[1]:,} cells but the strategy has {self.shape[1]:,}")
+
     def gram_pinv_trace(self, f):
         r""":math:`\mathrm{tr}(X_m^+\,\mathrm{fold}_m(f^Tf))`, supported when the folded Gram lies in the row space of ``A_m``."""
+        self._check_width(f)
         Xp, projector = self.block._gram_inverse
         F = fold(f.gram(), self.block.shape[1]).dense()
         total = float(np.trace(F))
         kept = float(np.sum(F * projector.T))
         return float(np.sum(F * Xp.T)), total - kept <= SUPPORT_TOL * total
 
-    @cached_property
-    def _gram_inverse(self):
-        n = self.shape[1]
-        _check_dense_size(n, n, "the inverse Gram of a block-diagonal strategy", FACTOR_DENSE_LIMIT)
+    def gram_pinv_rows(self, f):
+        r"""Per query ``w`` of ``f`` (split into blocks :math:`w_b`): :math:`\sum_b w_b^T X_m^+ w_b`, support, non-zero.
+
+        Up to ``ROW_WALK`` queries per cell the rows of ``f`` are walked in blocks
+        (:func:`hdmm.spectral.blocks`), in ``O(n + m^2)`` memory per block; more queries (all
+        ranges) go through ``f.quadratic_diag`` of the dense block-diagonal inverse Gram.
+        """
+        self._check_width(f)
         Xp, projector = self.block._gram_inverse
-        eye = np.eye(self.copies)
-        return np.kron(eye, Xp), np.kron(eye, projector)
+        residual_projector = np.eye(projector.shape[0]) - projector
+        rows, n = f.shape
+        if rows > ROW_WALK * n:
+            _check_dense_size(n, n, "per-query variances of a block-diagonal strategy", FACTOR_DENSE_LIMIT)
+            eye = np.eye(self.copies)
+            norms = f.quadratic_diag(np.eye(n))
+            residual = f.quadratic_diag(np.kron(eye, residual_projector))
+            return f.quadratic_diag(np.kron(eye, Xp)), residual > SUPPORT_TOL * norms, norms > 0
+        variances, residual, norms = np.empty(rows), np.empty(rows), np.empty(rows)
+        width = self.block.shape[1]
+        for block in blocks(rows, n):
+            k = block.stop - block.start
+            W = self._blocks(f.T @ unit_columns(rows, block), width)  # m x (B k): one column per (block, query)
+            per = lambda M: np.einsum("ij,ij->j", W, M @ W).reshape(self.copies, k).sum(axis=0)  # noqa: E731
+            variances[block], residual[block] = per(Xp), per(residual_projector)
+            norms[block] = np.einsum("ij,ij->j", W, W).reshape(self.copies, k).sum(axis=0)
+        return variances, residual > SUPPORT_TOL * norms, norms > 0
 
     def describe(self, row, name=None, values=None):
+        """The block's query, on the cells of its block (labelled by ``values``, else by index)."""
         b, r = divmod(row, self.block.shape[0])
-        inner = self.block.describe(r, name, values)
-        return f"block {b}: {inner}" if inner is not None else f"block {b}: total"
+        m = self.block.shape[1]
+        cells = range(b * m, (b + 1) * m)
+        labels = [values[c] for c in cells] if values is not None else list(cells)
+        inner = self.block.describe(r, name, labels)
+        return inner if inner is not None else f"{name or 'value'} in [{labels[0]}, {labels[-1]}]"
 
     def __repr__(self):
         return f"BlockDiagonal({self.block!r}, copies={self.copies})"

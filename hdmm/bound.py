@@ -128,11 +128,20 @@ def _band(G: Matrix) -> np.ndarray | None:
 
 
 def factor_nuclear_norm(f: Matrix) -> float:
-    """``||f||_*`` of a one-attribute factor: closed form when its Gram has one, else from the smaller of its two Grams."""
+    """``||f||_*`` of a one-attribute factor.
+
+    Identities and totals in closed form; a factor with at most half as many rows as columns from
+    its small row Gram :math:`ff^T`; otherwise from its Gram :math:`f^Tf`, by its closed-form
+    spectrum (prefixes, all ranges), as a band (ranges of bounded width), or densely.
+    """
     if isinstance(f, Identity):
         return float(f.shape[0])
     if isinstance(f, Ones):
         return math.sqrt(f.shape[0] * f.shape[1])
+    m, n = f.shape
+    if 2 * m <= n:
+        F = f.dense(max_entries=FACTOR_LIMIT * n)
+        return _eig_sqrt_sum(F @ F.T)
     G = f.gram()
     spectrum = G.spectrum()
     if spectrum is not None:
@@ -140,11 +149,7 @@ def factor_nuclear_norm(f: Matrix) -> float:
     band = _band(G)
     if band is not None:
         return float(np.sum(np.sqrt(np.clip(scipy.linalg.eigvals_banded(band, check_finite=False), 0.0, None))))
-    m, n = f.shape
-    if m < n:
-        F = f.dense(max_entries=FACTOR_LIMIT * n)
-        return _eig_sqrt_sum(F @ F.T)
-    return _eig_sqrt_sum(_factor_gram(f))
+    return _eig_sqrt_sum(G.dense(max_entries=FACTOR_LIMIT**2))
 
 
 @dataclass

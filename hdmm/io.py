@@ -46,8 +46,8 @@ class _Writer:
         if isinstance(M, PIdentity):
             return {"type": "PIdentity", "T": self.array(M.params), "norm": M.norm}
         if isinstance(M, SquareRootStrategy):
-            basis = M.spectrum.basis
-            node = {"type": "SquareRoot", "values": self.array(M.spectrum.values), "theta": M.theta}
+            basis = M.gram_spectrum.basis
+            node = {"type": "SquareRoot", "values": self.array(M.gram_spectrum.values), "theta": M.theta}
             if isinstance(basis, SineBasis):
                 return {**node, "sine": basis.kind, "n": basis.n}
             return {**node, "Q": self.array(basis.Q)}

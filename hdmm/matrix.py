@@ -243,8 +243,9 @@ class Matrix:
     def spectrum(self) -> Spectrum | None:
         r"""A fast eigendecomposition :math:`Q\,\mathrm{diag}(\lambda)\,Q^T` of this symmetric matrix.
 
-        ``None`` unless the structure gives one without a dense eigensolver (the prefix and
-        all-range Grams, their positive multiples and sums of one kind; see :mod:`hdmm.spectral`).
+        ``None`` unless the structure gives one without a dense eigensolver: the prefix and
+        all-range Grams (:mod:`hdmm.spectral`), their multiples, and sums of terms in one basis
+        plus multiples of the identity (e.g. the Gram of prefixes stacked on the identity).
         """
         return None
 
@@ -973,13 +974,17 @@ class Sum(Matrix):
         return float(sum(t.trace() for t in self.terms))
 
     def spectrum(self):
-        total = self.terms[0].spectrum()
-        for t in self.terms[1:]:
+        shift, total = 0.0, None
+        for t in self.terms:
+            base, weight = (t.base, t.weight) if isinstance(t, Weighted) else (t, 1.0)
+            if isinstance(base, Identity):
+                shift += weight  # diagonal in every basis
+                continue
+            part = t.spectrum()
+            total = part if total is None or part is None else total.plus(part)
             if total is None:
                 return None
-            part = t.spectrum()
-            total = None if part is None else total.plus(part)
-        return total
+        return None if total is None else total.shifted(shift)
 
     def dense(self, max_entries=None):
         _check_dense_size(*self.shape, "dense() of a sum", max_entries)

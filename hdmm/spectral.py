@@ -38,19 +38,42 @@ import numpy as np
 import scipy.fft
 import scipy.linalg as la
 
-__all__ = ["Spectrum", "SineBasis", "DenseBasis"]
+__all__ = ["Spectrum", "SineBasis", "DenseBasis", "ROW_WALK", "blocks", "unit_columns"]
 
-#: Columns of ``Q`` (or ``Q^T``) formed at once when walking through all of them.
-CHUNK = 512
+#: Entries of one block of columns (of ``Q``, of a workload, of an identity) formed at once when
+#: walking through ``n`` of them: 16 MB, so the walks need ``O(n)`` memory, not ``O(n^2)``.
+BLOCK_ENTRIES = 2**21
+
+
+#: Per-query variances walk a workload's rows in blocks when it has at most this many queries
+#: per cell; beyond (all ranges: n^2 / 2 queries) a dense inverse Gram and ``quadratic_diag`` win.
+ROW_WALK = 4
+
+
+def blocks(n: int, length: int | None = None) -> Iterator[slice]:
+    """Consecutive slices covering ``range(n)``, each ``BLOCK_ENTRIES / length`` long (``length`` defaults to ``n``)."""
+    step = max(1, BLOCK_ENTRIES // max(1, n if length is None else length))
+    for lo in range(0, n, step):
+        yield slice(lo, min(lo + step, n))
+
+
+def unit_columns(n: int, block: slice) -> np.ndarray:
+    """The columns ``block`` of the ``n x n`` identity, as a Fortran-ordered ``n x k`` array."""
+    k = block.stop - block.start
+    E = np.zeros((n, k), order="F")
+    E[np.arange(block.start, block.stop), np.arange(k)] = 1.0
+    return E
 
 
 class SineBasis:
     r"""The orthogonal eigenvectors of the all-range or prefix Gram on ``n`` values (module docstring).
 
+    Products take and return 2-D ``n x k`` arrays.
+
     Parameters
     ----------
     n
-        Number of values.
+        Number of values (a positive integer).
     kind
         ``"allrange"`` or ``"prefix"``.
     """
@@ -58,6 +81,8 @@ class SineBasis:
     def __init__(self, n: int, kind: str):
         if kind not in ("allrange", "prefix"):
             raise ValueError(f"kind must be 'allrange' or 'prefix', got {kind!r}")
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"n must be a positive integer, got {n!r}")
         self.n, self.kind = int(n), kind
 
     def eigenvalues(self) -> np.ndarray:
@@ -118,32 +143,25 @@ class SineBasis:
         k = np.arange(1, n + 1)
         if self.kind == "allrange":
             c = self._cosines(np.concatenate([[0.0], u]), 2 * (n + 1)) / (n + 1)
-            gap, far = (lambda l: np.abs(l[:, None] - k)), (lambda l: l[:, None] + k)
+            gap, far = (lambda j: np.abs(j[:, None] - k)), (lambda j: j[:, None] + k)
         else:
             c = self._cosines(np.concatenate([[0.0], u[::-1]]), 2 * (2 * n + 1)) * 2 / (2 * n + 1)
-            gap, far = (lambda l: 2 * np.abs(l[:, None] - k)), (lambda l: 2 * (l[:, None] + k - 1))
+            gap, far = (lambda j: 2 * np.abs(j[:, None] - k)), (lambda j: 2 * (j[:, None] + k - 1))
         total = 0.0
-        for lo in range(0, n, CHUNK):
-            l = k[lo : lo + CHUNK]
-            B = c[gap(l)] - c[far(l)]
-            total += float(w[lo : lo + CHUNK] @ (B * B) @ mu)
+        for block in blocks(n):
+            B = c[gap(k[block])] - c[far(k[block])]
+            total += float(w[block] @ (B * B) @ mu)
         return total
 
     def rows(self) -> Iterator[tuple[slice, np.ndarray]]:
-        """Blocks ``(cells, Q[cells, :].T)`` covering every row of ``Q``, ``CHUNK`` at a time."""
-        for lo in range(0, self.n, CHUNK):
-            block = slice(lo, min(lo + CHUNK, self.n))
-            E = np.zeros((self.n, block.stop - lo))
-            E[np.arange(lo, block.stop), np.arange(block.stop - lo)] = 1.0
-            yield block, self.apply_transpose(E)
+        """Blocks ``(cells, Q[cells, :].T)`` covering every row of ``Q`` (see :func:`blocks`)."""
+        for block in blocks(self.n, 2 * self.n):
+            yield block, self.apply_transpose(unit_columns(self.n, block))
 
     def columns(self) -> Iterator[tuple[slice, np.ndarray]]:
-        """Blocks ``(indices, Q[:, indices])`` covering every column of ``Q``, ``CHUNK`` at a time."""
-        for lo in range(0, self.n, CHUNK):
-            block = slice(lo, min(lo + CHUNK, self.n))
-            E = np.zeros((self.n, block.stop - lo))
-            E[np.arange(lo, block.stop), np.arange(block.stop - lo)] = 1.0
-            yield block, self.apply(E)
+        """Blocks ``(indices, Q[:, indices])`` covering every column of ``Q`` (see :func:`blocks`)."""
+        for block in blocks(self.n, 2 * self.n):
+            yield block, self.apply(unit_columns(self.n, block))
 
     def same_as(self, other: object) -> bool:
         return isinstance(other, SineBasis) and (other.n, other.kind) == (self.n, self.kind)
@@ -166,30 +184,25 @@ class DenseBasis:
         return self.Q.T @ X
 
     def rows(self) -> Iterator[tuple[slice, np.ndarray]]:
-        for lo in range(0, self.n, CHUNK):
-            block = slice(lo, min(lo + CHUNK, self.n))
+        for block in blocks(self.n):
             yield block, self.Q[block].T
 
     def columns(self) -> Iterator[tuple[slice, np.ndarray]]:
-        for lo in range(0, self.n, CHUNK):
-            block = slice(lo, min(lo + CHUNK, self.n))
+        for block in blocks(self.n):
             yield block, self.Q[:, block]
 
     def diag_of(self, f: np.ndarray) -> np.ndarray:
         return np.einsum("ik,k,ik->i", self.Q, f, self.Q)
 
-    def congruence_norm(self, u: np.ndarray, w: np.ndarray, mu: np.ndarray) -> float:
-        B = self.Q.T @ (u[:, None] * self.Q)
-        return float(w @ (B * B) @ mu)
-
     def same_as(self, other: object) -> bool:
-        return other is self
+        """Always ``False``: a dense basis belongs to one decomposition and is never shared."""
+        return False
 
     def __repr__(self) -> str:
         return f"DenseBasis(n={self.n})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Spectrum:
     r"""A symmetric matrix :math:`Q\,\mathrm{diag}(\lambda)\,Q^T` with ``Q`` held by ``basis``.
 
@@ -221,12 +234,12 @@ class Spectrum:
         """The spectrum of ``c`` times this matrix."""
         return Spectrum(self.basis, c * self.values)
 
+    def shifted(self, c: float) -> Spectrum:
+        """The spectrum of this matrix plus ``c`` times the identity (diagonal in every basis)."""
+        return Spectrum(self.basis, self.values + c)
+
     def plus(self, other: Spectrum) -> Spectrum | None:
         """The spectrum of the sum, or ``None`` when the two bases differ."""
         if not self.basis.same_as(other.basis):
             return None
         return Spectrum(self.basis, self.values + other.values)
-
-    def function_diag(self, f: np.ndarray) -> np.ndarray:
-        r""":math:`\mathrm{diag}(Q\,\mathrm{diag}(f)\,Q^T)` for values ``f`` (one per eigenvector)."""
-        return self.basis.diag_of(np.asarray(f, dtype=float))

@@ -27,15 +27,23 @@ def test_sine_spectrum_is_the_gram_eigendecomposition(n, kind, seed):
     np.testing.assert_allclose(s.basis.apply_transpose(np.eye(n)), Q.T, atol=1e-12)
     rng = np.random.default_rng(seed)
     f, u, w, mu = rng.random((4, n))
-    np.testing.assert_allclose(s.function_diag(f), np.diag((Q * f) @ Q.T), atol=1e-12)
+    np.testing.assert_allclose(s.basis.diag_of(f), np.diag((Q * f) @ Q.T), atol=1e-12)
     B = Q.T @ (u[:, None] * Q)
     np.testing.assert_allclose(s.basis.congruence_norm(u, w, mu), w @ (B * B) @ mu, rtol=1e-10)
     dense = DenseBasis(Q)
-    np.testing.assert_allclose(dense.congruence_norm(u, w, mu), w @ (B * B) @ mu, rtol=1e-10)
     np.testing.assert_allclose(dense.diag_of(f), np.diag((Q * f) @ Q.T), atol=1e-12)
-    for walk, expected in ((s.basis.rows(), Q.T), (s.basis.columns(), Q)):
-        got = np.hstack([block for _, block in walk])
-        np.testing.assert_allclose(got, expected, atol=1e-12)
+    for basis in (s.basis, dense):
+        for walk, expected in ((basis.rows(), Q.T), (basis.columns(), Q)):
+            got = np.hstack([block for _, block in walk])
+            np.testing.assert_allclose(got, expected, atol=1e-12)
+
+
+def test_walks_cover_large_bases_in_bounded_blocks(monkeypatch):
+    monkeypatch.setattr(hdmm.spectral, "BLOCK_ENTRIES", 100)
+    s = hdmm.Prefix(30).gram().spectrum()
+    walked = list(s.basis.columns())
+    assert len(walked) == 30 and all(Q.shape == (30, 1) for _, Q in walked)  # 100 // 60 = 1 column each
+    np.testing.assert_allclose(np.hstack([Q for _, Q in walked]), s.basis.apply(np.eye(30)), atol=1e-12)
 
 
 def test_spectra_combine_only_within_one_basis():
@@ -43,10 +51,18 @@ def test_spectra_combine_only_within_one_basis():
     P, R = hdmm.Prefix(n).gram(), hdmm.AllRange(n).gram()
     mixed = (2.0 * P + 3.0 * P).spectrum()
     np.testing.assert_allclose(mixed.values, 5.0 * P.spectrum().values)
+    stacked = hdmm.union([hdmm.Prefix(n), hdmm.Identity(n)], weights=[1.0, 2.0]).gram()  # prefixes + 4 I
+    s = stacked.spectrum()
+    Q = s.basis.apply(np.eye(n))
+    np.testing.assert_allclose((Q * s.values) @ Q.T, stacked.dense(), atol=1e-10)
+    assert hdmm.SquareRootStrategy.for_workload(hdmm.Prefix(n)).spectrum() is None  # a strategy is no Gram
     assert (P + R).spectrum() is None
     assert hdmm.WidthKRange(n, 3).gram().spectrum() is None
     with pytest.raises(ValueError, match="kind"):
         SineBasis(n, "suffix")
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="positive integer"):
+            SineBasis(bad, "prefix")
 
 
 WORKLOADS = [hdmm.Prefix(33), hdmm.AllRange(20), hdmm.WidthKRange(30, 4), hdmm.Prefix(16)]
@@ -206,3 +222,56 @@ def test_square_root_per_query_variances_match_dense(W):
     assert not unsupported.any() and nonzero.all()
     np.testing.assert_allclose(hdmm.per_query_variance(W, A, hdmm.ZCDP(1)), expected * hdmm.ZCDP(1).noise_scale(1.0) ** 2,
                                rtol=1e-8)
+
+
+def test_block_diagonal_labels_name_the_real_cells():
+    A = hdmm.BlockDiagonal(hdmm.Identity(2), 2)
+    assert [A.describe(i, "x", ["a", "b", "c", "d"]) for i in range(4)] == ["x=a", "x=b", "x=c", "x=d"]
+    P = hdmm.BlockDiagonal(hdmm.Prefix(3), 2)
+    dense = P.dense()
+    for row in range(6):
+        cells = np.flatnonzero(dense[row])
+        label = P.describe(row, "x")
+        assert label.startswith("x") and str(cells.min()) in label
+
+
+@pytest.mark.parametrize("block", [hdmm.PIdentity(np.random.default_rng(1).random((2, 6))),
+                                   hdmm.SquareRootStrategy.for_workload(hdmm.Prefix(6)), hdmm.Ones(1, 6)], ids=repr)
+def test_block_diagonal_per_query_variances_match_dense(block, monkeypatch):
+    monkeypatch.setattr(hdmm.spectral, "BLOCK_ENTRIES", 50)  # several blocks of queries
+    A = hdmm.BlockDiagonal(block, 3)
+    W = hdmm.WidthKRange(18, 4)
+    dense = A.dense()
+    X = dense.T @ dense
+    Xp = np.linalg.pinv(X)
+    Wd = W.dense()
+    variances, unsupported, nonzero = A.gram_pinv_rows(W)
+    supported = np.linalg.norm(Wd - Wd @ Xp @ X, axis=1) < 1e-8 * np.linalg.norm(Wd, axis=1)
+    np.testing.assert_array_equal(unsupported, ~supported)
+    np.testing.assert_allclose(variances[supported], np.einsum("ij,ij->i", Wd @ Xp, Wd)[supported], rtol=1e-9)
+    assert nonzero.all()
+    with pytest.raises(ValueError, match="cells"):
+        A.gram_pinv_trace(hdmm.Prefix(12))
+
+
+def test_the_bound_of_a_short_wide_factor_uses_its_row_gram():
+    import tracemalloc
+
+    f = hdmm.Predicates(np.ones((1, 4000)))
+    tracemalloc.start()
+    value = hdmm.bound.factor_nuclear_norm(f)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert value == pytest.approx(np.sqrt(4000)) and peak < 4000 * 4000  # never the 4000 x 4000 Gram
+    band = hdmm.WidthKRange(300, 7)
+    assert hdmm.bound.factor_nuclear_norm(band) == pytest.approx(np.linalg.svd(band.dense(), compute_uv=False).sum())
+
+
+def test_block_diagonal_variances_of_many_queries_go_through_the_dense_route():
+    A = hdmm.BlockDiagonal(hdmm.SquareRootStrategy.for_workload(hdmm.AllRange(5)), 3)
+    W = hdmm.AllRange(15)  # 120 queries > 4 per cell
+    dense = A.dense()
+    expected = np.einsum("ij,ij->i", W.dense() @ np.linalg.inv(dense.T @ dense), W.dense())
+    variances, unsupported, nonzero = A.gram_pinv_rows(W)
+    np.testing.assert_allclose(variances, expected, rtol=1e-9)
+    assert not unsupported.any() and nonzero.all()

@@ -43,7 +43,7 @@ from functools import cached_property
 import numpy as np
 
 from ..matrix import FACTOR_DENSE_LIMIT, KronVector, Matrix, _check_dense_size, _check_norm
-from ..spectral import CHUNK, Spectrum
+from ..spectral import ROW_WALK, Spectrum, blocks, unit_columns
 from .convex import SINGULAR_TOL
 
 __all__ = ["SquareRootStrategy"]
@@ -56,9 +56,6 @@ LOG_THETA_RANGE = (-6.0, -1.0)
 
 #: Golden-section steps of that search (the bracket shrinks to 0.618**STEPS of its width).
 THETA_STEPS = 10
-
-#: Per-query variances walk the workload's rows when it has at most this many queries per cell.
-ROW_WALK = 4
 
 
 def is_singular(values: np.ndarray) -> bool:
@@ -94,12 +91,13 @@ class SquareRootStrategy(Matrix):
             raise ValueError("the spectrum must have one finite eigenvalue per basis vector")
         top = float(values.max(initial=0.0))
         if not top > 0 or values.min() < -1e-8 * top:
-            raise ValueError("the workload Gram must be positive semidefinite and non-zero")
+            raise ValueError(f"the workload Gram must be positive semidefinite and non-zero, but its eigenvalues run "
+                             f"from {values.min():.6g} to {values.max():.6g}")
         if theta is None:
             theta = THETA * float(values.clip(0.0).mean()) if is_singular(values) else 0.0
         if not (math.isfinite(theta) and theta >= 0) or (theta == 0 and is_singular(values)):
             raise ValueError(f"theta must be finite and non-negative (positive for a singular Gram), got {theta}")
-        self.spectrum, self.theta = spectrum, float(theta)  # as given (what save_strategy writes)
+        self.gram_spectrum, self.theta = spectrum, float(theta)  # as given (what save_strategy writes)
         self.basis, self.values = spectrum.basis, np.maximum(values, theta)
         self.quarter = self.values**0.25
         self.scale = 1.0 / np.sqrt(self.basis.diag_of(np.sqrt(self.values)))
@@ -118,7 +116,9 @@ class SquareRootStrategy(Matrix):
         The spectrum is ``G.spectrum()`` when it has a closed form; otherwise ``G`` is made dense
         (refused above ``FACTOR_DENSE_LIMIT`` entries) and decomposed by a dense eigensolver,
         ``O(n^3)``. A singular ``G`` gets the floor minimising ``tr(X^{-1} G)`` (module
-        docstring), found in ``THETA_STEPS + 2`` evaluations.
+        docstring) over ``LOG_THETA_RANGE``, found in ``THETA_STEPS + 2`` evaluations; a Gram of
+        very low rank may want a floor below the range (a single total: 0.07% more error than
+        the optimum at the lower end).
         """
         spectrum = G.spectrum()
         if spectrum is None:
@@ -163,6 +163,8 @@ class SquareRootStrategy(Matrix):
 
     def gram_pinv_trace(self, f):
         """``(tr(X^{-1} f^T f), True)``: ``X`` is positive definite, so every workload is supported."""
+        if f.shape[1] != self.shape[1]:
+            raise ValueError(f"the workload has {f.shape[1]:,} cells but the strategy has {self.shape[1]:,}")
         return self.gram_pinv_trace_of_gram(f.gram()), True
 
     def gram_pinv_trace_of_gram(self, G: Matrix) -> float:
@@ -171,7 +173,8 @@ class SquareRootStrategy(Matrix):
         When :math:`G = Q\,\mathrm{diag}(\mu)\,Q^T` in the same basis this is
         :math:`\sum_{kl} \lambda_k^{-1/2} \mu_l B_{lk}^2` with :math:`B = Q^T S^{-1} Q`
         (:meth:`~hdmm.spectral.SineBasis.congruence_norm`, :math:`O(n^2)` flops); otherwise the
-        columns of ``Q`` are walked in blocks, one product with ``G`` each.
+        columns of ``Q`` are walked in blocks (:func:`hdmm.spectral.blocks`), one product with
+        ``G`` each.
         """
         inverse_root = 1.0 / np.sqrt(self.values)
         other = G.spectrum()
@@ -186,32 +189,36 @@ class SquareRootStrategy(Matrix):
     def gram_pinv_rows(self, f):
         r"""Per query ``w`` of ``f``: :math:`w^TX^{-1}w = \|A^{-T}w\|^2`, all supported, and whether ``w`` is non-zero.
 
-        Up to ``ROW_WALK`` queries per cell the rows of ``f`` are taken ``CHUNK`` at a time and
-        mapped through :math:`A^{-T} = \Lambda^{-1/4}Q^TS^{-1}` (no ``n x n`` matrix); more
-        queries (all ranges) go through the dense inverse Gram and ``f.quadratic_diag``.
+        Up to ``ROW_WALK`` queries per cell the rows of ``f`` are taken in blocks
+        (:func:`hdmm.spectral.blocks`) and mapped through :math:`A^{-T} = \Lambda^{-1/4}Q^TS^{-1}`,
+        in ``O(n)`` memory; more queries (all ranges) go through the inverse Gram and
+        ``f.quadratic_diag``.
         """
         m, n = f.shape
+        if n != self.shape[1]:
+            raise ValueError(f"the workload has {n:,} cells but the strategy has {self.shape[1]:,}")
         if m > ROW_WALK * n:
-            return super().gram_pinv_rows(f)
+            Xinv, identity = self._gram_inverse
+            return f.quadratic_diag(Xinv), np.zeros(m, dtype=bool), f.quadratic_diag(identity) > 0
         inverse_transpose = self.pinv().T
         variances, norms = np.empty(m), np.empty(m)
-        for lo in range(0, m, CHUNK):
-            hi = min(lo + CHUNK, m)
-            E = np.zeros((m, hi - lo))
-            E[np.arange(lo, hi), np.arange(hi - lo)] = 1.0
-            rows = f.T @ E                                      # rows lo..hi of f, as columns
+        for block in blocks(m, n):
+            rows = f.T @ unit_columns(m, block)                 # rows of f in this block, as columns
             Z = inverse_transpose @ rows
-            variances[lo:hi] = np.einsum("ij,ij->j", Z, Z)
-            norms[lo:hi] = np.einsum("ij,ij->j", rows, rows)
+            variances[block] = np.einsum("ij,ij->j", Z, Z)
+            norms[block] = np.einsum("ij,ij->j", rows, rows)
         return variances, np.zeros(m, dtype=bool), norms > 0
 
     @cached_property
     def _gram_inverse(self):
-        """``(X^{-1}, I)`` as dense arrays, for per-query variances (refused above ``FACTOR_DENSE_LIMIT``)."""
+        r"""``(X^{-1}, I)`` densely: :math:`X^{-1} = S^{-1} Q \Lambda^{-1/2} Q^T S^{-1}` (refused above ``FACTOR_DENSE_LIMIT``)."""
         n = self.shape[1]
         _check_dense_size(n, n, "the inverse Gram of a square-root strategy", FACTOR_DENSE_LIMIT)
-        inverse = self.pinv().dense(max_entries=FACTOR_DENSE_LIMIT)  # A^{-1}; X^{-1} = A^{-1} A^{-T}
-        return inverse @ inverse.T, np.eye(n)
+        inner = self.basis.apply(self.basis.apply_transpose(np.eye(n)) / np.sqrt(self.values)[:, None])
+        unscale = 1.0 / self.scale
+        inner *= unscale[:, None]
+        inner *= unscale[None, :]
+        return (inner + inner.T) / 2, np.eye(n)
 
     def pinv(self):
         return _SquareRootInverse(self)
