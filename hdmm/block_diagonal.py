@@ -93,9 +93,9 @@ class BlockDiagonal(Matrix):
     @property
     def fast_pinv(self) -> bool:
         """Whether the block's pseudo-inverse is cheap (structural, or small enough to form densely)."""
-        from .mechanism import EXACT_FACTOR_ENTRIES
+        from .mechanism import _cheap_pinv
 
-        return self.block.fast_pinv or self.block.shape[0] * self.block.shape[1] <= EXACT_FACTOR_ENTRIES
+        return _cheap_pinv(self.block)
 
     def _blocks(self, X: np.ndarray, width: int) -> np.ndarray:
         """``X`` (``B width x k``) as ``width x (B k)``: one column per (block, column) pair."""

@@ -32,6 +32,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator
+
 from .spectral import Spectrum
 
 __all__ = [

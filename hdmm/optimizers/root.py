@@ -100,7 +100,8 @@ class SquareRootStrategy(Matrix):
         self.gram_spectrum, self.theta = spectrum, float(theta)  # as given (what save_strategy writes)
         self.basis, self.values = spectrum.basis, np.maximum(values, theta)
         self.quarter = self.values**0.25
-        self.scale = 1.0 / np.sqrt(self.basis.diag_of(np.sqrt(self.values)))
+        self._root_diag = self.basis.diag_of(np.sqrt(self.values))  # diag(R), R = V^{1/2}
+        self.scale = 1.0 / np.sqrt(self._root_diag)
         n = values.size
         self.shape = (n, n)
 
@@ -155,7 +156,7 @@ class SquareRootStrategy(Matrix):
         """Squared L2 column norms: :math:`s_j^2 R_{jj}` (1 up to rounding; one diagonal). L1: a walk over the rows of ``Q``."""
         _check_norm(p)
         if p == 2:
-            return KronVector.from_array(self.scale**2 * self.basis.diag_of(np.sqrt(self.values)))
+            return KronVector.from_array(self.scale**2 * self._root_diag)
         out = np.empty(self.shape[1])
         for cells, Qt in self.basis.rows():  # Qt[k, j] = Q[j, k]: column j of A is s_j lambda^{1/4} Q[j, :]
             out[cells] = self.quarter @ np.abs(Qt)
