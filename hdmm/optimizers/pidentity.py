@@ -44,8 +44,7 @@ from functools import cached_property
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.linalg import solve_triangular
-from scipy.linalg.lapack import dpotrf, dpotri
+from scipy.linalg.lapack import dpotrf, dpotri, dtrtri
 from threadpoolctl import threadpool_limits
 
 from ..matrix import Explicit, Identity, KronVector, Matrix, _check_norm
@@ -449,16 +448,22 @@ class PIdentity(Matrix):
         n = self.shape[1]
         if n > STABLE_MAX_N:
             return pidentity_objective(self.params, f.gram(), self.norm, gradient=False), True
-        R = self._r_factor
-        K = solve_triangular(R, f.gram().dense(), trans="T")
-        return float(np.trace(solve_triangular(R, K.T, trans="T"))), True
+        Rinv = self._r_inverse
+        return float(np.einsum("ij,ij->", Rinv, f.gram() @ Rinv)), True  # tr(R^-T G R^-1)
+
+    @cached_property
+    def _r_inverse(self) -> np.ndarray:
+        """``R^{-1}`` (upper triangular), by LAPACK's triangular inverse."""
+        Rinv, info = dtrtri(self._r_factor, lower=0)
+        if info != 0:
+            raise np.linalg.LinAlgError("the p-Identity strategy's R factor is singular")
+        return Rinv
 
     @property
     def _gram_inverse(self):
         """``X^{-1} = R^{-1} R^{-T}``; the projector is the identity (full rank)."""
-        n = self.shape[1]
-        Rinv = solve_triangular(self._r_factor, np.eye(n))
-        return Rinv @ Rinv.T, np.eye(n)
+        Rinv = self._r_inverse
+        return Rinv @ Rinv.T, np.eye(self.shape[1])
 
     def pinv(self):
         Xinv, _ = self._gram_inverse
