@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from .matrix import FACTOR_DENSE_LIMIT, SUPPORT_TOL, Explicit, KronVector, Matrix, _check_dense_size, _positive_int
+from .matrix import FACTOR_DENSE_LIMIT, SUPPORT_TOL, Explicit, KronVector, Matrix, _check_dense_size, _check_width, _positive_int
 from .spectral import ROW_WALK, blocks, unit_columns
 
 __all__ = ["BlockDiagonal", "fold", "is_local"]
@@ -127,13 +127,9 @@ class BlockDiagonal(Matrix):
     def pinv(self):
         return BlockDiagonal(self.block.pinv(), self.copies)
 
-    def _check_width(self, f: Matrix) -> None:
-        if f.shape[1] != self.shape[1]:
-            raise ValueError(f"the workload has {f.shape[1]:,} cells but the strategy has {self.shape[1]:,}")
-
     def gram_pinv_trace(self, f):
         r""":math:`\mathrm{tr}(X_m^+\,\mathrm{fold}_m(f^Tf))`, supported when the folded Gram lies in the row space of ``A_m``."""
-        self._check_width(f)
+        _check_width(f, self)
         Xp, projector = self.block._gram_inverse
         F = fold(f.gram(), self.block.shape[1]).dense()
         total = float(np.trace(F))
@@ -147,7 +143,7 @@ class BlockDiagonal(Matrix):
         (:func:`hdmm.spectral.blocks`), in ``O(n + m^2)`` memory per block; more queries (all
         ranges) go through ``f.quadratic_diag`` of the dense block-diagonal inverse Gram.
         """
-        self._check_width(f)
+        _check_width(f, self)
         Xp, projector = self.block._gram_inverse
         residual_projector = np.eye(projector.shape[0]) - projector
         rows, n = f.shape

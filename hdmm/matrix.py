@@ -349,6 +349,12 @@ class Matrix:
         return id(self)
 
 
+def _check_width(f: Matrix, A: Matrix) -> None:
+    """Refuse a workload factor ``f`` whose cells are not the strategy factor ``A``'s."""
+    if f.shape[1] != A.shape[1]:
+        raise ValueError(f"the workload has {f.shape[1]:,} cells but the strategy has {A.shape[1]:,}")
+
+
 def _check_norm(p: int) -> None:
     if p not in (1, 2):
         raise ValueError(f"sensitivity norm p must be 1 (Laplace) or 2 (Gaussian), got {p!r}")

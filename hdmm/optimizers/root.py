@@ -42,7 +42,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..matrix import FACTOR_DENSE_LIMIT, KronVector, Matrix, _check_dense_size, _check_norm
+from ..matrix import FACTOR_DENSE_LIMIT, KronVector, Matrix, _check_dense_size, _check_norm, _check_width
 from ..spectral import ROW_WALK, Spectrum, blocks, unit_columns
 from .convex import SINGULAR_TOL
 
@@ -164,8 +164,7 @@ class SquareRootStrategy(Matrix):
 
     def gram_pinv_trace(self, f):
         """``(tr(X^{-1} f^T f), True)``: ``X`` is positive definite, so every workload is supported."""
-        if f.shape[1] != self.shape[1]:
-            raise ValueError(f"the workload has {f.shape[1]:,} cells but the strategy has {self.shape[1]:,}")
+        _check_width(f, self)
         return self.gram_pinv_trace_of_gram(f.gram()), True
 
     def gram_pinv_trace_of_gram(self, G: Matrix) -> float:
@@ -195,9 +194,8 @@ class SquareRootStrategy(Matrix):
         in ``O(n)`` memory; more queries (all ranges) go through the inverse Gram and
         ``f.quadratic_diag``.
         """
+        _check_width(f, self)
         m, n = f.shape
-        if n != self.shape[1]:
-            raise ValueError(f"the workload has {n:,} cells but the strategy has {self.shape[1]:,}")
         if m > ROW_WALK * n:
             Xinv, identity = self._gram_inverse
             return f.quadratic_diag(Xinv), np.zeros(m, dtype=bool), f.quadratic_diag(identity) > 0
