@@ -13,14 +13,30 @@ The sensitivity of ``A`` is that of ``A_m``. For local workloads (every query wi
 cells, such as width-32 ranges) only the few queries that straddle a block edge pay for the
 split, so this is nearly as good as a strategy over the whole domain at a fraction of the cost;
 for global workloads (prefixes, all ranges) it is poor, and the optimizer keeps the better one.
+
+A domain that ``m`` does not divide ends in a *tail* of ``t`` cells after the ``B`` blocks, each
+measured once by the identity: the strategy is :math:`\mathrm{diag}(I_B \otimes A_m, I_t)`, and
+the tail adds :math:`\sum_{i \ge Bm} G_{ii}` to the error (``t < B`` when the optimizer picks
+:math:`m = \lfloor n/B \rfloor`, so a few cells at most).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import scipy.linalg
 import scipy.sparse as sp
 
-from .matrix import FACTOR_DENSE_LIMIT, SUPPORT_TOL, Explicit, KronVector, Matrix, _check_dense_size, _check_width, _positive_int
+from .matrix import (
+    FACTOR_DENSE_LIMIT,
+    SUPPORT_TOL,
+    Explicit,
+    Identity,
+    KronVector,
+    Matrix,
+    _check_dense_size,
+    _check_width,
+    _positive_int,
+)
 from .spectral import ROW_WALK, blocks, unit_columns
 
 __all__ = ["BlockDiagonal", "fold", "is_local"]
@@ -45,24 +61,26 @@ def is_local(G: Matrix, m: int) -> bool:
 
 
 def fold(G: Matrix, m: int) -> Explicit:
-    r""":math:`\mathrm{fold}_m(G) = \sum_b G_{bb}`, the sum of the ``m x m`` diagonal blocks of ``G``.
+    r""":math:`\mathrm{fold}_m(G) = \sum_b G_{bb}`, the sum of the complete ``m x m`` diagonal blocks of ``G``.
 
     Uses only products of ``G`` with blocks of unit vectors (``n`` columns in all, in blocks of
     :func:`hdmm.spectral.blocks`), so an implicit ``G`` is never made dense. The result is sparse
     when it is mostly zero.
 
+    Cells after the last complete block (``n mod m`` of them) are left out.
+
     Raises
     ------
     ValueError
-        When ``G`` is not square or ``m`` does not divide its size.
+        When ``G`` is not square or smaller than one block.
     """
     n = G.shape[0]
     m = _positive_int(m, "block size m")
-    if G.shape != (n, n) or n % m:
+    if G.shape != (n, n) or n < m:
         raise ValueError(f"cannot fold a {G.shape[0]} x {G.shape[1]} matrix into blocks of {m}: "
-                         "it must be square with a size divisible by m")
+                         "it must be square and at least one block long")
     out = np.zeros((m, m))
-    for start in range(0, n, m):
+    for start in range(0, n - n % m, m):
         for block in blocks(m, n):
             columns = slice(start + block.start, start + block.stop)
             out[:, block] += (G @ unit_columns(n, columns))[start: start + m]
@@ -73,22 +91,28 @@ def fold(G: Matrix, m: int) -> Explicit:
 
 
 class BlockDiagonal(Matrix):
-    r"""``copies`` copies of ``block`` along the diagonal: :math:`I_B \otimes A_m` (module docstring).
+    r"""``copies`` copies of ``block`` along the diagonal, then ``tail`` identity cells (module docstring).
 
     Parameters
     ----------
     block
         The strategy ``A_m`` for one block of ``m`` consecutive cells.
     copies
-        The number of blocks ``B``; the strategy covers ``B m`` cells.
+        The number of blocks ``B``.
+    tail
+        Cells after the blocks, each measured once (default 0); the strategy covers
+        ``B m + tail`` cells.
     """
 
-    def __init__(self, block: Matrix, copies: int):
+    def __init__(self, block: Matrix, copies: int, tail: int = 0):
         if not isinstance(block, Matrix):
             raise TypeError(f"block must be an hdmm matrix, got {type(block).__name__}")
         self.block = block
         self.copies = _positive_int(copies, "copies")
-        self.shape = (self.copies * block.shape[0], self.copies * block.shape[1])
+        if not isinstance(tail, (int, np.integer)) or isinstance(tail, bool) or tail < 0:
+            raise ValueError(f"tail must be a non-negative integer, got {tail!r}")
+        self.tail = int(tail)
+        self.shape = (self.copies * block.shape[0] + self.tail, self.copies * block.shape[1] + self.tail)
 
     @property
     def fast_pinv(self) -> bool:
@@ -98,46 +122,55 @@ class BlockDiagonal(Matrix):
         return _cheap_pinv(self.block)
 
     def _blocks(self, X: np.ndarray, width: int) -> np.ndarray:
-        """``X`` (``B width x k``) as ``width x (B k)``: one column per (block, column) pair."""
+        """The first ``B width`` rows of ``X`` as ``width x (B k)``: one column per (block, column) pair."""
         k = X.shape[1]
-        return X.reshape(self.copies, width, k).transpose(1, 0, 2).reshape(width, self.copies * k)
+        head = X[: self.copies * width]
+        return head.reshape(self.copies, width, k).transpose(1, 0, 2).reshape(width, self.copies * k)
 
-    def _unblocks(self, Y: np.ndarray, k: int) -> np.ndarray:
-        return Y.reshape(Y.shape[0], self.copies, k).transpose(1, 0, 2).reshape(-1, k)
+    def _apply(self, X: np.ndarray, product, width: int) -> np.ndarray:
+        k = X.shape[1]
+        Y = product(self._blocks(X, width))
+        head = Y.reshape(Y.shape[0], self.copies, k).transpose(1, 0, 2).reshape(-1, k)
+        return np.vstack([head, X[self.copies * width:]]) if self.tail else head
 
     def _matmat(self, X):
-        return self._unblocks(self.block._matmat(self._blocks(X, self.block.shape[1])), X.shape[1])
+        return self._apply(X, self.block._matmat, self.block.shape[1])
 
     def _rmatmat(self, Y):
-        return self._unblocks(self.block._rmatmat(self._blocks(Y, self.block.shape[0])), Y.shape[1])
+        return self._apply(Y, self.block._rmatmat, self.block.shape[0])
 
     @property
     def T(self):
-        return BlockDiagonal(self.block.T, self.copies)
+        return BlockDiagonal(self.block.T, self.copies, self.tail)
 
     def gram(self):
-        return BlockDiagonal(self.block.gram(), self.copies)
+        return BlockDiagonal(self.block.gram(), self.copies, self.tail)
 
     def column_norm_powers(self, p):
-        return KronVector.from_array(np.ones(self.copies)).kron(self.block.column_norm_powers(p))
+        head = KronVector.from_array(np.ones(self.copies)).kron(self.block.column_norm_powers(p))
+        if not self.tail:
+            return head
+        return KronVector.from_array(np.concatenate([head.to_array(), np.ones(self.tail)]))
 
     def diag(self):
-        return np.tile(self.block.diag(), self.copies)
+        return np.concatenate([np.tile(self.block.diag(), self.copies), np.ones(self.tail)])
 
     def pinv(self):
-        return BlockDiagonal(self.block.pinv(), self.copies)
+        return BlockDiagonal(self.block.pinv(), self.copies, self.tail)
 
     def gram_pinv_trace(self, f):
-        r""":math:`\mathrm{tr}(X_m^+\,\mathrm{fold}_m(f^Tf))`, supported when the folded Gram lies in the row space of ``A_m``."""
+        r""":math:`\mathrm{tr}(X_m^+\,\mathrm{fold}_m(f^Tf))` plus the tail's diagonal; supported when the fold lies in ``A_m``'s row space."""
         _check_width(f, self)
         Xp, projector = self.block._gram_inverse
-        F = fold(f.gram(), self.block.shape[1]).dense()
+        G = f.gram()
+        F = fold(G, self.block.shape[1]).dense()
         total = float(np.trace(F))
         kept = float(np.sum(F * projector.T))
-        return float(np.sum(F * Xp.T)), total - kept <= SUPPORT_TOL * total
+        tail = float(np.sum(G.diag()[self.shape[1] - self.tail:])) if self.tail else 0.0
+        return float(np.sum(F * Xp.T)) + tail, total - kept <= SUPPORT_TOL * total
 
     def gram_pinv_rows(self, f):
-        r"""Per query ``w`` of ``f`` (split into blocks :math:`w_b`): :math:`\sum_b w_b^T X_m^+ w_b`, support, non-zero.
+        r"""Per query ``w`` of ``f`` (split into blocks :math:`w_b` and tail :math:`w_t`): :math:`\sum_b w_b^T X_m^+ w_b + \|w_t\|^2`, support, non-zero.
 
         Up to ``ROW_WALK`` queries per cell the rows of ``f`` are walked in blocks
         (:func:`hdmm.spectral.blocks`), in ``O(n + m^2)`` memory per block; more queries (all
@@ -149,31 +182,39 @@ class BlockDiagonal(Matrix):
         rows, n = f.shape
         if rows > ROW_WALK * n:
             _check_dense_size(n, n, "per-query variances of a block-diagonal strategy", FACTOR_DENSE_LIMIT)
-            eye = np.eye(self.copies)
+            eye, tail = np.eye(self.copies), np.eye(self.tail)
             norms = f.quadratic_diag(np.eye(n))
-            residual = f.quadratic_diag(np.kron(eye, residual_projector))
-            return f.quadratic_diag(np.kron(eye, Xp)), residual > SUPPORT_TOL * norms, norms > 0
+            residual = f.quadratic_diag(scipy.linalg.block_diag(np.kron(eye, residual_projector), 0 * tail))
+            return f.quadratic_diag(scipy.linalg.block_diag(np.kron(eye, Xp), tail)), residual > SUPPORT_TOL * norms, norms > 0
         variances, residual, norms = np.empty(rows), np.empty(rows), np.empty(rows)
         width = self.block.shape[1]
         for block in blocks(rows, n):
             k = block.stop - block.start
-            W = self._blocks(f.T @ unit_columns(rows, block), width)  # m x (B k): one column per (block, query)
-            per = lambda M: np.einsum("ij,ij->j", W, M @ W).reshape(self.copies, k).sum(axis=0)  # noqa: E731
-            variances[block], residual[block] = per(Xp), per(residual_projector)
-            norms[block] = np.einsum("ij,ij->j", W, W).reshape(self.copies, k).sum(axis=0)
+            V = f.T @ unit_columns(rows, block)                 # rows of f in this block, as columns
+            W = self._blocks(V, width)                          # m x (B k): one column per (block, query)
+
+            def per(M: np.ndarray) -> np.ndarray:
+                return np.einsum("ij,ij->j", W, M @ W).reshape(self.copies, k).sum(axis=0)
+
+            tail = np.einsum("ij,ij->j", V[n - self.tail:], V[n - self.tail:])
+            variances[block], residual[block] = per(Xp) + tail, per(residual_projector)
+            norms[block] = per(np.eye(width)) + tail
         return variances, residual > SUPPORT_TOL * norms, norms > 0
 
     def describe(self, row, name=None, values=None):
         """The block's query, on the cells of its block (labelled by ``values``, else by index)."""
         b, r = divmod(row, self.block.shape[0])
         m = self.block.shape[1]
+        if b >= self.copies:  # a tail cell
+            return Identity(self.shape[1]).describe(self.copies * m + row - self.copies * self.block.shape[0], name, values)
         cells = range(b * m, (b + 1) * m)
         labels = [values[c] for c in cells] if values is not None else list(cells)
         inner = self.block.describe(r, name, labels)
         return inner if inner is not None else f"{name or 'value'} in [{labels[0]}, {labels[-1]}]"
 
     def __repr__(self):
-        return f"BlockDiagonal({self.block!r}, copies={self.copies})"
+        tail = f", tail={self.tail}" if self.tail else ""
+        return f"BlockDiagonal({self.block!r}, copies={self.copies}{tail})"
 
     def _key(self):
-        return ("BlockDiagonal", self.copies, self.block._key())
+        return ("BlockDiagonal", self.copies, self.tail, self.block._key())

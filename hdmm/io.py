@@ -61,7 +61,7 @@ class _Writer:
                         "indices": self.array(csr.indices), "indptr": self.array(csr.indptr)}
             return {"type": "Explicit", "matrix": self.array(M.matrix)}
         if isinstance(M, BlockDiagonal):
-            return {"type": "BlockDiagonal", "copies": M.copies, "block": self.node(M.block)}
+            return {"type": "BlockDiagonal", "copies": M.copies, "tail": M.tail, "block": self.node(M.block)}
         if isinstance(M, Kronecker):
             return {"type": "Kronecker", "factors": [self.node(f) for f in M.factors]}
         if isinstance(M, VStack):
@@ -104,7 +104,7 @@ def _read(node: dict, arrays) -> Matrix:
     if kind == "Explicit":
         return Explicit(get("matrix"))
     if kind == "BlockDiagonal":
-        return BlockDiagonal(_read(node["block"], arrays), node["copies"])
+        return BlockDiagonal(_read(node["block"], arrays), node["copies"], node.get("tail", 0))
     if kind == "Kronecker":
         return Kronecker([_read(f, arrays) for f in node["factors"]])
     if kind == "VStack":

@@ -156,17 +156,21 @@ def test_square_root_strategy_reconstructs_exactly_and_round_trips(tmp_path):
 
 
 # ---------------------------------------------------------------------- block-diagonal strategies
+@pytest.mark.parametrize("tail", [0, 3])
 @pytest.mark.parametrize("block", [hdmm.PIdentity(np.random.default_rng(0).random((3, 8))), hdmm.Prefix(8),
                                    hdmm.Ones(1, 8)], ids=repr)
-def test_block_diagonal_matches_its_dense_kronecker_form(block):
-    A = hdmm.BlockDiagonal(block, 4)
-    dense = np.kron(np.eye(4), block.dense())
+def test_block_diagonal_matches_its_dense_kronecker_form(block, tail):
+    import scipy.linalg
+
+    A = hdmm.BlockDiagonal(block, 4, tail)
+    dense = scipy.linalg.block_diag(np.kron(np.eye(4), block.dense()), np.eye(tail))
     np.testing.assert_allclose(A.dense(), dense, atol=1e-12)
     np.testing.assert_allclose(A.T.dense(), dense.T, atol=1e-12)
     np.testing.assert_allclose(A.pinv().dense(), np.linalg.pinv(dense), atol=1e-10)
     for p in (1, 2):
         assert A.sensitivity(p) == pytest.approx(np.linalg.norm(dense, ord=p, axis=0).max())
-    for W in (hdmm.WidthKRange(32, 5), hdmm.AllRange(32), hdmm.Identity(32)):
+    n = 32 + tail
+    for W in (hdmm.WidthKRange(n, 5), hdmm.AllRange(n), hdmm.Identity(n)):
         trace, supported = A.gram_pinv_trace(W)
         X = dense.T @ dense
         V = W.gram().dense()
@@ -182,8 +186,10 @@ def test_fold_sums_the_diagonal_blocks():
         D = G.dense()
         np.testing.assert_allclose(F.dense(), sum(D[b:b + 6, b:b + 6] for b in range(0, 24, 6)), atol=1e-12)
     assert fold(hdmm.WidthKRange(240, 3).gram(), 60).is_sparse
-    with pytest.raises(ValueError, match="divisible"):
-        fold(hdmm.Prefix(10).gram(), 4)
+    D = hdmm.Prefix(10).gram().dense()
+    np.testing.assert_allclose(fold(hdmm.Prefix(10).gram(), 4).dense(), D[:4, :4] + D[4:8, 4:8])  # cells 8, 9 left out
+    with pytest.raises(ValueError, match="one block"):
+        fold(hdmm.Prefix(3).gram(), 4)
 
 
 def test_large_local_workloads_get_a_block_diagonal_candidate(monkeypatch, tmp_path):
@@ -225,8 +231,8 @@ def test_square_root_per_query_variances_match_dense(W):
 
 
 def test_block_diagonal_labels_name_the_real_cells():
-    A = hdmm.BlockDiagonal(hdmm.Identity(2), 2)
-    assert [A.describe(i, "x", ["a", "b", "c", "d"]) for i in range(4)] == ["x=a", "x=b", "x=c", "x=d"]
+    A = hdmm.BlockDiagonal(hdmm.Identity(2), 2, tail=1)
+    assert [A.describe(i, "x", ["a", "b", "c", "d", "e"]) for i in range(5)] == ["x=a", "x=b", "x=c", "x=d", "x=e"]
     P = hdmm.BlockDiagonal(hdmm.Prefix(3), 2)
     dense = P.dense()
     for row in range(6):
@@ -239,8 +245,8 @@ def test_block_diagonal_labels_name_the_real_cells():
                                    hdmm.SquareRootStrategy.for_workload(hdmm.Prefix(6)), hdmm.Ones(1, 6)], ids=repr)
 def test_block_diagonal_per_query_variances_match_dense(block, monkeypatch):
     monkeypatch.setattr(hdmm.spectral, "BLOCK_ENTRIES", 50)  # several blocks of queries
-    A = hdmm.BlockDiagonal(block, 3)
-    W = hdmm.WidthKRange(18, 4)
+    A = hdmm.BlockDiagonal(block, 3, tail=2)
+    W = hdmm.WidthKRange(20, 4)
     dense = A.dense()
     X = dense.T @ dense
     Xp = np.linalg.pinv(X)
@@ -252,6 +258,8 @@ def test_block_diagonal_per_query_variances_match_dense(block, monkeypatch):
     assert nonzero.all()
     with pytest.raises(ValueError, match="cells"):
         A.gram_pinv_trace(hdmm.Prefix(12))
+    with pytest.raises(ValueError, match="tail"):
+        hdmm.BlockDiagonal(block, 3, tail=-1)
 
 
 def test_the_bound_of_a_short_wide_factor_uses_its_row_gram():
@@ -268,10 +276,26 @@ def test_the_bound_of_a_short_wide_factor_uses_its_row_gram():
 
 
 def test_block_diagonal_variances_of_many_queries_go_through_the_dense_route():
-    A = hdmm.BlockDiagonal(hdmm.SquareRootStrategy.for_workload(hdmm.AllRange(5)), 3)
-    W = hdmm.AllRange(15)  # 120 queries > 4 per cell
+    A = hdmm.BlockDiagonal(hdmm.SquareRootStrategy.for_workload(hdmm.AllRange(5)), 3, tail=1)
+    W = hdmm.AllRange(16)  # 136 queries > 4 per cell
     dense = A.dense()
     expected = np.einsum("ij,ij->i", W.dense() @ np.linalg.inv(dense.T @ dense), W.dense())
     variances, unsupported, nonzero = A.gram_pinv_rows(W)
     np.testing.assert_allclose(variances, expected, rtol=1e-9)
     assert not unsupported.any() and nonzero.all()
+
+
+def test_a_domain_without_a_good_divisor_gets_blocks_and_a_tail(monkeypatch, tmp_path):
+    monkeypatch.setattr(kron, "TILE_BLOCK_N", 128)
+    assert kron._tiling(509) == (127, 4, 1)  # 509 is prime
+    W = hdmm.WidthKRange(509, 3)
+    (A,) = kron.factor_candidates(W.gram(), 1, None, 1, np.random.default_rng(0))
+    assert isinstance(A, hdmm.BlockDiagonal) and (A.copies, A.tail) == (4, 1)
+    dense = A.dense()
+    exact = np.trace(np.linalg.solve(dense.T @ dense, W.gram().dense())) * A.sensitivity(1) ** 2
+    assert float(hdmm.expected_error(W, A, hdmm.PureDP(1))) == pytest.approx(2 * exact, rel=1e-8)
+    hdmm.save_strategy(A, tmp_path / "tail.npz")
+    loaded, _ = hdmm.load_strategy(tmp_path / "tail.npz")
+    np.testing.assert_allclose(loaded.dense(), dense)
+    x = np.random.default_rng(3).random(509)
+    np.testing.assert_allclose(A.pinv() @ (A @ x), x, atol=1e-8)

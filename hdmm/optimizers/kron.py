@@ -75,20 +75,29 @@ def optimize_factor(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.
     return PIdentity(T, norm)
 
 
-def _tile_size(n: int) -> int | None:
-    """The largest divisor of ``n`` in ``[TILE_BLOCK_N / 8, TILE_BLOCK_N]`` below ``n``, if any."""
-    for m in range(min(TILE_BLOCK_N, n - 1), TILE_BLOCK_N // 8 - 1, -1):
+def _tiling(n: int) -> tuple[int, int, int]:
+    """Block size ``m``, copies ``B`` and tail ``t`` (``n = B m + t``) for a domain beyond ``TILE_BLOCK_N``.
+
+    The largest divisor of ``n`` in ``[TILE_BLOCK_N / 8, TILE_BLOCK_N]`` when there is one (no
+    tail); otherwise ``B = ceil(n / TILE_BLOCK_N)`` blocks of ``floor(n / B)`` values and a tail
+    of fewer than ``B`` values.
+    """
+    for m in range(TILE_BLOCK_N, TILE_BLOCK_N // 8 - 1, -1):
         if n % m == 0:
-            return m
-    return None
+            return m, n // m, 0
+    copies = -(-n // TILE_BLOCK_N)
+    m = n // copies
+    return m, copies, n - copies * m
 
 
 def _block_candidate(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.random.Generator,
                      warm: Matrix | None) -> BlockDiagonal | None:
     """The block-diagonal strategy for a local ``G`` beyond ``TILE_BLOCK_N`` values, else ``None``."""
     n = G.shape[0]
-    m = _tile_size(n) if n > TILE_BLOCK_N else None
-    if m is None or not is_local(G, m):
+    if n <= TILE_BLOCK_N:
+        return None
+    m, copies, tail = _tiling(n)
+    if not is_local(G, m):
         return None
     F = fold(G, m)
     if not F.is_sparse:
@@ -97,7 +106,7 @@ def _block_candidate(G: Matrix, norm: int, p: int | None, restarts: int, rng: np
         block = SquareRootStrategy.for_gram(F)
     else:
         block = optimize_factor(F, norm, p, restarts, rng, warm.block if isinstance(warm, BlockDiagonal) else None)
-    return BlockDiagonal(block, n // m)
+    return BlockDiagonal(block, copies, tail)
 
 
 def factor_candidates(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.random.Generator,
@@ -105,7 +114,7 @@ def factor_candidates(G: Matrix, norm: int, p: int | None, restarts: int, rng: n
     """Strategies for Gram ``G`` worth comparing: :func:`optimize_factor`'s, and a block-diagonal one.
 
     Beyond ``TILE_BLOCK_N`` values, ``G`` is folded onto blocks of ``m`` consecutive values
-    (:func:`hdmm.block_diagonal.fold`); when the fold is sparse (only local workloads, whose
+    (:func:`_tiling`, :func:`hdmm.block_diagonal.fold`); when the fold is sparse (only local workloads, whose
     queries stay within a few cells, have sparse folds), the block strategy is optimized on it
     (the square-root strategy under Gaussian noise, :func:`optimize_factor` under Laplace) and
     repeated along the diagonal. It then replaces a p-Identity over the whole domain, whose

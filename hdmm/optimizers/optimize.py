@@ -55,9 +55,9 @@ def opt0(W: Matrix, p: int | None = None, noise: str = "laplace", restarts: int 
     the square-root strategy (:class:`~hdmm.optimizers.root.SquareRootStrategy`, within about 2%
     of the SVD bound on range workloads) when the Gram has a closed-form spectrum (prefixes, all
     ranges) or up to 4096 values, p-Identity with L2-normalised columns otherwise. Beyond 2048
-    values, a local workload (its Gram folded onto blocks is sparse) on a domain with a divisor
-    between 256 and 2048 is also measured in blocks (:mod:`hdmm.block_diagonal`), in place of a
-    whole-domain p-Identity (:func:`~hdmm.optimizers.kron.factor_candidates`). The best candidate
+    values, a local workload (its Gram folded onto blocks is sparse) is also measured in blocks
+    of at most 2048 values (:mod:`hdmm.block_diagonal`), in place of a whole-domain p-Identity
+    (:func:`~hdmm.optimizers.kron.factor_candidates`). The best candidate
     by exact error is returned, the identity itself when nothing beats it.
     Multi-attribute workloads are treated as one attribute over the whole domain; use
     :func:`opt_kron` for them.
