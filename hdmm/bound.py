@@ -24,6 +24,7 @@ How :math:`\|W\|_*` is computed, from the structure of ``W = VStack_j c_j (x)_i 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from dataclasses import dataclass
@@ -172,17 +173,20 @@ class _AttributeSplit:
         return self.mult.size + (1 if self.rest[0].size else 0)
 
 
-def _split_attribute(grams: list[np.ndarray], rng: np.random.Generator) -> _AttributeSplit:
+def _split_attribute(grams: list[np.ndarray], rng: np.random.Generator, eig: _Eigen) -> _AttributeSplit:
     """Find the common eigenvectors of symmetric matrices by diagonalising a random mix.
 
     Every common eigenvector is an eigenvector of ``sum_k r_k G_k``; for random ``r`` its
     eigenvectors are common eigenvectors exactly when their residuals vanish. The remaining
-    eigenvectors span the orthogonal complement, which is invariant under every ``G_k``.
+    eigenvectors span the orthogonal complement, which is invariant under every ``G_k``. Equal
+    Grams are their own mix: their eigendecomposition is kept in ``eig`` for reuse.
     """
     scale = max(float(np.abs(G).max()) for G in grams) or 1.0
     n = grams[0].shape[0]
-    mix = sum(rng.uniform(1.0, 2.0) * G for G in grams)
-    _, V = np.linalg.eigh(mix)
+    if all(np.array_equal(G, grams[0]) for G in grams[1:]):
+        _, V = eig(grams[0])
+    else:
+        _, V = np.linalg.eigh(sum(rng.uniform(1.0, 2.0) * G for G in grams))
     images = [G @ V for G in grams]
     lam = np.stack([np.einsum("ij,ij->j", V, GV) for GV in images])
     residual = np.max([np.linalg.norm(GV - V * l, axis=0) for GV, l in zip(images, lam)], axis=0)
@@ -198,15 +202,30 @@ def _split_attribute(grams: list[np.ndarray], rng: np.random.Generator) -> _Attr
     return _AttributeSplit(classes, mult, [U.T @ G @ U for G in grams])
 
 
-def _compressed(G: np.ndarray) -> np.ndarray:
+class _Eigen:
+    """``eigh`` of dense symmetric matrices, remembered by content: an attribute's Gram is
+    decomposed once however many blocks (or equal factors) of the union it appears in."""
+
+    def __init__(self):
+        self._seen: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+    def __call__(self, G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        G = np.ascontiguousarray(G)
+        key = (G.shape, hashlib.blake2b(memoryview(G).cast("B"), digest_size=16).digest())
+        if key not in self._seen:
+            self._seen[key] = np.linalg.eigh(G)
+        return self._seen[key]
+
+
+def _compressed(G: np.ndarray, eig: _Eigen) -> np.ndarray:
     """``R`` with ``R^T R = G`` and one row per non-zero eigenvalue."""
-    vals, vecs = np.linalg.eigh(G)
+    vals, vecs = eig(G)
     keep = vals > 1e-12 * max(vals.max(), 1e-300)
     return (vecs[:, keep] * np.sqrt(vals[keep])).T
 
 
 def _block_norm(w2: np.ndarray, index: np.ndarray, grams: list[list[np.ndarray]], exact_limit: int,
-                probes: int, steps: int, rng: np.random.Generator) -> _Norm:
+                probes: int, steps: int, rng: np.random.Generator, eig: _Eigen) -> _Norm:
     """Nuclear norm of ``(sum_j w2_j (x)_i grams[i][index[j, i]])^(1/2)``'s trace."""
     live = w2 > 0
     w2, index = w2[live], index[live]
@@ -214,7 +233,7 @@ def _block_norm(w2: np.ndarray, index: np.ndarray, grams: list[list[np.ndarray]]
         return _Norm(math.sqrt(float(w2.sum())), 0.0, "closed form")
     sizes = [g[0].shape[0] for g in grams]
     cols = math.prod(sizes)
-    factors = [[_compressed(G) for G in gs] for gs in grams]
+    factors = [[_compressed(G, eig) for G in gs] for gs in grams]
     row_counts = [np.array([R.shape[0] for R in Rs]) for Rs in factors]
     rows = int(sum(math.prod(row_counts[i][k] for i, k in enumerate(ix)) for ix in index))
     if min(cols, rows) <= exact_limit:
@@ -247,7 +266,8 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = 4096, probes: int = 30,
     """
     rng = np.random.default_rng(seed)
     grams = [[_factor_gram(f) for f in fs] for fs in union.factors]
-    splits = [_split_attribute(gs, rng) for gs in grams]
+    eig = _Eigen()
+    splits = [_split_attribute(gs, rng, eig) for gs in grams]
     whole = [_AttributeSplit(np.zeros((len(gs), 0)), np.zeros(0), gs) for gs in grams]
     # keep the block count bounded: attributes with the most classes stay whole first
     while math.prod(s.options for s in splits) > BLOCK_LIMIT:
@@ -268,7 +288,7 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = 4096, probes: int = 30,
         if not np.any(scale > 1e-12 * w2.max()):
             continue
         norm = _block_norm(
-            scale, union.index[:, rest_attrs], [splits[i].rest for i in rest_attrs], exact_limit, probes, steps, rng
+            scale, union.index[:, rest_attrs], [splits[i].rest for i in rest_attrs], exact_limit, probes, steps, rng, eig
         )
         total += float(mult * norm.value)
         var += float(mult * norm.stderr) ** 2
