@@ -97,8 +97,13 @@ class _Norm:
     method: str
 
 
+def _sqrt_sum(eigenvalues: np.ndarray) -> float:
+    """The sum of the square roots of a PSD matrix's eigenvalues (rounding-level negatives count as 0)."""
+    return float(np.sum(np.sqrt(np.clip(eigenvalues, 0.0, None))))
+
+
 def _eig_sqrt_sum(M: np.ndarray) -> float:
-    return float(np.sum(np.sqrt(np.clip(np.linalg.eigvalsh(M), 0.0, None))))
+    return _sqrt_sum(np.linalg.eigvalsh(M))
 
 
 def _factor_gram(f: Matrix) -> np.ndarray:
@@ -146,10 +151,10 @@ def factor_nuclear_norm(f: Matrix) -> float:
     G = f.gram()
     spectrum = G.spectrum()
     if spectrum is not None:
-        return float(np.sum(np.sqrt(np.clip(spectrum.values, 0.0, None))))
+        return _sqrt_sum(spectrum.values)
     band = _band(G)
     if band is not None:
-        return float(np.sum(np.sqrt(np.clip(scipy.linalg.eigvals_banded(band, check_finite=False), 0.0, None))))
+        return _sqrt_sum(scipy.linalg.eigvals_banded(band, check_finite=False))
     return _eig_sqrt_sum(G.dense(max_entries=FACTOR_LIMIT**2))
 
 
