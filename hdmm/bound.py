@@ -14,10 +14,15 @@ How :math:`\|W\|_*` is computed, from the structure of ``W = VStack_j c_j (x)_i 
 1. One Kronecker product: :math:`\|W\|_* = |c| \prod_i \|W_i\|_*` (exact).
 2. Marginals algebra (every factor Gram :math:`aI + bJ`): the eigenvalues are read off the
    :math:`E_T` basis (exact, :mod:`hdmm.marginals`).
-3. Otherwise the attributes whose factor Grams all commute are diagonalised together: the
-   Gram splits into one block per joint eigenvalue signature (identical blocks counted once,
-   with their multiplicity), each a union over the remaining attributes. A block is solved
-   exactly by a dense eigensolver on the smaller of its ``N_b x N_b`` Gram and its
+3. Otherwise each attribute's factor Grams are split into their common eigenvectors and an
+   invariant rest: the Gram splits into one block per joint eigenvalue signature (identical
+   blocks counted once, with their multiplicity), each a union over the attributes that kept
+   a rest. Grams that are all diagonal, or all :math:`a_k I + b_k B` for one shared ``B``
+   (an attribute with the identity, a total and one range workload, say), split from ``B``'s
+   eigenvalues alone (closed form or banded for ranges); other attributes are split by a
+   dense eigensolver when that pays (small, or reused by many blocks) and kept whole
+   otherwise. Blocks that are scalars are summed in one vectorised pass; the others are
+   solved exactly by a dense eigensolver on the cheaper of their ``N_b x N_b`` Gram and their
    ``m_b x m_b`` row Gram (rows compressed to each factor's rank), else estimated by
    stochastic Lanczos quadrature, reported with its standard error.
 """
@@ -38,14 +43,21 @@ from .marginals import in_marginal_algebra, trace_spectrum
 from .matrix import Explicit, Identity, Kronecker, Matrix, Ones, Sum, Weighted
 from .privacy import Privacy
 from .slq import trace_sqrt
+from .spectral import blocks
 from .kron_union import KronUnion
 
 __all__ = ["SVDBound", "svd_bound", "nuclear_norm"]
 
 #: Largest per-attribute domain whose factor Grams are eigen-decomposed densely.
 FACTOR_LIMIT = 8192
-#: Largest number of eigenvalue blocks the commuting-attribute split may create.
+#: Largest number of eigenvalue blocks needing a solve of their own that the commuting-attribute split may create.
 BLOCK_LIMIT = 4096
+#: Largest (scalar blocks) x (union terms) summed in the vectorised pass of the split.
+SCALAR_LIMIT = 2**25
+#: Attributes up to this size are always split into common eigenvectors; larger ones whose
+#: Grams share no base only when at least ``SPLIT_MIN_BLOCKS`` blocks would use the split.
+SPLIT_ALWAYS_N = 512
+SPLIT_MIN_BLOCKS = 8
 
 
 @dataclass(frozen=True)
@@ -106,10 +118,6 @@ def _eig_sqrt_sum(M: np.ndarray) -> float:
     return _sqrt_sum(np.linalg.eigvalsh(M))
 
 
-def _factor_gram(f: Matrix) -> np.ndarray:
-    return f.gram().dense(max_entries=FACTOR_LIMIT**2)
-
-
 #: A sparse factor Gram whose bandwidth is at most this fraction of its size is eigen-decomposed as a band.
 BAND_FRACTION = 1 / 16
 
@@ -133,12 +141,32 @@ def _band(G: Matrix) -> np.ndarray | None:
     return band
 
 
+def _gram_eigenvalues(G: Matrix, dense: np.ndarray | None = None) -> np.ndarray:
+    """The eigenvalues of a factor Gram: closed form (identity, all-ones, prefixes, all ranges,
+    their multiples), banded solver (ranges of bounded width) or dense (``dense``, when already
+    formed)."""
+    n = G.shape[0]
+    if isinstance(G, Identity):
+        return np.ones(n)
+    if isinstance(G, Ones):
+        return np.concatenate([[float(n)], np.zeros(n - 1)])
+    if isinstance(G, Weighted):
+        return G.weight * _gram_eigenvalues(G.base)
+    spectrum = G.spectrum()
+    if spectrum is not None:
+        return spectrum.values
+    band = _band(G)
+    if band is not None:
+        return scipy.linalg.eigvals_banded(band, check_finite=False)
+    return np.linalg.eigvalsh(G.dense(max_entries=FACTOR_LIMIT**2) if dense is None else dense)
+
+
 def factor_nuclear_norm(f: Matrix) -> float:
     """``||f||_*`` of a one-attribute factor.
 
     Identities and totals in closed form; a factor with at most half as many rows as columns from
-    its small row Gram :math:`ff^T`; otherwise from its Gram :math:`f^Tf`, by its closed-form
-    spectrum (prefixes, all ranges), as a band (ranges of bounded width), or densely.
+    its small row Gram :math:`ff^T`; otherwise from the eigenvalues of its Gram :math:`f^Tf`
+    (:func:`_gram_eigenvalues`).
     """
     if isinstance(f, Identity):
         return float(f.shape[0])
@@ -148,14 +176,7 @@ def factor_nuclear_norm(f: Matrix) -> float:
     if 2 * m <= n:
         F = f.dense(max_entries=FACTOR_LIMIT * n)
         return _eig_sqrt_sum(F @ F.T)
-    G = f.gram()
-    spectrum = G.spectrum()
-    if spectrum is not None:
-        return _sqrt_sum(spectrum.values)
-    band = _band(G)
-    if band is not None:
-        return _sqrt_sum(scipy.linalg.eigvals_banded(band, check_finite=False))
-    return _eig_sqrt_sum(G.dense(max_entries=FACTOR_LIMIT**2))
+    return _sqrt_sum(_gram_eigenvalues(f.gram()))
 
 
 @dataclass
@@ -178,7 +199,48 @@ class _AttributeSplit:
         return self.mult.size + (1 if self.rest[0].size else 0)
 
 
-def _split_attribute(grams: list[np.ndarray], rng: np.random.Generator, eig: _Eigen) -> _AttributeSplit:
+def _classes(lam: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Group common eigenvectors (columns of ``lam``, one eigenvalue per Gram) by signature:
+    the distinct columns and how many eigenvectors share each."""
+    if not lam.shape[1]:
+        return np.zeros((lam.shape[0], 0)), np.zeros(0)
+    signature = np.round(lam / (1e-8 * scale), 0)
+    _, first, inverse = np.unique(signature, axis=1, return_index=True, return_inverse=True)
+    return lam[:, first], np.bincount(inverse.ravel(), minlength=first.size).astype(float)
+
+
+def _shared_base_split(grams: list[np.ndarray], ops: list[Matrix]) -> _AttributeSplit | None:
+    r"""The split when the Grams are all diagonal, or all :math:`a_k I + b_k B` for one shared Gram ``B``.
+
+    Then every eigenvector of ``B`` is common to all, with eigenvalues :math:`a_k + b_k\lambda`,
+    so only ``B``'s eigenvalues are needed (:func:`_gram_eigenvalues`: closed form or banded
+    for range workloads), no eigenvectors. ``None`` when the Grams are not of that form.
+    """
+    n = grams[0].shape[0]
+    scale = max(float(np.abs(G).max()) for G in grams) or 1.0
+    off = [G - np.diag(np.diagonal(G)) for G in grams]
+    moving = [k for k, O in enumerate(off) if np.any(O)]
+    if not moving:  # all diagonal: the unit vectors are the common eigenvectors
+        classes, mult = _classes(np.stack([np.diagonal(G) for G in grams]), scale)
+        return _AttributeSplit(classes, mult, [np.zeros((0, 0))] * len(grams))
+    base = moving[0]
+    peak = np.unravel_index(np.argmax(np.abs(off[base])), (n, n))
+    coefs = []
+    for G in grams:
+        b = G[peak] / grams[base][peak]
+        a = float(np.mean(np.diagonal(G) - b * np.diagonal(grams[base])))
+        rest = G - b * grams[base]
+        rest[np.diag_indices(n)] -= a
+        if np.abs(rest).max() > 1e-12 * max(np.abs(G).max(), 1e-300):
+            return None
+        coefs.append((a, b))
+    values = _gram_eigenvalues(ops[base], grams[base])
+    lam = np.stack([a + b * values for a, b in coefs])
+    classes, mult = _classes(lam, scale)
+    return _AttributeSplit(classes, mult, [np.zeros((0, 0))] * len(grams))
+
+
+def _split_attribute(grams: list[np.ndarray], ops: list[Matrix], rng: np.random.Generator, eig: _Eigen) -> _AttributeSplit:
     """Find the common eigenvectors of symmetric matrices by diagonalising a random mix.
 
     Every common eigenvector is an eigenvector of ``sum_k r_k G_k``; for random ``r`` its
@@ -192,38 +254,65 @@ def _split_attribute(grams: list[np.ndarray], rng: np.random.Generator, eig: _Ei
         _, V = eig(grams[0])
     else:
         _, V = np.linalg.eigh(sum(rng.uniform(1.0, 2.0) * G for G in grams))
-    images = [G @ V for G in grams]
+    images = [G @ V for G in ops]  # implicit products: banded, prefix and range Grams are cheap
     lam = np.stack([np.einsum("ij,ij->j", V, GV) for GV in images])
     residual = np.max([np.linalg.norm(GV - V * l, axis=0) for GV, l in zip(images, lam)], axis=0)
     common = residual <= 1e-9 * scale * n
-    signature = np.round(lam[:, common] / (1e-8 * scale), 0)
-    if signature.shape[1]:
-        _, first, inverse = np.unique(signature, axis=1, return_index=True, return_inverse=True)
-        classes = lam[:, common][:, first]
-        mult = np.bincount(inverse.ravel(), minlength=first.size).astype(float)
-    else:
-        classes, mult = np.zeros((len(grams), 0)), np.zeros(0)
+    classes, mult = _classes(lam[:, common], scale)
     U = V[:, ~common]
-    return _AttributeSplit(classes, mult, [U.T @ G @ U for G in grams])
+    rest = [U.T @ GV[:, ~common] for GV in images]
+    return _AttributeSplit(classes, mult, [(R + R.T) / 2 for R in rest])
 
 
 class _Eigen:
-    """``eigh`` of dense symmetric matrices, remembered by content: an attribute's Gram is
-    decomposed once however many blocks (or equal factors) of the union it appears in."""
+    """Eigenvalues (``values``) and eigendecompositions (``__call__``) of dense symmetric
+    matrices, remembered by content: an attribute's Gram is decomposed once however many
+    blocks (or equal factors) of the union it appears in. A diagonal matrix is its own
+    decomposition (eigenvalues unsorted)."""
 
     def __init__(self):
-        self._seen: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._values: dict[tuple, np.ndarray] = {}
+        self._pairs: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._ops: dict[tuple, Matrix] = {}
+
+    def register(self, G: np.ndarray, op: Matrix) -> None:
+        """Remember that ``G`` is the dense form of ``op``: its eigenvalues may have a cheap route."""
+        self._ops.setdefault(self._key(G), op)
+
+    @staticmethod
+    def _key(G: np.ndarray) -> tuple:
+        G = np.ascontiguousarray(G)
+        return G.shape, hashlib.blake2b(memoryview(G).cast("B"), digest_size=16).digest()
+
+    def values(self, G: np.ndarray) -> np.ndarray:
+        key = self._key(G)
+        if key in self._pairs:
+            return self._pairs[key][0]
+        if key not in self._values:
+            if key in self._ops:
+                self._values[key] = _gram_eigenvalues(self._ops[key], G)
+            else:
+                self._values[key] = np.diagonal(G).copy() if _is_diagonal(G) else np.linalg.eigvalsh(G)
+        return self._values[key]
 
     def __call__(self, G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        G = np.ascontiguousarray(G)
-        key = (G.shape, hashlib.blake2b(memoryview(G).cast("B"), digest_size=16).digest())
-        if key not in self._seen:
-            self._seen[key] = np.linalg.eigh(G)
-        return self._seen[key]
+        key = self._key(G)
+        if key not in self._pairs:
+            self._pairs[key] = (np.diagonal(G).copy(), np.eye(G.shape[0])) if _is_diagonal(G) else np.linalg.eigh(G)
+        return self._pairs[key]
+
+
+def _is_diagonal(G: np.ndarray) -> bool:
+    return np.count_nonzero(G) == np.count_nonzero(np.diagonal(G))
+
+
+def _rank(G: np.ndarray, eig: _Eigen) -> int:
+    vals = eig.values(G)
+    return int(np.count_nonzero(vals > 1e-12 * max(vals.max(), 1e-300)))
 
 
 def _compressed(G: np.ndarray, eig: _Eigen) -> np.ndarray:
-    """``R`` with ``R^T R = G`` and one row per non-zero eigenvalue."""
+    """``R`` with ``R^T R = G`` and one row per non-zero eigenvalue (:func:`_rank` many)."""
     vals, vecs = eig(G)
     keep = vals > 1e-12 * max(vals.max(), 1e-300)
     return (vecs[:, keep] * np.sqrt(vals[keep])).T
@@ -236,15 +325,23 @@ def _block_norm(w2: np.ndarray, index: np.ndarray, grams: list[list[np.ndarray]]
     w2, index = w2[live], index[live]
     if index.shape[1] == 0:
         return _Norm(math.sqrt(float(w2.sum())), 0.0, "closed form")
+    if w2.size == 1:  # one Kronecker product: the product of its factors' norms
+        value = math.sqrt(float(w2[0])) * math.prod(_sqrt_sum(eig.values(grams[i][k])) for i, k in enumerate(index[0]))
+        return _Norm(value, 0.0, "Kronecker product of factor norms")
     sizes = [g[0].shape[0] for g in grams]
     cols = math.prod(sizes)
-    factors = [[_compressed(G, eig) for G in gs] for gs in grams]
-    row_counts = [np.array([R.shape[0] for R in Rs]) for Rs in factors]
-    rows = int(sum(math.prod(row_counts[i][k] for i, k in enumerate(ix)) for ix in index))
+    # the row route decomposes every factor Gram (rank, then eigenvectors): take it when cheaper
+    factor_cost = sum(3 * n**3 * len(g) for n, g in zip(sizes, grams))
+    if cols <= exact_limit and cols**3 <= factor_cost:
+        rows = cols
+    else:
+        ranks = [[_rank(G, eig) for G in gs] for gs in grams]
+        rows = int(sum(math.prod(ranks[i][k] for i, k in enumerate(ix)) for ix in index))
     if min(cols, rows) <= exact_limit:
-        if cols <= rows:
+        if cols <= exact_limit and cols**3 <= rows**3 + factor_cost:
             M = sum(w * reduce(np.kron, [grams[i][k] for i, k in enumerate(ix)]) for w, ix in zip(w2, index))
             return _Norm(_eig_sqrt_sum(M), 0.0, f"dense eigenvalues ({cols:,} x {cols:,} Gram)")
+        factors = [[_compressed(G, eig) for G in gs] for gs in grams]
         cross = [[[Ra @ Rb.T for Rb in Rs] for Ra in Rs] for Rs in factors]
         blocks = [
             [math.sqrt(wa * wb) * reduce(np.kron, [cross[i][a][b] for i, (a, b) in enumerate(zip(ia, ib))])
@@ -259,6 +356,29 @@ def _block_norm(w2: np.ndarray, index: np.ndarray, grams: list[list[np.ndarray]]
     return _Norm(est.value, error, f"stochastic Lanczos quadrature ({probes} probes, {est.steps} steps)")
 
 
+def _scalar_blocks(w2: np.ndarray, index: np.ndarray, splits: list[_AttributeSplit]) -> float:
+    r"""The blocks where every attribute chose a class of common eigenvectors, all at once.
+
+    Each is a scalar :math:`s_c = \sum_j w_j^2 \prod_i \lambda_i[k_{ji}, c_i]` of multiplicity
+    :math:`\prod_i m_i[c_i]`, contributing :math:`\sqrt{s_c}` per dimension. The attribute
+    with the most classes is walked in chunks against the outer product of the others'.
+    """
+    order = sorted(range(len(splits)), key=lambda i: splits[i].mult.size)
+    lead = splits[order[-1]]
+    tail, tail_mult = w2[:, None], np.ones(1)
+    for i in order[:-1]:
+        tail = (tail[:, :, None] * splits[i].lam[index[:, i]][:, None, :]).reshape(len(w2), -1)
+        tail_mult = np.outer(tail_mult, splits[i].mult).ravel()
+    lam = lead.lam[index[:, order[-1]]]
+    # eigenvalues that are zero up to rounding do not count
+    floor = 1e-12 * float(w2.max()) * math.prod(float(np.abs(s.lam).max()) for s in splits)
+    total = 0.0
+    for chunk in blocks(lam.shape[1], tail.shape[1]):
+        values = lam[:, chunk].T @ tail
+        total += float(lead.mult[chunk] @ np.sqrt(np.where(values > floor, values, 0.0)) @ tail_mult)
+    return total
+
+
 def nuclear_norm(union: KronUnion, *, exact_limit: int = 4096, probes: int = 30, steps: int = 480,
                  seed: int | None = None) -> _Norm:
     r""":math:`\|W\|_*` of a union of Kronecker products (see the module docstring, route 3).
@@ -267,37 +387,59 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = 4096, probes: int = 30,
     per Gram) and an invariant rest (small matrices). The union's Gram is then block diagonal
     with one block per choice of class-or-rest on every attribute: a block is a union over the
     attributes that chose their rest, its terms scaled by the chosen eigenvalues, and it occurs
-    with the product of the classes' dimensions as multiplicity.
+    with the product of the classes' dimensions as multiplicity. Blocks where no attribute chose
+    its rest are scalars, summed in one vectorised pass (:func:`_scalar_blocks`); the others
+    are solved one by one (:func:`_block_norm`).
     """
     rng = np.random.default_rng(seed)
-    grams = [[_factor_gram(f) for f in fs] for fs in union.factors]
+    ops = [[f.gram() for f in fs] for fs in union.factors]
+    grams = [[G.dense(max_entries=FACTOR_LIMIT**2) for G in gs] for gs in ops]
     eig = _Eigen()
-    splits = [_split_attribute(gs, rng, eig) for gs in grams]
+    for gs, os in zip(grams, ops):
+        for G, op in zip(gs, os):
+            eig.register(G, op)
     whole = [_AttributeSplit(np.zeros((len(gs), 0)), np.zeros(0), gs) for gs in grams]
-    # keep the block count bounded: attributes with the most classes stay whole first
-    while math.prod(s.options for s in splits) > BLOCK_LIMIT:
+    shared = [_shared_base_split(gs, os) for gs, os in zip(grams, ops)]
+    splits = [whole[i] if s is None else s for i, s in enumerate(shared)]
+    # a general split costs a few dense n x n eigensolves; it pays on small attributes, when
+    # enough blocks (choices on the other attributes) reuse it, or when it may bring a block
+    # the attribute is whole in down to an exact size
+    for i in sorted((i for i, s in enumerate(shared) if s is None), key=lambda i: union.sizes[i]):
+        others = [splits[j] for j in range(union.dim) if j != i]
+        blocks_using = math.prod(s.options for s in others)
+        block_size = union.sizes[i] * math.prod(s.rest[0].shape[0] or 1 for s in others)
+        if union.sizes[i] <= SPLIT_ALWAYS_N or blocks_using >= SPLIT_MIN_BLOCKS or block_size > exact_limit:
+            splits[i] = _split_attribute(grams[i], ops[i], rng, eig)
+
+    def work() -> tuple[int, int]:
+        scalars = math.prod(s.mult.size for s in splits)
+        return math.prod(s.options for s in splits) - scalars, scalars * union.num_terms
+
+    # keep the work bounded: attributes with the most classes stay whole first
+    while work()[0] > BLOCK_LIMIT or work()[1] > SCALAR_LIMIT:
         i = max(range(union.dim), key=lambda k: splits[k].options)
         splits[i] = whole[i]
     w2 = union.weights**2
     total, var, methods = 0.0, 0.0, set()
-    choices = [list(range(s.mult.size)) + ([None] if s.rest[0].size else []) for s in splits]
-    for combo in itertools.product(*choices):
-        scale, mult = w2.copy(), 1.0
-        rest_attrs = []
-        for i, c in enumerate(combo):
-            if c is None:
-                rest_attrs.append(i)
-            else:
-                scale = scale * splits[i].lam[union.index[:, i], c]
-                mult *= splits[i].mult[c]
-        if not np.any(scale > 1e-12 * w2.max()):
-            continue
-        norm = _block_norm(
-            scale, union.index[:, rest_attrs], [splits[i].rest for i in rest_attrs], exact_limit, probes, steps, rng, eig
-        )
-        total += float(mult * norm.value)
-        var += float(mult * norm.stderr) ** 2
-        methods.add(norm.method)
+    if all(s.mult.size for s in splits):
+        total += _scalar_blocks(w2, union.index, splits)
+        methods.add("closed form")
+    split_rest = [i for i, s in enumerate(splits) if s.rest[0].size]
+    for r in range(1, len(split_rest) + 1):
+        for rest_attrs in itertools.combinations(split_rest, r):
+            others = [i for i in range(union.dim) if i not in rest_attrs]
+            for classes in itertools.product(*(range(splits[i].mult.size) for i in others)):
+                scale, mult = w2.copy(), 1.0
+                for i, c in zip(others, classes):
+                    scale = scale * splits[i].lam[union.index[:, i], c]
+                    mult *= splits[i].mult[c]
+                if not np.any(scale > 1e-12 * w2.max()):
+                    continue
+                norm = _block_norm(scale, union.index[:, list(rest_attrs)], [splits[i].rest for i in rest_attrs],
+                                   exact_limit, probes, steps, rng, eig)
+                total += float(mult * norm.value)
+                var += float(mult * norm.stderr) ** 2
+                methods.add(norm.method)
     return _Norm(total, math.sqrt(var), "common-eigenvector split; " + "; ".join(sorted(methods)))
 
 

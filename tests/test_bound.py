@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import hdmm.bound as hdmm_bound
 from hdmm import workload as wl
 from hdmm.bound import SVDBound, svd_bound
 from hdmm.error import expected_error
@@ -76,6 +77,16 @@ def test_general_unions(W, privacy):
     check_exact(W, privacy)
 
 
+@SETTINGS
+@given(domain_shapes().flatmap(workloads_on), st.sampled_from([(0, 10**9), (0, 2), (10**9, 10**9)]))
+def test_general_unions_whatever_the_split_decision(W, limits):
+    # large attributes (here: all, or none) with few blocks stay whole; the bound is the same
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hdmm_bound, "SPLIT_ALWAYS_N", limits[0])
+        patch.setattr(hdmm_bound, "SPLIT_MIN_BLOCKS", limits[1])
+        check_exact(W, ZCDP(1.0))
+
+
 def _non_commuting_union() -> Pair:
     """Prefix and AllRange Grams do not commute, on either attribute."""
     rng = np.random.default_rng(4)
@@ -103,6 +114,29 @@ def test_structured_examples(privacy):
     ]
     for W in cases:
         check_exact(W, privacy)
+
+
+def _shared_base_union() -> Pair:
+    """Attribute 0: Grams I, J and I + J (one shared base); attribute 1: width-3 ranges,
+    their double and the identity; attribute 2: two diagonal Grams."""
+    W3 = wl.WidthKRange(6, 3)
+    D1, D2 = Explicit(np.diag([1.0, 2.0, 0.5])), Explicit(np.diag([3.0, 0.0, 1.0]))
+    terms = [Kronecker([Identity(4), W3, D1]), Kronecker([wl.Total(4), 2.0 * W3, D2]),
+             Kronecker([wl.IdentityTotal(4), Identity(6), D1])]
+    weights = [1.0, 0.7, 1.3]
+    ref = np.vstack([w * np.kron(np.kron(t.factors[0].dense(), t.factors[1].dense()), t.factors[2].dense())
+                     for w, t in zip(weights, terms)])
+    return Pair(wl.union(terms, weights=weights), ref)
+
+
+@pytest.mark.parametrize("limits", [(4096, 2**25), (1, 2**25), (1, 1)], ids=["default", "one solve", "no scalars"])
+def test_shared_base_and_diagonal_attributes_split_without_eigenvectors(limits, monkeypatch):
+    # every attribute splits fully from eigenvalues alone, so all blocks are scalars: exact
+    # however few separate solves are allowed; with no room for scalars, attributes stay whole
+    monkeypatch.setattr(hdmm_bound, "BLOCK_LIMIT", limits[0])
+    monkeypatch.setattr(hdmm_bound, "SCALAR_LIMIT", limits[1])
+    b = check_exact(_shared_base_union(), ZCDP(1.0))
+    assert ("closed form" in b.method) == (limits[1] > 1)
 
 
 # ====================================================================== stochastic Lanczos fall-back
