@@ -54,8 +54,14 @@ FACTOR_LIMIT = 8192
 BLOCK_LIMIT = 4096
 #: Largest (scalar blocks) x (union terms) summed in the vectorised pass of the split.
 SCALAR_LIMIT = 2**25
-#: Attributes up to this size are always split into common eigenvectors; larger ones whose
-#: Grams share no base only when at least ``SPLIT_MIN_BLOCKS`` blocks would use the split.
+#: Largest block solved by a dense eigensolver by default (one eigenvalue solve: 6.5 s at 4096,
+#: about a minute at 8192, on one core); larger blocks are estimated.
+EXACT_LIMIT = 8192
+#: Attributes whose Grams share no base are split into common eigenvectors (a dense
+#: eigendecomposition with eigenvectors) up to ``SPLIT_MAX_N`` values: always up to
+#: ``SPLIT_ALWAYS_N``, beyond only when at least ``SPLIT_MIN_BLOCKS`` blocks would use the
+#: split or the blocks would otherwise be too large to solve exactly.
+SPLIT_MAX_N = 4096
 SPLIT_ALWAYS_N = 512
 SPLIT_MIN_BLOCKS = 8
 
@@ -187,12 +193,18 @@ class _AttributeSplit:
     (vectors that are eigenvectors of every Gram, grouped by their eigenvalue signature) and
     ``mult[c]`` the class's dimension. ``rest[k]`` is Gram ``k`` restricted to the orthogonal
     complement of all common eigenvectors (empty when the Grams commute), a subspace every
-    Gram maps into itself.
+    Gram maps into itself. ``rest_ops`` are the same as implicit matrices, for products: the
+    Grams themselves (fast for prefixes and ranges) when the attribute is kept whole.
     """
 
     lam: np.ndarray
     mult: np.ndarray
     rest: list[np.ndarray]
+    rest_ops: list[Matrix] | None = None
+
+    def __post_init__(self):
+        if self.rest_ops is None:
+            self.rest_ops = [Explicit(R) for R in self.rest]
 
     @property
     def options(self) -> int:
@@ -318,9 +330,10 @@ def _compressed(G: np.ndarray, eig: _Eigen) -> np.ndarray:
     return (vecs[:, keep] * np.sqrt(vals[keep])).T
 
 
-def _block_norm(w2: np.ndarray, index: np.ndarray, grams: list[list[np.ndarray]], exact_limit: int,
+def _block_norm(w2: np.ndarray, index: np.ndarray, parts: list[_AttributeSplit], exact_limit: int,
                 probes: int, steps: int, rng: np.random.Generator, eig: _Eigen) -> _Norm:
-    """Nuclear norm of ``(sum_j w2_j (x)_i grams[i][index[j, i]])^(1/2)``'s trace."""
+    """The trace of ``(sum_j w2_j (x)_i parts[i].rest[index[j, i]])^(1/2)``."""
+    grams = [part.rest for part in parts]
     live = w2 > 0
     w2, index = w2[live], index[live]
     if index.shape[1] == 0:
@@ -349,7 +362,7 @@ def _block_norm(w2: np.ndarray, index: np.ndarray, grams: list[list[np.ndarray]]
             for wa, ia in zip(w2, index)
         ]
         return _Norm(_eig_sqrt_sum(np.block(blocks)), 0.0, f"dense eigenvalues ({rows:,} x {rows:,} row Gram)")
-    gram = Sum([Weighted(Kronecker([Explicit(grams[i][k]) for i, k in enumerate(ix)]), w) for w, ix in zip(w2, index)])
+    gram = Sum([Weighted(Kronecker([parts[i].rest_ops[k] for i, k in enumerate(ix)]), w) for w, ix in zip(w2, index)])
     est = trace_sqrt(gram._matmat, cols, probes=probes, max_steps=steps, rng=rng)
     # the quadrature bracket's half-width bounds the Lanczos bias; add it to the sampling error
     error = math.hypot(est.stderr, (est.upper - est.lower) / 2)
@@ -379,7 +392,7 @@ def _scalar_blocks(w2: np.ndarray, index: np.ndarray, splits: list[_AttributeSpl
     return total
 
 
-def nuclear_norm(union: KronUnion, *, exact_limit: int = 4096, probes: int = 30, steps: int = 480,
+def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: int = 30, steps: int = 480,
                  seed: int | None = None) -> _Norm:
     r""":math:`\|W\|_*` of a union of Kronecker products (see the module docstring, route 3).
 
@@ -398,7 +411,7 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = 4096, probes: int = 30,
     for gs, os in zip(grams, ops):
         for G, op in zip(gs, os):
             eig.register(G, op)
-    whole = [_AttributeSplit(np.zeros((len(gs), 0)), np.zeros(0), gs) for gs in grams]
+    whole = [_AttributeSplit(np.zeros((len(gs), 0)), np.zeros(0), gs, os) for gs, os in zip(grams, ops)]
     shared = [_shared_base_split(gs, os) for gs, os in zip(grams, ops)]
     splits = [whole[i] if s is None else s for i, s in enumerate(shared)]
     # a general split costs a few dense n x n eigensolves; it pays on small attributes, when
@@ -408,7 +421,8 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = 4096, probes: int = 30,
         others = [splits[j] for j in range(union.dim) if j != i]
         blocks_using = math.prod(s.options for s in others)
         block_size = union.sizes[i] * math.prod(s.rest[0].shape[0] or 1 for s in others)
-        if union.sizes[i] <= SPLIT_ALWAYS_N or blocks_using >= SPLIT_MIN_BLOCKS or block_size > exact_limit:
+        pays = union.sizes[i] <= SPLIT_ALWAYS_N or blocks_using >= SPLIT_MIN_BLOCKS or block_size > exact_limit
+        if pays and union.sizes[i] <= SPLIT_MAX_N:
             splits[i] = _split_attribute(grams[i], ops[i], rng, eig)
 
     def work() -> tuple[int, int]:
@@ -435,7 +449,7 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = 4096, probes: int = 30,
                     mult *= splits[i].mult[c]
                 if not np.any(scale > 1e-12 * w2.max()):
                     continue
-                norm = _block_norm(scale, union.index[:, list(rest_attrs)], [splits[i].rest for i in rest_attrs],
+                norm = _block_norm(scale, union.index[:, list(rest_attrs)], [splits[i] for i in rest_attrs],
                                    exact_limit, probes, steps, rng, eig)
                 total += float(mult * norm.value)
                 var += float(mult * norm.stderr) ** 2
@@ -443,7 +457,7 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = 4096, probes: int = 30,
     return _Norm(total, math.sqrt(var), "common-eigenvector split; " + "; ".join(sorted(methods)))
 
 
-def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = 4096, probes: int = 30, steps: int = 480,
+def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, probes: int = 30, steps: int = 480,
               seed: int | None = None) -> SVDBound:
     r"""The SVD lower bound ``noise_variance(1) * ||W||_*^2 / N`` on any strategy's total squared error.
 
@@ -454,7 +468,8 @@ def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = 4096, probes: i
     privacy
         Privacy definition (sets the noise variance at unit sensitivity).
     exact_limit
-        Largest dense eigenproblem solved exactly; beyond it the nuclear norm is estimated by
+        Largest eigenvalue block solved exactly by a dense eigensolver (default ``EXACT_LIMIT``,
+        8192: about a minute on one core; lower it for speed); beyond it the nuclear norm is estimated by
         stochastic Lanczos quadrature with ``probes`` probe vectors and up to ``steps`` Lanczos
         steps (doubled from 60 until the Gauss / Gauss-Radau bracket is within 2%), seeded by
         ``seed`` (for reproducible research). The reported ``stderr`` combines the sampling

@@ -38,7 +38,7 @@ import numpy as np
 import scipy.fft
 import scipy.linalg as la
 
-__all__ = ["Spectrum", "SineBasis", "DenseBasis", "ROW_WALK", "blocks", "unit_columns"]
+__all__ = ["Spectrum", "SineBasis", "DenseBasis", "ROW_WALK", "blocks", "pinch", "unit_columns"]
 
 #: Entries of one block of columns (of ``Q``, of a workload, of an identity) formed at once when
 #: walking through ``n`` of them: 16 MB, so the walks need ``O(n)`` memory, not ``O(n^2)``.
@@ -243,3 +243,22 @@ class Spectrum:
         if not self.basis.same_as(other.basis):
             return None
         return Spectrum(self.basis, self.values + other.values)
+
+
+def pinch(basis: SineBasis | DenseBasis, G) -> tuple[Spectrum, float]:
+    r"""The pinching of a symmetric ``G`` in ``basis``, and the share of ``G`` it keeps.
+
+    The pinching :math:`Q\,\mathrm{diag}(\mathrm{diag}(Q^TGQ))\,Q^T` is the matrix diagonal in
+    ``Q`` closest to ``G`` in Frobenius norm; it equals ``G`` when ``Q`` diagonalises it. The
+    share kept is :math:`\sum_k (q_k^TGq_k)^2 / \|G\|_F^2` (1 when exact). The columns of ``Q``
+    are walked in blocks (:func:`blocks`), one product with ``G`` each: ``O(n)`` memory, and
+    :math:`O(n^2 \log n)` time for a sine basis and a Gram with fast products.
+    """
+    values = np.empty(basis.n)
+    total = 0.0
+    for block, Q in basis.columns():
+        GQ = G @ Q
+        values[block] = np.einsum("ij,ij->j", Q, GQ)
+        total += float(np.einsum("ij,ij->", GQ, GQ))
+    kept = float(values @ values) / total if total > 0 else 1.0
+    return Spectrum(basis, values), kept

@@ -11,7 +11,7 @@ import hdmm
 from hdmm.mechanism import reconstruction_method
 from hdmm.block_diagonal import fold
 from hdmm.optimizers import kron
-from hdmm.spectral import DenseBasis, SineBasis, Spectrum
+from hdmm.spectral import DenseBasis, SineBasis, Spectrum, pinch
 
 KINDS = {"allrange": hdmm.AllRange, "prefix": hdmm.Prefix}
 
@@ -137,7 +137,61 @@ def test_gaussian_factor_uses_a_dense_eigensolver_between_the_limits(monkeypatch
     ratio = hdmm.expected_error(W, A, hdmm.ZCDP(1)) / hdmm.expected_error(W, convex.strategy, hdmm.ZCDP(1))
     assert 1.0 - 1e-9 <= ratio < 1.05
     monkeypatch.setattr(kron, "ROOT_DENSE_MAX_N", 32)
-    assert isinstance(hdmm.opt0(W, noise="gaussian"), hdmm.PIdentity)
+    beyond = hdmm.opt0(W, noise="gaussian")  # the Gram's pinching in a sine basis stands in for it
+    assert isinstance(beyond, hdmm.SquareRootStrategy) and isinstance(beyond.basis, SineBasis)
+    ratio = hdmm.expected_error(W, beyond, hdmm.ZCDP(1)) / hdmm.expected_error(W, convex.strategy, hdmm.ZCDP(1))
+    assert 1.0 - 1e-9 <= ratio < 1.05
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 30), kind=st.sampled_from(sorted(KINDS)), seed=st.integers(0, 2**31))
+def test_pinching_against_dense(n, kind, seed):
+    Q = SineBasis(n, kind).apply(np.eye(n))
+    F = np.random.default_rng(seed).standard_normal((n + 2, n))
+    G = F.T @ F
+    spectrum, kept = pinch(SineBasis(n, kind), hdmm.Explicit(G))
+    d = np.diag(Q.T @ G @ Q)
+    np.testing.assert_allclose(spectrum.values, d, atol=1e-10 * np.abs(G).max())
+    assert kept == pytest.approx((d @ d) / np.sum(G * G), rel=1e-10)
+    # a basis that diagonalises the Gram keeps all of it
+    exact, kept = pinch(SineBasis(n, kind), KINDS[kind](n).gram())
+    assert kept == pytest.approx(1.0, rel=1e-10)
+    np.testing.assert_allclose(exact.values, KINDS[kind](n).gram().spectrum().values, rtol=1e-9)
+
+
+UNIONS = {
+    "prefix + ranges": lambda n: hdmm.union([hdmm.Prefix(n), hdmm.AllRange(n)]),
+    "prefix + width-8": lambda n: hdmm.union([hdmm.Prefix(n), hdmm.WidthKRange(n, 8)]),
+    "identity + total": lambda n: hdmm.union([hdmm.Identity(n), hdmm.Total(n)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNIONS))
+def test_gaussian_factor_in_a_sine_basis_beyond_the_dense_limit(name, monkeypatch):
+    # a Gram with no closed-form spectrum beyond ROOT_DENSE_MAX_N: the square-root strategy of
+    # its pinching in a sine basis, against p-Identity when the basis keeps little of it
+    monkeypatch.setattr(kron, "CONVEX_MAX_N", 16)
+    monkeypatch.setattr(kron, "ROOT_DENSE_MAX_N", 32)
+    n = 96
+    W = UNIONS[name](n)
+    G = W.gram()
+    assert G.spectrum() is None and kron.factor_method(G, 2) == "sine basis"
+    root, kept = hdmm.SquareRootStrategy.in_sine_basis(G)
+    A = kron.optimize_factor(G, 2, None, 1, np.random.default_rng(0))
+    privacy = hdmm.ZCDP(1)
+    # the reported error is the dense one, and the strategy is at least as good as the root
+    Ad, Wd = A.dense(), W.dense()
+    scale = np.max(np.sum(Ad * Ad, axis=0))
+    dense = privacy.noise_variance(1.0) * scale * np.trace(Wd @ np.linalg.pinv(Ad.T @ Ad) @ Wd.T)
+    assert float(hdmm.expected_error(W, A, privacy)) == pytest.approx(dense, rel=1e-8)
+    assert privacy.noise_variance(1.0) * root.gram_pinv_trace_of_gram(G) == pytest.approx(float(hdmm.expected_error(W, root, privacy)), rel=1e-8)
+    assert float(hdmm.expected_error(W, A, privacy)) <= float(hdmm.expected_error(W, root, privacy)) * (1 + 1e-12)
+    optimum = float(hdmm.expected_error(W, hdmm.optimizers.convex.solve_convex(G.dense()).strategy, privacy))
+    ratio = float(hdmm.expected_error(W, A, privacy)) / optimum
+    if kept >= kron.SINE_KEPT_MIN:
+        assert isinstance(A, hdmm.SquareRootStrategy) and A.basis.same_as(root.basis) and ratio < 1.03
+    else:
+        assert ratio < 1.1
 
 
 def test_square_root_strategy_reconstructs_exactly_and_round_trips(tmp_path):

@@ -31,8 +31,13 @@ __all__ = ["factor_method", "optimize_factor", "factor_candidates", "opt_kron_un
 CONVEX_MAX_N = 2048
 
 #: Under Gaussian noise, larger attributes get the square-root strategy: with a fast eigenbasis
-#: at any size, else from a dense eigensolver up to this size (7 s at 4096), else p-Identity.
+#: at any size, else from a dense eigensolver up to this size (7 s at 4096), else in the sine
+#: basis that best diagonalises the Gram (``SquareRootStrategy.in_sine_basis``).
 ROOT_DENSE_MAX_N = 4096
+
+#: A sine-basis square-root strategy whose basis keeps less than this share of the Gram (its
+#: Frobenius norm squared) is compared with p-Identity.
+SINE_KEPT_MIN = 0.95
 
 #: Beyond this many values a block-diagonal candidate joins the search: the same strategy on
 #: blocks of at most this many consecutive values (at least an eighth of it), when the folded
@@ -41,19 +46,31 @@ TILE_BLOCK_N = 2048
 
 
 def factor_method(G: Matrix, norm: int) -> str:
-    """How :func:`optimize_factor` optimizes Gram ``G``: ``"convex"``, ``"square root"`` or ``"p-identity"``.
+    """How :func:`optimize_factor` optimizes Gram ``G``: ``"convex"``, ``"square root"``, ``"sine basis"`` or ``"p-identity"``.
 
     Gaussian noise: the convex program's global optimum (:mod:`.convex`) on up to
     ``CONVEX_MAX_N`` values; beyond, the square-root strategy (:mod:`.root`, within about 2% of
-    the SVD bound on range workloads) when ``G`` has a closed-form spectrum or at most
-    ``ROOT_DENSE_MAX_N`` values. Otherwise (and always under Laplace noise) p-Identity.
+    the SVD bound on range workloads), of ``G`` itself when it has a closed-form spectrum or at
+    most ``ROOT_DENSE_MAX_N`` values, else of its pinching in a sine basis. Laplace noise:
+    p-Identity.
     """
     n = G.shape[0]
-    if norm == 2 and n <= CONVEX_MAX_N:
+    if norm == 1:
+        return "p-identity"
+    if n <= CONVEX_MAX_N:
         return "convex"
-    if norm == 2 and (n <= ROOT_DENSE_MAX_N or G.spectrum() is not None):
+    if n <= ROOT_DENSE_MAX_N or G.spectrum() is not None:
         return "square root"
-    return "p-identity"
+    return "sine basis"
+
+
+def _pidentity(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.random.Generator,
+               warm: Matrix | None) -> tuple[PIdentity, float]:
+    """The p-Identity strategy for ``G`` and its error at unit noise (``warm`` seeds a start)."""
+    p = default_p(G.shape[0]) if p is None else p
+    T, value = optimize_pidentity(G, p, norm, restarts, rng,
+                                  start=warm.params if isinstance(warm, PIdentity) and warm.params.shape[0] == p else None)
+    return PIdentity(T, norm), value
 
 
 def optimize_factor(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.random.Generator,
@@ -61,18 +78,22 @@ def optimize_factor(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.
     """The best one-attribute strategy found for Gram ``G``, by :func:`factor_method`.
 
     A p-Identity strategy has ``p`` extra rows (:func:`.pidentity.default_p`); ``warm`` (a
-    previous :class:`PIdentity`) seeds one of its starts.
+    previous :class:`PIdentity`) seeds one of its starts. A sine-basis square-root strategy
+    whose basis keeps less than ``SINE_KEPT_MIN`` of ``G`` is compared with p-Identity by exact
+    error.
     """
     method = factor_method(G, norm)
     if method == "convex":
         return solve_convex(G.dense()).strategy
     if method == "square root":
         return SquareRootStrategy.for_gram(G)
-    n = G.shape[0]
-    p = default_p(n) if p is None else p
-    T, _ = optimize_pidentity(G, p, norm, restarts, rng,
-                              start=warm.params if isinstance(warm, PIdentity) and warm.params.shape[0] == p else None)
-    return PIdentity(T, norm)
+    if method == "sine basis":
+        root, kept = SquareRootStrategy.in_sine_basis(G)
+        if kept >= SINE_KEPT_MIN:
+            return root
+        A, value = _pidentity(G, norm, p, restarts, rng, warm)
+        return root if root.gram_pinv_trace_of_gram(G) <= value else A
+    return _pidentity(G, norm, p, restarts, rng, warm)[0]
 
 
 def _tiling(n: int) -> tuple[int, int, int]:
