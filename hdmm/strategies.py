@@ -45,6 +45,7 @@ from .error import expected_error
 from .marginals import Marginals, as_domain
 from .matrix import DENSE_LIMIT, Explicit, Identity, Kronecker, Matrix
 from .privacy import Privacy, PureDP
+from .spectral import blocks
 from .workload import AllRange, attribute_factors
 
 __all__ = [
@@ -60,8 +61,6 @@ __all__ = [
     "kronecker_baseline",
 ]
 
-#: Entries of the ``n x k`` blocks used when a Gram too large to densify is applied to vectors.
-_CHUNK_ENTRIES = 2**22
 #: GreedyH treats a node as flat when k = E s - z^T G z is below this fraction of E s.
 _FLAT_TOL = 1e-10
 #: Largest number of candidate cuboids :func:`datacube` will enumerate.
@@ -314,13 +313,12 @@ class _IntervalForms:
             G = self.dense
             return np.array([v[a:b] @ G[a:b, a:b] @ v[a:b] for a, b in zip(lo, hi)])
         out = np.empty(lo.size)
-        step = max(1, _CHUNK_ENTRIES // self.n)
-        for start in range(0, lo.size, step):
-            a, b = lo[start : start + step], hi[start : start + step]
+        for block in blocks(lo.size, self.n):
+            a, b = lo[block], hi[block]
             rows = _concat_ranges(a, b)
             Z = np.zeros((self.n, a.size), order="F")  # column-major: fast cumulative sums down columns
             Z[rows, np.repeat(np.arange(a.size), b - a)] = v[rows]
-            out[start : start + a.size] = np.einsum("ij,ij->j", Z, self.gram @ Z)
+            out[block] = np.einsum("ij,ij->j", Z, self.gram @ Z)
         return out
 
     def corners(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

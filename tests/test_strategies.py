@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import hdmm.spectral
 from hdmm import strategies as bs
 from hdmm import workload as wl
 from hdmm.domain import Domain
@@ -313,7 +314,7 @@ def test_greedy_h_implicit_route_matches_dense_route(monkeypatch):
     cases = [wl.Prefix(64), wl.AllRange(45), Explicit(rng.integers(0, 2, size=(20, 37)).astype(float))]
     dense = [bs.greedy_h(W, 2).dense() for W in cases]
     monkeypatch.setattr(bs, "DENSE_LIMIT", 0)
-    monkeypatch.setattr(bs, "_CHUNK_ENTRIES", 300)  # several blocks per level
+    monkeypatch.setattr(hdmm.spectral, "BLOCK_ENTRIES", 300)  # several blocks per level
     for W, want in zip(cases, dense):
         np.testing.assert_allclose(bs.greedy_h(W, 2).dense(), want, rtol=1e-7, atol=1e-9)
 
