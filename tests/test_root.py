@@ -42,8 +42,13 @@ def test_walks_cover_large_bases_in_bounded_blocks(monkeypatch):
     monkeypatch.setattr(hdmm.spectral, "BLOCK_ENTRIES", 100)
     s = hdmm.Prefix(30).gram().spectrum()
     walked = list(s.basis.columns())
-    assert len(walked) == 30 and all(Q.shape == (30, 1) for _, Q in walked)  # 100 // 60 = 1 column each
+    assert len(walked) == 10 and all(Q.shape == (30, 3) for _, Q in walked)  # 100 // 30 = 3 columns each
     np.testing.assert_allclose(np.hstack([Q for _, Q in walked]), s.basis.apply(np.eye(30)), atol=1e-12)
+    for kind in ("prefix", "allrange"):  # the closed-form entries agree with the transforms on long domains
+        basis, block = SineBasis(5001, kind), slice(4990, 5001)
+        np.testing.assert_allclose(basis.entries(slice(None), block), basis.apply(np.eye(5001)[:, block]), atol=1e-12)
+        np.testing.assert_allclose(basis.entries(block, slice(None)).T, basis.apply_transpose(np.eye(5001)[:, block]),
+                                   atol=1e-12)
 
 
 def test_spectra_combine_only_within_one_basis():

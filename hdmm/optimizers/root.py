@@ -17,7 +17,9 @@ feasible: the convex solver's first iterate. On prefix, all-range and width-32 r
 (n = 512 ... 2048) it is within 0.3-2% of the SVD bound in RMSE, against 0.2-1.4% for the
 certified optimum, so it is the Gaussian strategy of choice where the convex program's
 :math:`O(n^3)` Newton iterations are too slow, and a fast one whenever ``Q`` has a fast
-transform (:mod:`hdmm.spectral`: prefix and all-range Grams, at any ``n``).
+transform (:mod:`hdmm.spectral`: prefix and all-range Grams, at any ``n``). A Gram without one
+and too large for a dense eigensolver borrows a sine basis: the square-root strategy of its
+pinching in that basis (:meth:`SquareRootStrategy.in_sine_basis`).
 
 Everything goes through the basis: :math:`Ax = \lambda^{1/4} \circ Q^T(s \circ x)`,
 :math:`A^{-1} = S^{-1} Q \Lambda^{-1/4}`, :math:`\mathrm{diag}(R)` is one cosine transform for
