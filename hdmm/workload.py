@@ -41,6 +41,10 @@ from .matrix import (
 )
 from .spectral import Spectrum
 
+#: ``Ranges.gram()`` is a sparse matrix while the ranges' squared lengths sum to at most this
+#: (an upper bound on its non-zeros), else implicit (:class:`RangesGram`).
+SPARSE_GRAM_ENTRIES = 2**24
+
 __all__ = [
     "Total",
     "Identity",
@@ -52,6 +56,7 @@ __all__ = [
     "Predicates",
     "PrefixGram",
     "AllRangeGram",
+    "RangesGram",
     "Marginal",
     "Marginals",
     "DimKMarginals",
@@ -132,6 +137,12 @@ class Ranges(Matrix):
         return sp.csr_array((np.ones(rows.size), (rows, cols)), shape=self.shape)
 
     def gram(self):
+        r"""``S^T S`` as a sparse matrix while that stays small (short ranges: banded), else
+        implicit (:class:`RangesGram`): many long ranges make it dense, and forming it sparsely
+        would take :math:`\sum_r \mathrm{len}_r^2` work."""
+        lengths = (self.hi - self.lo).astype(float)
+        if float(lengths @ lengths) > SPARSE_GRAM_ENTRIES:
+            return RangesGram(self)
         S = self.sparse()
         return Explicit((S.T @ S).tocsr())
 
@@ -183,6 +194,38 @@ class _SymmetricStructured(Matrix):
 
     def trace(self):
         return float(np.sum(self.diag()))
+
+
+class RangesGram(_SymmetricStructured):
+    r"""Gram of interval queries, kept implicit: :math:`G_{ij} = \#\{r : lo_r \le \min(i,j),\ \max(i,j) < hi_r\}`.
+
+    A product is the intervals' own two products (prefix sums, then a difference array),
+    :math:`O((n + m)k)` for ``k`` vectors; ``dense()`` counts the intervals by their two ends
+    and sums the counts over the corner :math:`lo \le i`, :math:`hi > j` (:math:`O(n^2 + m)`).
+    """
+
+    def __init__(self, ranges: Ranges):
+        super().__init__(ranges.n)
+        self.ranges = ranges
+
+    def _matmat(self, X):
+        return self.ranges._rmatmat(self.ranges._matmat(X))
+
+    def diag(self):
+        return self.ranges.column_norm_powers(2).to_array()
+
+    def dense(self, max_entries=None):
+        n = self.n
+        _check_dense_size(n, n, "dense() of a RangesGram", max_entries)
+        counts = np.zeros((n + 1, n + 1))
+        np.add.at(counts, (self.ranges.lo, self.ranges.hi), 1.0)
+        # corner[a, b] = #{r : lo_r <= a, hi_r >= b}; G_ij = corner[i, j + 1] for i <= j
+        corner = np.cumsum(np.cumsum(counts[:, ::-1], axis=1)[:, ::-1], axis=0)
+        upper = np.triu(corner[:n, 1:])
+        return upper + np.triu(upper, 1).T
+
+    def __repr__(self):
+        return f"RangesGram(n={self.n}, {self.ranges.shape[0]:,} ranges)"
 
 
 class PrefixGram(_SymmetricStructured):

@@ -65,11 +65,25 @@ def test_ranges(case, seed):
     close(R.sparse().toarray(), ref)
     close(R.gram().dense(), ref.T @ ref)
     close(R.gram() @ x, ref.T @ ref @ x)
+    implicit = wl.RangesGram(R)  # what gram() returns for many long ranges
+    close(implicit.dense(), ref.T @ ref)
+    close(implicit @ x, ref.T @ ref @ x)
+    close(implicit.T @ x, ref.T @ ref @ x)
+    close(implicit.diag(), np.diag(ref.T @ ref))
+    close(implicit.trace(), np.trace(ref.T @ ref))
     close(R.sensitivity(1), ref.sum(axis=0).max())
     close(R.sensitivity(2), np.sqrt((ref**2).sum(axis=0)).max())
     B = rng.standard_normal((n, n))
     X = B + B.T
     close(R.quadratic_diag(X), np.diag(ref @ X @ ref.T))
+
+
+def test_ranges_gram_is_sparse_while_small(monkeypatch):
+    R = wl.WidthKRange(50, 4)
+    assert isinstance(R.gram(), wl.Explicit) and R.gram().is_sparse
+    monkeypatch.setattr(wl, "SPARSE_GRAM_ENTRIES", 4 * 4 * 47 - 1)
+    assert isinstance(R.gram(), wl.RangesGram)
+    close(R.gram().dense(), R.dense().T @ R.dense())
 
 
 @SETTINGS
