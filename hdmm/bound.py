@@ -52,8 +52,11 @@ __all__ = ["SVDBound", "svd_bound", "nuclear_norm"]
 FACTOR_LIMIT = 8192
 #: Largest number of eigenvalue blocks needing a solve of their own that the commuting-attribute split may create.
 BLOCK_LIMIT = 4096
-#: Largest (scalar blocks) x (union terms) summed in the vectorised pass of the split.
-SCALAR_LIMIT = 2**25
+#: Largest (scalar blocks) x (union terms) summed in the vectorised pass of the split (work),
+#: and largest number of entries it holds at once (memory: union terms times all but the
+#: largest attribute's classes).
+SCALAR_WORK_LIMIT = 2**31
+SCALAR_TAIL_LIMIT = 2**25
 #: Largest block solved by a dense eigensolver by default (one eigenvalue solve: 6.5 s at 4096,
 #: about a minute at 8192, on one core); larger blocks are estimated.
 EXACT_LIMIT = 8192
@@ -147,23 +150,31 @@ def _band(G: Matrix) -> np.ndarray | None:
     return band
 
 
+def _eigen_route(G: Matrix) -> str:
+    """How :func:`_gram_eigenvalues` gets a factor Gram's eigenvalues: ``"closed form"``, ``"band"`` or ``"dense"``."""
+    if isinstance(G, Weighted):
+        return _eigen_route(G.base)
+    if isinstance(G, (Identity, Ones)) or G.spectrum() is not None:
+        return "closed form"
+    return "dense" if _band(G) is None else "band"
+
+
 def _gram_eigenvalues(G: Matrix, dense: np.ndarray | None = None) -> np.ndarray:
     """The eigenvalues of a factor Gram: closed form (identity, all-ones, prefixes, all ranges,
     their multiples), banded solver (ranges of bounded width) or dense (``dense``, when already
     formed)."""
     n = G.shape[0]
-    if isinstance(G, Identity):
-        return np.ones(n)
-    if isinstance(G, Ones):
-        return np.concatenate([[float(n)], np.zeros(n - 1)])
-    if isinstance(G, Weighted):
+    route = _eigen_route(G)
+    if isinstance(G, Weighted) and route != "dense":
         return G.weight * _gram_eigenvalues(G.base)
-    spectrum = G.spectrum()
-    if spectrum is not None:
-        return spectrum.values
-    band = _band(G)
-    if band is not None:
-        return scipy.linalg.eigvals_banded(band, check_finite=False)
+    if route == "closed form":
+        if isinstance(G, Identity):
+            return np.ones(n)
+        if isinstance(G, Ones):
+            return np.concatenate([[float(n)], np.zeros(n - 1)])
+        return G.spectrum().values
+    if route == "band":
+        return scipy.linalg.eigvals_banded(_band(G), check_finite=False)
     return np.linalg.eigvalsh(G.dense(max_entries=FACTOR_LIMIT**2) if dense is None else dense)
 
 
@@ -190,35 +201,57 @@ class _AttributeSplit:
     r"""One attribute's factor Grams split into common eigenvectors and an invariant rest.
 
     ``lam[k, c]`` is the eigenvalue of Gram ``k`` on class ``c`` of common eigenvectors
-    (vectors that are eigenvectors of every Gram, grouped by their eigenvalue signature) and
+    (vectors that are eigenvectors of every Gram, grouped by their eigenvalues) and
     ``mult[c]`` the class's dimension. ``rest[k]`` is Gram ``k`` restricted to the orthogonal
     complement of all common eigenvectors (empty when the Grams commute), a subspace every
-    Gram maps into itself. ``rest_ops`` are the same as implicit matrices, for products: the
-    Grams themselves (fast for prefixes and ranges) when the attribute is kept whole.
+    Gram maps into itself; ``rest_ops[k]`` is the same as an implicit matrix, for products:
+    the Gram itself (fast for prefixes and ranges) when the attribute is kept whole.
     """
 
     lam: np.ndarray
     mult: np.ndarray
     rest: list[np.ndarray]
-    rest_ops: list[Matrix] | None = None
+    rest_ops: list[Matrix]
 
-    def __post_init__(self):
-        if self.rest_ops is None:
-            self.rest_ops = [Explicit(R) for R in self.rest]
+    @classmethod
+    def whole(cls, grams: list[np.ndarray], ops: list[Matrix]) -> _AttributeSplit:
+        """No common eigenvectors: every Gram is its own rest."""
+        return cls(np.zeros((len(grams), 0)), np.zeros(0), grams, ops)
+
+    @classmethod
+    def commuting(cls, lam: np.ndarray, grams: list[np.ndarray]) -> _AttributeSplit:
+        """Every eigenvector common, with eigenvalues ``lam`` (one row per Gram): no rest."""
+        classes, mult = _classes(_clean(lam, grams))
+        return cls(classes, mult, [np.zeros((0, 0))] * len(grams), [])
 
     @property
     def options(self) -> int:
         return self.mult.size + (1 if self.rest[0].size else 0)
 
 
-def _classes(lam: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
-    """Group common eigenvectors (columns of ``lam``, one eigenvalue per Gram) by signature:
-    the distinct columns and how many eigenvectors share each."""
+def _clean(lam: np.ndarray, grams: list[np.ndarray]) -> np.ndarray:
+    """Eigenvalues (one row per Gram) with rounding-level ones, below 1e-12 of their own Gram's
+    largest, set to 0 (as :func:`_rank` counts them): a zero is a zero in any product."""
+    top = np.array([max(float(np.abs(G).max(initial=0.0)), float(np.abs(row).max(initial=0.0)))
+                    for G, row in zip(grams, lam)])
+    return np.where(lam > 1e-12 * top[:, None], lam, 0.0)
+
+
+#: Common eigenvectors whose eigenvalues agree to this relative tolerance on every Gram share a class.
+CLASS_RTOL = 1e-10
+
+
+def _classes(lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group common eigenvectors (columns of ``lam``, one eigenvalue per Gram) whose eigenvalues
+    agree on every Gram (``CLASS_RTOL``): each group's mean eigenvalues and its size."""
     if not lam.shape[1]:
         return np.zeros((lam.shape[0], 0)), np.zeros(0)
-    signature = np.round(lam / (1e-8 * scale), 0)
-    _, first, inverse = np.unique(signature, axis=1, return_index=True, return_inverse=True)
-    return lam[:, first], np.bincount(inverse.ravel(), minlength=first.size).astype(float)
+    ordered = lam[:, np.lexsort(lam[::-1])]
+    gap = np.abs(np.diff(ordered, axis=1))
+    new = np.any(gap > CLASS_RTOL * np.maximum(np.abs(ordered[:, 1:]), np.abs(ordered[:, :-1])), axis=0)
+    group = np.concatenate([[0], np.cumsum(new)])
+    size = np.bincount(group).astype(float)
+    return np.stack([np.bincount(group, weights=row) for row in ordered]) / size, size
 
 
 def _shared_base_split(grams: list[np.ndarray], ops: list[Matrix]) -> _AttributeSplit | None:
@@ -226,54 +259,50 @@ def _shared_base_split(grams: list[np.ndarray], ops: list[Matrix]) -> _Attribute
 
     Then every eigenvector of ``B`` is common to all, with eigenvalues :math:`a_k + b_k\lambda`,
     so only ``B``'s eigenvalues are needed (:func:`_gram_eigenvalues`: closed form or banded
-    for range workloads), no eigenvectors. ``None`` when the Grams are not of that form.
+    for range workloads, so a Gram with such a route is the preferred ``B``), no eigenvectors.
+    ``None`` when the Grams are not of that form.
     """
     n = grams[0].shape[0]
-    scale = max(float(np.abs(G).max()) for G in grams) or 1.0
-    off = [G - np.diag(np.diagonal(G)) for G in grams]
-    moving = [k for k, O in enumerate(off) if np.any(O)]
+    moving = [k for k, G in enumerate(grams) if not _is_diagonal(G)]
     if not moving:  # all diagonal: the unit vectors are the common eigenvectors
-        classes, mult = _classes(np.stack([np.diagonal(G) for G in grams]), scale)
-        return _AttributeSplit(classes, mult, [np.zeros((0, 0))] * len(grams))
-    base = moving[0]
-    peak = np.unravel_index(np.argmax(np.abs(off[base])), (n, n))
+        return _AttributeSplit.commuting(np.stack([np.diagonal(G) for G in grams]), grams)
+    base = min(moving, key=lambda k: _eigen_route(ops[k]) == "dense")
+    B = grams[base]
+    off = np.abs(B)
+    np.fill_diagonal(off, 0.0)
+    peak = np.unravel_index(np.argmax(off), (n, n))
+    del off
     coefs = []
     for G in grams:
-        b = G[peak] / grams[base][peak]
-        a = float(np.mean(np.diagonal(G) - b * np.diagonal(grams[base])))
-        rest = G - b * grams[base]
+        b = G[peak] / B[peak]
+        a = float(np.mean(np.diagonal(G) - b * np.diagonal(B)))
+        rest = G - b * B
         rest[np.diag_indices(n)] -= a
         if np.abs(rest).max() > 1e-12 * max(np.abs(G).max(), 1e-300):
             return None
         coefs.append((a, b))
-    values = _gram_eigenvalues(ops[base], grams[base])
-    lam = np.stack([a + b * values for a, b in coefs])
-    classes, mult = _classes(lam, scale)
-    return _AttributeSplit(classes, mult, [np.zeros((0, 0))] * len(grams))
+    values = _gram_eigenvalues(ops[base], B)
+    return _AttributeSplit.commuting(np.stack([a + b * values for a, b in coefs]), grams)
 
 
-def _split_attribute(grams: list[np.ndarray], ops: list[Matrix], rng: np.random.Generator, eig: _Eigen) -> _AttributeSplit:
+def _split_attribute(grams: list[np.ndarray], ops: list[Matrix], rng: np.random.Generator) -> _AttributeSplit:
     """Find the common eigenvectors of symmetric matrices by diagonalising a random mix.
 
     Every common eigenvector is an eigenvector of ``sum_k r_k G_k``; for random ``r`` its
     eigenvectors are common eigenvectors exactly when their residuals vanish. The remaining
-    eigenvectors span the orthogonal complement, which is invariant under every ``G_k``. Equal
-    Grams are their own mix: their eigendecomposition is kept in ``eig`` for reuse.
+    eigenvectors span the orthogonal complement, which is invariant under every ``G_k``.
     """
     scale = max(float(np.abs(G).max()) for G in grams) or 1.0
     n = grams[0].shape[0]
-    if all(np.array_equal(G, grams[0]) for G in grams[1:]):
-        _, V = eig(grams[0])
-    else:
-        _, V = np.linalg.eigh(sum(rng.uniform(1.0, 2.0) * G for G in grams))
+    _, V = np.linalg.eigh(sum(rng.uniform(1.0, 2.0) * G for G in grams))
     images = [G @ V for G in ops]  # implicit products: banded, prefix and range Grams are cheap
     lam = np.stack([np.einsum("ij,ij->j", V, GV) for GV in images])
     residual = np.max([np.linalg.norm(GV - V * l, axis=0) for GV, l in zip(images, lam)], axis=0)
     common = residual <= 1e-9 * scale * n
-    classes, mult = _classes(lam[:, common], scale)
+    classes, mult = _classes(_clean(lam[:, common], grams))
     U = V[:, ~common]
-    rest = [U.T @ GV[:, ~common] for GV in images]
-    return _AttributeSplit(classes, mult, [(R + R.T) / 2 for R in rest])
+    rest = [(R + R.T) / 2 for R in (U.T @ GV[:, ~common] for GV in images)]
+    return _AttributeSplit(classes, mult, rest, [Explicit(R) for R in rest])
 
 
 class _Eigen:
@@ -336,8 +365,6 @@ def _block_norm(w2: np.ndarray, index: np.ndarray, parts: list[_AttributeSplit],
     grams = [part.rest for part in parts]
     live = w2 > 0
     w2, index = w2[live], index[live]
-    if index.shape[1] == 0:
-        return _Norm(math.sqrt(float(w2.sum())), 0.0, "closed form")
     if w2.size == 1:  # one Kronecker product: the product of its factors' norms
         value = math.sqrt(float(w2[0])) * math.prod(_sqrt_sum(eig.values(grams[i][k])) for i, k in enumerate(index[0]))
         return _Norm(value, 0.0, "Kronecker product of factor norms")
@@ -361,7 +388,8 @@ def _block_norm(w2: np.ndarray, index: np.ndarray, parts: list[_AttributeSplit],
              for wb, ib in zip(w2, index)]
             for wa, ia in zip(w2, index)
         ]
-        return _Norm(_eig_sqrt_sum(np.block(blocks)), 0.0, f"dense eigenvalues ({rows:,} x {rows:,} row Gram)")
+        M = np.block(blocks)
+        return _Norm(_eig_sqrt_sum(M), 0.0, f"dense eigenvalues ({M.shape[0]:,} x {M.shape[0]:,} row Gram)")
     gram = Sum([Weighted(Kronecker([parts[i].rest_ops[k] for i, k in enumerate(ix)]), w) for w, ix in zip(w2, index)])
     est = trace_sqrt(gram._matmat, cols, probes=probes, max_steps=steps, rng=rng)
     # the quadrature bracket's half-width bounds the Lanczos bias; add it to the sampling error
@@ -382,13 +410,11 @@ def _scalar_blocks(w2: np.ndarray, index: np.ndarray, splits: list[_AttributeSpl
     for i in order[:-1]:
         tail = (tail[:, :, None] * splits[i].lam[index[:, i]][:, None, :]).reshape(len(w2), -1)
         tail_mult = np.outer(tail_mult, splits[i].mult).ravel()
-    lam = lead.lam[index[:, order[-1]]]
-    # eigenvalues that are zero up to rounding do not count
-    floor = 1e-12 * float(w2.max()) * math.prod(float(np.abs(s.lam).max()) for s in splits)
+    lam = lead.lam[index[:, order[-1]]]  # eigenvalues are clean (_clean): no rounding-level ones
     total = 0.0
     for chunk in blocks(lam.shape[1], tail.shape[1]):
         values = lam[:, chunk].T @ tail
-        total += float(lead.mult[chunk] @ np.sqrt(np.where(values > floor, values, 0.0)) @ tail_mult)
+        total += float(lead.mult[chunk] @ np.sqrt(np.clip(values, 0.0, None)) @ tail_mult)
     return total
 
 
@@ -411,7 +437,7 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
     for gs, os in zip(grams, ops):
         for G, op in zip(gs, os):
             eig.register(G, op)
-    whole = [_AttributeSplit(np.zeros((len(gs), 0)), np.zeros(0), gs, os) for gs, os in zip(grams, ops)]
+    whole = [_AttributeSplit.whole(gs, os) for gs, os in zip(grams, ops)]
     shared = [_shared_base_split(gs, os) for gs, os in zip(grams, ops)]
     splits = [whole[i] if s is None else s for i, s in enumerate(shared)]
     # a general split costs a few dense n x n eigensolves; it pays on small attributes, when
@@ -423,14 +449,17 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
         block_size = union.sizes[i] * math.prod(s.rest[0].shape[0] or 1 for s in others)
         pays = union.sizes[i] <= SPLIT_ALWAYS_N or blocks_using >= SPLIT_MIN_BLOCKS or block_size > exact_limit
         if pays and union.sizes[i] <= SPLIT_MAX_N:
-            splits[i] = _split_attribute(grams[i], ops[i], rng, eig)
+            splits[i] = _split_attribute(grams[i], ops[i], rng)
 
-    def work() -> tuple[int, int]:
-        scalars = math.prod(s.mult.size for s in splits)
-        return math.prod(s.options for s in splits) - scalars, scalars * union.num_terms
+    def too_much() -> bool:
+        classes = sorted(s.mult.size for s in splits)
+        solves = math.prod(s.options for s in splits) - math.prod(classes)
+        scalar_work = math.prod(classes) * union.num_terms
+        tail = math.prod(classes[:-1]) * union.num_terms  # memory of _scalar_blocks
+        return solves > BLOCK_LIMIT or scalar_work > SCALAR_WORK_LIMIT or tail > SCALAR_TAIL_LIMIT
 
     # keep the work bounded: attributes with the most classes stay whole first
-    while work()[0] > BLOCK_LIMIT or work()[1] > SCALAR_LIMIT:
+    while too_much():
         i = max(range(union.dim), key=lambda k: splits[k].options)
         splits[i] = whole[i]
     w2 = union.weights**2
@@ -447,7 +476,7 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
                 for i, c in zip(others, classes):
                     scale = scale * splits[i].lam[union.index[:, i], c]
                     mult *= splits[i].mult[c]
-                if not np.any(scale > 1e-12 * w2.max()):
+                if not np.any(scale > 0):  # the eigenvalues are clean: zero means zero
                     continue
                 norm = _block_norm(scale, union.index[:, list(rest_attrs)], [splits[i] for i in rest_attrs],
                                    exact_limit, probes, steps, rng, eig)

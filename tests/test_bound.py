@@ -134,9 +134,39 @@ def test_shared_base_and_diagonal_attributes_split_without_eigenvectors(limits, 
     # every attribute splits fully from eigenvalues alone, so all blocks are scalars: exact
     # however few separate solves are allowed; with no room for scalars, attributes stay whole
     monkeypatch.setattr(hdmm_bound, "BLOCK_LIMIT", limits[0])
-    monkeypatch.setattr(hdmm_bound, "SCALAR_LIMIT", limits[1])
+    monkeypatch.setattr(hdmm_bound, "SCALAR_WORK_LIMIT", limits[1])
     b = check_exact(_shared_base_union(), ZCDP(1.0))
     assert ("closed form" in b.method) == (limits[1] > 1)
+
+
+@pytest.mark.parametrize("make, n, d", [(wl.AllRange, 128, 3), (wl.Prefix, 200, 3), (wl.AllRange, 32, 4)])
+def test_range_on_each_attribute_spans_a_wide_eigenvalue_range(make, n, d):
+    # one range workload per attribute, the identity elsewhere: the Gram is a Kronecker sum, its
+    # eigenvalues are sums of the attribute's eigenvalues, from tiny to huge across attributes
+    terms = [Kronecker([make(n) if j == i else Identity(n) for j in range(d)]) for i in range(d)]
+    lam = make(n).gram().spectrum().values
+    total = np.zeros(1)
+    for _ in range(d):
+        total = (total[:, None] + lam[None, :]).ravel()
+    privacy = ZCDP(1.0)
+    want = privacy.noise_variance(1.0) * np.sqrt(total).sum() ** 2 / n**d
+    b = svd_bound(wl.union(terms), privacy)
+    assert b.exact and b.value == pytest.approx(want, rel=1e-8)
+
+
+@pytest.mark.parametrize("scale", [1e4, 1e-4])
+def test_factors_of_very_different_scales(scale):
+    # eigenvalues far above or below 1 in some factors must not be taken for rounding noise
+    n = 8
+    P, eye = wl.Prefix(n).dense(), np.eye(n)
+    unions = [
+        [Kronecker([scale * wl.AllRange(n), Identity(n), wl.Prefix(n)]), Kronecker([Identity(n), scale * wl.Prefix(n), Identity(n)])],
+        [Kronecker([Explicit(scale * P), Explicit(scale * eye), wl.Prefix(n)]),
+         Kronecker([Explicit(scale * eye), Explicit(scale * P), wl.AllRange(n)])],
+    ]
+    for terms in unions:
+        ref = np.vstack([np.kron(np.kron(t.factors[0].dense(), t.factors[1].dense()), t.factors[2].dense()) for t in terms])
+        check_exact(Pair(wl.union(terms), ref), ZCDP(1.0))
 
 
 # ====================================================================== stochastic Lanczos fall-back

@@ -35,10 +35,6 @@ CONVEX_MAX_N = 2048
 #: basis that best diagonalises the Gram (``SquareRootStrategy.in_sine_basis``).
 ROOT_DENSE_MAX_N = 4096
 
-#: A sine-basis square-root strategy whose basis keeps less than this share of the Gram (its
-#: Frobenius norm squared) is compared with p-Identity.
-SINE_KEPT_MIN = 0.95
-
 #: Beyond this many values a block-diagonal candidate joins the search: the same strategy on
 #: blocks of at most this many consecutive values (at least an eighth of it), when the folded
 #: Gram is sparse (a local workload; see :mod:`hdmm.block_diagonal`).
@@ -78,9 +74,7 @@ def optimize_factor(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.
     """The best one-attribute strategy found for Gram ``G``, by :func:`factor_method`.
 
     A p-Identity strategy has ``p`` extra rows (:func:`.pidentity.default_p`); ``warm`` (a
-    previous :class:`PIdentity`) seeds one of its starts. A sine-basis square-root strategy
-    whose basis keeps less than ``SINE_KEPT_MIN`` of ``G`` is compared with p-Identity by exact
-    error.
+    previous :class:`PIdentity`) seeds one of its starts.
     """
     method = factor_method(G, norm)
     if method == "convex":
@@ -88,11 +82,7 @@ def optimize_factor(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.
     if method == "square root":
         return SquareRootStrategy.for_gram(G)
     if method == "sine basis":
-        root, kept = SquareRootStrategy.in_sine_basis(G)
-        if kept >= SINE_KEPT_MIN:
-            return root
-        A, value = _pidentity(G, norm, p, restarts, rng, warm)
-        return root if root.gram_pinv_trace_of_gram(G) <= value else A
+        return SquareRootStrategy.in_sine_basis(G)
     return _pidentity(G, norm, p, restarts, rng, warm)[0]
 
 
@@ -132,24 +122,27 @@ def _block_candidate(G: Matrix, norm: int, p: int | None, restarts: int, rng: np
 
 def factor_candidates(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.random.Generator,
                       warm: Matrix | None = None) -> list[Matrix]:
-    """Strategies for Gram ``G`` worth comparing: :func:`optimize_factor`'s, and a block-diagonal one.
+    """Strategies for Gram ``G`` worth comparing: :func:`optimize_factor`'s, a block-diagonal one, p-Identity.
 
     Beyond ``TILE_BLOCK_N`` values, ``G`` is folded onto blocks of ``m`` consecutive values
     (:func:`_tiling`, :func:`hdmm.block_diagonal.fold`); when the fold is sparse (only local
     workloads, whose queries stay within a few cells, have sparse folds), the block strategy is
     optimized on it (the square-root strategy under Gaussian noise, :func:`optimize_factor`
-    under Laplace) and repeated along the diagonal, with identity cells for any tail. It then replaces a p-Identity over the whole domain, whose
-    ``default_p`` rows cannot cover a long domain at the scale of a local workload (width-32
-    ranges on 4096 and 8192 values: RMSE 7.29 and 7.67 against 6.41 in blocks, under Laplace
-    noise); a convex or square-root strategy over the whole domain stays a candidate. The
-    caller keeps whichever candidate has the least exact error.
+    under Laplace) and repeated along the diagonal, with identity cells for any tail. It then
+    replaces a p-Identity over the whole domain, whose ``default_p`` rows cannot cover a long
+    domain at the scale of a local workload (width-32 ranges on 4096 and 8192 values: RMSE 7.29
+    and 7.67 against 6.41 in blocks, under Laplace noise); a convex or square-root strategy over
+    the whole domain stays a candidate. A square-root strategy in a borrowed sine basis
+    (``"sine basis"``) rests on an approximation of ``G`` that may miss what matters to the
+    error (prefixes of a shuffled domain), so without a block candidate p-Identity joins it.
+    The caller keeps whichever candidate has the least exact error.
     """
+    method = factor_method(G, norm)
     block = _block_candidate(G, norm, p, restarts, rng, warm)
-    if block is None:
-        return [optimize_factor(G, norm, p, restarts, rng, warm)]
-    if factor_method(G, norm) == "p-identity":
-        return [block]
-    return [optimize_factor(G, norm, p, restarts, rng, warm), block]
+    found = [] if method == "p-identity" and block is not None else [optimize_factor(G, norm, p, restarts, rng, warm)]
+    if method == "sine basis" and block is None:
+        found.append(_pidentity(G, norm, p, restarts, rng, warm)[0])
+    return found + ([] if block is None else [block])
 
 
 def _total_supports(factors: list[Matrix]) -> bool:

@@ -55,8 +55,8 @@ def opt0(W: Matrix, p: int | None = None, noise: str = "laplace", restarts: int 
     the square-root strategy (:class:`~hdmm.optimizers.root.SquareRootStrategy`, within about 2%
     of the SVD bound on range workloads) when the Gram has a closed-form spectrum (prefixes, all
     ranges) or up to 4096 values, else the square-root strategy of the Gram's pinching in a sine
-    basis (compared with p-Identity with L2-normalised columns when that basis keeps under 95%
-    of the Gram; :meth:`~hdmm.optimizers.root.SquareRootStrategy.in_sine_basis`). Beyond 2048
+    basis (:meth:`~hdmm.optimizers.root.SquareRootStrategy.in_sine_basis`), compared with
+    p-Identity with L2-normalised columns. Beyond 2048
     values, a local workload (its Gram folded onto blocks is sparse) is also measured in blocks
     of at most 2048 values (:mod:`hdmm.block_diagonal`), in place of a whole-domain p-Identity
     (:func:`~hdmm.optimizers.kron.factor_candidates`). The best candidate

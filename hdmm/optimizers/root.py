@@ -129,7 +129,7 @@ class SquareRootStrategy(Matrix):
         return cls._tuned(spectrum, G)
 
     @classmethod
-    def in_sine_basis(cls, G: Matrix) -> tuple[SquareRootStrategy, float]:
+    def in_sine_basis(cls, G: Matrix) -> SquareRootStrategy:
         r"""The square-root strategy of ``G``'s pinching in the sine basis that keeps most of it.
 
         For a Gram with no closed-form spectrum and too many values for a dense eigensolver.
@@ -139,16 +139,13 @@ class SquareRootStrategy(Matrix):
         strategy, its floor tuned and its error computed against ``G`` itself. Every product
         stays :math:`O(n \log n)` per vector. Unions of prefixes, ranges and the identity keep
         over 98% and land within 0.5% of the convex optimum in RMSE (n = 1024); a Gram far from
-        both bases (the prefixes of a shuffled domain) keeps under half and does badly.
-
-        Returns
-        -------
-        (SquareRootStrategy, float)
-            The strategy and the share kept (1: the basis diagonalises ``G``).
+        both bases (the prefixes of a shuffled domain) keeps under half and does badly, so
+        callers compare the result with another strategy
+        (:func:`hdmm.optimizers.kron.factor_candidates`).
         """
-        spectrum, kept = max((pinch(SineBasis(G.shape[0], kind), G) for kind in ("prefix", "allrange")),
-                             key=lambda pair: pair[1])
-        return cls._tuned(spectrum, G), kept
+        spectrum, _ = max((pinch(SineBasis(G.shape[0], kind), G) for kind in ("prefix", "allrange")),
+                          key=lambda pair: pair[1])
+        return cls._tuned(spectrum, G)
 
     @classmethod
     def _tuned(cls, spectrum: Spectrum, G: Matrix) -> SquareRootStrategy:
