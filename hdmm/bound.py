@@ -229,12 +229,21 @@ class _AttributeSplit:
         return self.mult.size + (1 if self.rest[0].size else 0)
 
 
+#: An eigenvalue below this fraction of its Gram's largest is rounding: it counts as zero.
+ZERO_RTOL = 1e-12
+
+
+def _nonzero(values: np.ndarray) -> np.ndarray:
+    """Which eigenvalues of one Gram count as non-zero (``ZERO_RTOL``)."""
+    return values > ZERO_RTOL * max(values.max(initial=0.0), 1e-300)
+
+
 def _clean(lam: np.ndarray, grams: list[np.ndarray]) -> np.ndarray:
-    """Eigenvalues (one row per Gram) with rounding-level ones, below 1e-12 of their own Gram's
-    largest, set to 0 (as :func:`_rank` counts them): a zero is a zero in any product."""
+    """Eigenvalues (one row per Gram) with the rounding-level ones (``ZERO_RTOL`` of their own
+    Gram's largest) set to 0: a zero is a zero in any product."""
     top = np.array([max(float(np.abs(G).max(initial=0.0)), float(np.abs(row).max(initial=0.0)))
                     for G, row in zip(grams, lam)])
-    return np.where(lam > 1e-12 * top[:, None], lam, 0.0)
+    return np.where(lam > ZERO_RTOL * top[:, None], lam, 0.0)
 
 
 #: Common eigenvectors whose eigenvalues agree to this relative tolerance on every Gram share a class.
@@ -348,14 +357,13 @@ def _is_diagonal(G: np.ndarray) -> bool:
 
 
 def _rank(G: np.ndarray, eig: _Eigen) -> int:
-    vals = eig.values(G)
-    return int(np.count_nonzero(vals > 1e-12 * max(vals.max(), 1e-300)))
+    return int(np.count_nonzero(_nonzero(eig.values(G))))
 
 
 def _compressed(G: np.ndarray, eig: _Eigen) -> np.ndarray:
     """``R`` with ``R^T R = G`` and one row per non-zero eigenvalue (:func:`_rank` many)."""
     vals, vecs = eig(G)
-    keep = vals > 1e-12 * max(vals.max(), 1e-300)
+    keep = _nonzero(vals)
     return (vecs[:, keep] * np.sqrt(vals[keep])).T
 
 
