@@ -185,6 +185,30 @@ def test_slq_fallback(seed):
     assert again.value == b.value and again.stderr == b.stderr
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_slq_on_whole_attributes_uses_their_own_products(seed, monkeypatch):
+    # no eigenvector split and no exact solve: whole attributes go to stochastic Lanczos
+    # quadrature through the factor Grams themselves (prefix and range Grams are implicit)
+    monkeypatch.setattr(hdmm_bound, "SPLIT_MAX_N", 0)
+    W = _non_commuting_union()
+    privacy = ZCDP(1.0)
+    truth = dense_svd_bound(W.ref, privacy)
+    b = svd_bound(W.mat, privacy, exact_limit=1, seed=seed)
+    assert not b.exact and "Lanczos" in b.method
+    assert abs(b.value - truth) <= 4 * b.stderr + 1e-9 * truth, (b, truth)
+
+
+def test_a_near_multiple_of_a_shared_gram_is_not_taken_for_one():
+    # G2 = 2 B + 1e-7 E is no combination of I and B: the general split must handle it, exactly
+    n = 7
+    E = np.random.default_rng(5).standard_normal((n, n))
+    terms = [Kronecker([wl.Prefix(n), Identity(3)]), Kronecker([Explicit(np.sqrt(2.0) * wl.Prefix(n).dense() + 1e-7 * E), wl.Total(3)])]
+    ref = np.vstack([np.kron(t.factors[0].dense(), t.factors[1].dense()) for t in terms])
+    grams = [t.factors[0].gram() for t in terms]
+    assert hdmm_bound._shared_base_split([G.dense() for G in grams], grams) is None
+    check_exact(Pair(wl.union(terms), ref), ZCDP(1.0))
+
+
 @SETTINGS
 @given(domain_shapes().flatmap(workloads_on), st.integers(0, 2**16))
 def test_slq_fallback_on_random_unions(W, seed):
