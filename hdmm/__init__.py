@@ -47,6 +47,7 @@ from .optimizers import (
 from .privacy import ZCDP, ApproxDP, Privacy, PureDP
 from .release import Release, run
 from .kron_union import KronUnion
+from . import strategies  # the baselines, as a namespace: hdmm.strategies.hb(64), ...
 from .workload import (
     AllRange,
     IdentityTotal,
@@ -117,6 +118,7 @@ __all__ = [
     "rmse",
     "run",
     "save_strategy",
+    "strategies",
     "svd_bound",
     "union",
 ]

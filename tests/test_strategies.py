@@ -428,3 +428,13 @@ def test_greedy_h_bad_inputs():
         bs.greedy_h(gram=np.ones((3, 4)))
     with pytest.raises(TypeError, match="hdmm matrix"):
         bs.greedy_h(np.eye(4))
+
+
+def test_baselines_are_reachable_from_the_package():
+    # ``import hdmm`` alone must expose the namespace the README documents
+    import subprocess
+    import sys
+
+    code = "import hdmm; print(hdmm.strategies.hb(16).shape, callable(hdmm.strategies.datacube))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == f"{bs.hb(16).shape} True"
