@@ -78,6 +78,10 @@ STABLE_MAX_N = 2048
 #: Below this fraction of non-zeros, ``T`` is handled as a sparse matrix.
 SPARSE_DENSITY = 0.1
 
+#: In a cautious run (see :func:`optimize_pidentity`) a step may at most halve an entry larger
+#: than this fraction of the largest entry; smaller entries may still drop to zero.
+CAUTIOUS_MIN = 1e-2
+
 #: L-BFGS memory (number of correction pairs).
 MEMORY = 10
 
@@ -242,7 +246,8 @@ def _two_loop(q: np.ndarray, S: list, Y: list, rho: list) -> np.ndarray:
     return q
 
 
-def _projected_lbfgs(problem: _Problem, T0: np.ndarray, maxiter: int, ftol: float = 1e-10, window_tol: float = 0.0):
+def _projected_lbfgs(problem: _Problem, T0: np.ndarray, maxiter: int, ftol: float = 1e-10, window_tol: float = 0.0,
+                     cautious: bool = False):
     r"""Minimise over ``0 <= T <= T_MAX`` by projected L-BFGS on a working set.
 
     Each iteration fixes the entries at a bound whose derivative pushes outwards, takes the
@@ -255,6 +260,9 @@ def _projected_lbfgs(problem: _Problem, T0: np.ndarray, maxiter: int, ftol: floa
     Stops after ``maxiter`` iterations, after 5 iterations in a row that each gain less than
     ``ftol`` (relative), or once the last ``WINDOW`` iterations together gained less than
     ``window_tol`` (relative; 0 turns this test off).
+
+    ``cautious``: no step more than halves an entry above ``CAUTIOUS_MIN`` times the largest, so
+    the search cannot jump to ``T = 0`` in one secant step.
 
     Returns
     -------
@@ -287,8 +295,9 @@ def _projected_lbfgs(problem: _Problem, T0: np.ndarray, maxiter: int, ftol: floa
             step = min(1.0, 1.0 / np.abs(gf).max())
         else:
             step = 1.0
+        floor = np.where(x > CAUTIOUS_MIN * x.max(), x / 2, 0.0) if cautious and x.size else 0.0
         for attempt in range(30):
-            x_new = np.clip(x + step * d, 0.0, T_MAX)
+            x_new = np.clip(x + step * d, floor, T_MAX)
             ev_new = problem.evaluate(omega, x_new)
             if ev_new.value <= f + 1e-4 * (g @ (x_new - x)):
                 break
@@ -367,7 +376,7 @@ def optimize_pidentity(
     G: Matrix, p: int, norm: int = 1, restarts: int = 1, rng: np.random.Generator | None = None,
     maxiter: int | None = None, start: np.ndarray | None = None,
 ) -> tuple[np.ndarray, float]:
-    """Minimise :func:`pidentity_objective` over ``0 <= T <= T_MAX`` (projected L-BFGS).
+    r"""Minimise :func:`pidentity_objective` over ``0 <= T <= T_MAX`` (projected L-BFGS).
 
     Each start runs :func:`_projected_lbfgs` (working-set projected L-BFGS, sparse products
     once ``T`` is mostly zero). The starts, ``restarts`` in all: the hierarchy of
@@ -377,6 +386,14 @@ def optimize_pidentity(
     iterations (default ``MAXITER``; beyond ``SMALL_N`` values it stops earlier once ``WINDOW``
     iterations gain less than ``WINDOW_TOL``), so extra starts cost a probe each, not a full
     run. Returns the best ``T`` and its objective.
+
+    Under Laplace noise ``T = 0`` is a strict local minimum: the sensitivity
+    :math:`1 + \max_j \sum_i T_{ij}` grows to first order in ``T`` while the trace falls only to
+    second order. A secant step that clips every entry to zero therefore ends a search at the
+    identity even where small extra rows pay (``I + J`` on 115 values: 1.19x below the
+    identity's error with one total row of weight 0.19). When the best run ends at ``T = 0``,
+    the first start is run again cautiously (no step more than halves an entry) and kept if it
+    is better.
     """
     n = G.shape[0]
     maxiter = MAXITER if maxiter is None else maxiter
@@ -396,6 +413,9 @@ def optimize_pidentity(
         T, f, it = min(runs, key=lambda r: r[1])
         if it >= probe and maxiter > probe:
             T, f, it = _projected_lbfgs(problem, T, maxiter - probe, window_tol=window_tol)
+        if not T.any():
+            T, f, it = min((T, f, it), _projected_lbfgs(problem, starts[0], maxiter, window_tol=window_tol, cautious=True),
+                           key=lambda r: r[1])
     return T, float(f)
 
 
