@@ -39,6 +39,7 @@ from .kron_union import FactorMismatchError, KronUnion
 
 __all__ = [
     "ErrorResult",
+    "exact_route",
     "expected_error",
     "rmse",
     "per_query_variance",
@@ -266,6 +267,15 @@ def _route(W: Matrix, A: Matrix) -> tuple[str, KronUnion | None, KronUnion | Non
 
 def _kronecker_strategy(a_union: KronUnion) -> _KroneckerStrategy:
     return _KroneckerStrategy(*a_union.term(0))
+
+
+def exact_route(W: Matrix, A: Matrix) -> str:
+    """How :func:`expected_error` computes the error of ``A`` on ``W``.
+
+    ``"kronecker"`` or ``"spectral"``: closed forms, at any domain size; ``"dense"``: a dense
+    pseudo-inverse of ``A^TA``, for at most a few thousand cells.
+    """
+    return _route(W, A)[0]
 
 
 def _traces(W: Matrix, A: Matrix) -> _Traces:

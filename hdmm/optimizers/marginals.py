@@ -57,12 +57,18 @@ CHEAP_NNZ = 100_000
 #: 2-way optimum found varied from 15.8 to 16.4 times below Identity between seeds, with 128 not).
 MIN_STARTS = 128
 
-#: Above this many attributes, OPT_M's candidates are the workload's downward closure only.
+#: Above this many attributes, OPT_M's candidates are the workload's downward closure and the
+#: full data cube (which alone gives the identity's error).
 ALL_SUBSETS_MAX_DIM = 12
 
 
 def _domain_of(W: Matrix, union: KronUnion):
     return W.domain if hasattr(W, "domain") and W.domain.shape == union.sizes else as_domain(union.sizes)
+
+
+def _closure_and_cube(closure: np.ndarray) -> np.ndarray:
+    """The workload's downward closure (boolean ``(subsets, d)``) with the full data cube added."""
+    return np.unique(np.vstack([closure, np.ones((1, closure.shape[1]), dtype=bool)]), axis=0)
 
 
 class MarginalsProblem:
@@ -74,7 +80,8 @@ class MarginalsProblem:
         The workload as a union of Kronecker products.
     candidates
         Boolean ``(subsets, d)`` candidate marginals; by default all ``2^d`` subsets when
-        ``d <= ALL_SUBSETS_MAX_DIM``, else the downward closure of the workload.
+        ``d <= ALL_SUBSETS_MAX_DIM``, else the downward closure of the workload and the full
+        data cube.
     """
 
     def __init__(self, union: KronUnion, candidates: np.ndarray | None = None):
@@ -85,24 +92,35 @@ class MarginalsProblem:
                 grid = np.array(list(itertools.product([False, True], repeat=d)), dtype=bool).reshape(-1, d)
                 candidates = grid
             else:
-                candidates = spectrum.members
+                candidates = _closure_and_cube(spectrum.members)
         self.sizes = union.sizes
+        self.closure = spectrum.members
         self.members = np.asarray(candidates, dtype=bool)
         keys = subset_keys(self.members)
         order = np.argsort(keys)
         self.members, keys = self.members[order], keys[order]
+        self.keys = keys
         self.tau = spectrum.lookup(keys, spectrum.tau)
         if not np.isclose(self.tau.sum(), spectrum.tau.sum(), rtol=1e-9):
             raise ValueError("the candidate marginals do not cover the workload's subsets")
         self.Z = self._superset_matrix(keys)
 
     def _superset_matrix(self, keys: np.ndarray) -> sp.csr_array:
-        """``Z[T, S] = 1/prod_{i in S} n_i`` for candidates ``T`` inside candidates ``S``."""
+        """``Z[T, S] = 1/prod_{i in S} n_i`` for candidates ``T`` inside candidates ``S``.
+
+        The subsets of ``S`` are enumerated and looked up, or, when ``S`` has more subsets than
+        there are candidates (the full data cube of many attributes), every candidate is tested.
+        """
         sizes = np.array(self.sizes, dtype=float)
         scale = 1.0 / np.prod(np.where(self.members, sizes, 1.0), axis=1)
         rows, cols = [], []
         for s, member in enumerate(self.members):
             inside = np.flatnonzero(member)
+            if 2 ** min(inside.size, 62) > keys.size:
+                found = np.flatnonzero(~self.members[:, ~member].any(axis=1))
+                rows.append(found)
+                cols.append(np.full(found.size, s))
+                continue
             subs = np.zeros((2 ** inside.size, member.size), dtype=bool)
             for m in range(2 ** inside.size):
                 subs[m, inside[[(m >> b) & 1 == 1 for b in range(inside.size)]]] = True
@@ -112,6 +130,16 @@ class MarginalsProblem:
             cols.append(np.full(int(found.sum()), s))
         rows, cols = np.concatenate(rows), np.concatenate(cols)
         return sp.csr_array((scale[cols], (rows, cols)), shape=(keys.size, keys.size))
+
+    def embed(self, other: MarginalsProblem, theta: np.ndarray, floor: float = 1e-4) -> np.ndarray:
+        """Weights ``theta`` of ``other`` (whose candidates are among these) as weights here.
+
+        Candidates ``other`` lacks get ``floor`` times the largest weight, so a search from the
+        result can still move weight onto them.
+        """
+        out = np.full(self.keys.size, floor * theta.max())
+        out[np.searchsorted(self.keys, other.keys)] = theta
+        return out
 
     def objective(self, theta: np.ndarray, norm: int) -> tuple[float, np.ndarray]:
         r"""Error (at unit noise) of weights ``theta`` and its gradient in ``theta``."""
@@ -130,23 +158,27 @@ class MarginalsProblem:
         return s2 * F, 2.0 * theta * F + s2 * dF
 
 
-def optimize_marginal_weights(problem: MarginalsProblem, norm: int, restarts: int, rng: np.random.Generator):
+def optimize_marginal_weights(problem: MarginalsProblem, norm: int, restarts: int, rng: np.random.Generator,
+                              extra_starts: list[np.ndarray] | None = None):
     """Minimise the OPT_M objective over ``theta >= 0``; returns ``(theta, objective)``.
 
-    Starts: every candidate weighted equally, (nearly) the full data cube only, then uniform
-    random weights, ``restarts`` in all, or ``MIN_STARTS`` for a cheap problem.
+    Starts: every candidate weighted equally, (nearly) the full data cube only, (nearly) the
+    full data cube with the workload's own marginals and their sub-marginals, then uniform random weights,
+    ``restarts`` in all (at least 3), or ``MIN_STARTS`` for a cheap problem; then
+    ``extra_starts``.
     """
     k = problem.members.shape[0]
-    starts = max(restarts, MIN_STARTS) if problem.Z.nnz <= CHEAP_NNZ else max(1, restarts)
+    starts = max(restarts, MIN_STARTS) if problem.Z.nnz <= CHEAP_NNZ else max(3, restarts)
     full = np.full(k, 1e-4)
     full[np.argmax(problem.members.sum(axis=1))] = 1.0
-    candidates = [np.ones(k), full] + [rng.random(k) for _ in range(starts - 2)]
+    closure = np.where(problem.tau > 0, 1.0, full)
+    candidates = [np.ones(k), full, closure] + [rng.random(k) for _ in range(starts - 3)] + list(extra_starts or [])
     def squared(v: np.ndarray) -> tuple[float, np.ndarray]:
         value, gradient = problem.objective(v * v, norm)
         return value, 2.0 * v * gradient
 
     best, best_theta = np.inf, None
-    for theta0 in candidates[:starts]:
+    for theta0 in candidates:
         if norm == 1:
             result = minimize(squared, np.sqrt(theta0), jac=True, method="L-BFGS-B", options={"maxiter": 2000})
             theta = result.x**2
@@ -164,7 +196,13 @@ def opt_marginals_strategy(W: Matrix, norm: int, restarts: int, rng: np.random.G
     """OPT_M for workload ``W``: the weighted-marginals strategy and its unit-noise error."""
     union = W.kron_union()
     problem = MarginalsProblem(union)
-    theta, value = optimize_marginal_weights(problem, norm, restarts, rng)
+    extra = []
+    if norm == 1 and problem.members.shape[0] > problem.closure.shape[0] + 1:
+        # Laplace's local optima: first solve on the closure and the cube alone (the candidates
+        # beyond ALL_SUBSETS_MAX_DIM attributes), then search all candidates from there
+        small = MarginalsProblem(union, _closure_and_cube(problem.closure))
+        extra.append(problem.embed(small, optimize_marginal_weights(small, norm, restarts, rng)[0]))
+    theta, value = optimize_marginal_weights(problem, norm, restarts, rng, extra)
     # drop negligible marginals (they only make the strategy ill-conditioned) if the error holds
     keep = theta > 1e-4 * theta.max()
     pruned = np.where(keep, theta, 0.0)

@@ -17,16 +17,20 @@ import pandas as pd
 from tqdm import tqdm
 
 from ..bound import SVDBound, svd_bound
-from ..error import ErrorResult, expected_error
+from ..error import ErrorResult, exact_route, expected_error
 from ..matrix import Identity, Matrix
 from ..privacy import Privacy
 from .kron import opt_kron_union
 from .marginals import opt_marginals_strategy, residual_strategy
-from .union import default_groups, opt_union_groups
+from .union import check_groups, default_groups, opt_union_groups
 
 __all__ = ["opt0", "opt_kron", "opt_union", "opt_marginals", "opt_residual", "optimize", "OptimizationResult"]
 
 _NORMS = {"laplace": 1, "gaussian": 2}
+
+#: OPT_+'s strategy has no closed-form error in general; ``optimize`` computes it exactly through
+#: a dense pseudo-inverse up to this many cells (about a second) and uses OPT_+'s upper bound beyond.
+UNION_EXACT_MAX_N = 2048
 
 
 def _norm(noise: str) -> int:
@@ -85,12 +89,13 @@ def opt_union(W: Matrix, noise: str = "laplace", groups: Sequence[Sequence[int]]
               progress: Callable[[str], None] | None = None) -> Matrix:
     """OPT_+: a union of Kronecker strategies, one per group of workload terms (see :mod:`.union`).
 
-    ``groups`` lists term indices of ``W.kron_union()``; by default one group per top-level
-    block of a union (e.g. per Census table), else one per Kronecker term.
+    ``groups`` lists term indices of ``W.kron_union()``, each term in exactly one group; by
+    default one group per top-level block of a union (e.g. per Census table), else one per
+    Kronecker term.
     """
     _check_workload(W)
     union = W.kron_union()
-    groups = default_groups(W, union) if groups is None else [np.asarray(g, dtype=np.intp) for g in groups]
+    groups = default_groups(W, union) if groups is None else check_groups(groups, union.num_terms)
     A, _ = opt_union_groups(union, groups, _norm(noise), p, restarts, _rng(seed), progress)
     return A
 
@@ -126,7 +131,8 @@ class OptimizationResult:
     optimizer : str
         Which optimizer produced it.
     error : ErrorResult
-        Its expected total squared error under ``privacy`` (exact, or an upper bound for OPT_+).
+        Its expected total squared error under ``privacy`` (exact, or OPT_+'s upper bound on large
+        domains; see ``report``).
     privacy : Privacy
     bound : SVDBound
         The SVD lower bound for the workload.
@@ -151,8 +157,10 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int = 3, seed=None,
     """Run every optimizer that applies to ``W`` under ``privacy`` and keep the best strategy.
 
     Candidates: ``identity`` (reference), ``opt_kron`` (OPT_(x)), ``opt_marginals`` (OPT_M),
-    ``opt_union`` (OPT_+, when the workload has several Kronecker terms; its error is the
-    upper bound of :mod:`.union`), and ``residual`` (Gaussian noise only). Deterministic given
+    ``opt_union`` (OPT_+, when the workload has several Kronecker terms; its exact error up to
+    ``UNION_EXACT_MAX_N`` cells or when a closed form applies, else the upper bound of
+    :mod:`.union`, marked ``exact=False`` in the report), and ``residual`` (Gaussian noise
+    only). Deterministic given
     ``seed``. ``progress=True`` shows a progress bar over the candidates (with each
     optimizer's own steps, such as OPT_(x)'s rounds, as its status); a callable receives those
     status lines instead.
@@ -191,8 +199,11 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int = 3, seed=None,
             error = expected_error(W, A, privacy)
         elif name == "opt_union":
             A, value = opt_union_groups(union, default_groups(W, union), norm, None, restarts, rng, say)
-            error = ErrorResult(unit * value, measure="total squared error", privacy=privacy, queries=W.shape[0])
-            exact = False
+            if W.shape[1] <= UNION_EXACT_MAX_N or exact_route(W, A) != "dense":
+                error = expected_error(W, A, privacy)
+            else:
+                error = ErrorResult(unit * value, measure="total squared error", privacy=privacy, queries=W.shape[0])
+                exact = False
         else:
             A, value = residual_strategy(W)
             error = expected_error(W, A, privacy)

@@ -21,7 +21,7 @@ from ..kron_union import KronUnion
 from ..matrix import Matrix, VStack, Weighted
 from .kron import opt_kron_union
 
-__all__ = ["budget_split", "opt_union_groups", "default_groups"]
+__all__ = ["budget_split", "check_groups", "opt_union_groups", "default_groups"]
 
 
 def budget_split(errors: Sequence[float], norm: int) -> tuple[np.ndarray, float]:
@@ -47,11 +47,39 @@ def default_groups(W: Matrix, union: KronUnion) -> list[np.ndarray]:
     return [np.array([j]) for j in range(union.num_terms)]
 
 
+def check_groups(groups: Sequence[Sequence[int]], num_terms: int) -> list[np.ndarray]:
+    """Validate user groups: integer term indices in range, each term in exactly one group."""
+    checked, seen = [], np.zeros(num_terms, dtype=int)
+    for k, group in enumerate(groups):
+        g = np.asarray(group)
+        if g.ndim != 1 or g.size == 0 or not np.issubdtype(g.dtype, np.integer):
+            raise ValueError(f"group {k} must be a nonempty list of integer term indices, got {group!r}")
+        if g.min() < 0 or g.max() >= num_terms:
+            raise ValueError(f"group {k} names term {int(g.min() if g.min() < 0 else g.max())}; the workload's "
+                             f"terms are 0 ... {num_terms - 1} (see W.kron_union())")
+        np.add.at(seen, g, 1)
+        checked.append(g.astype(np.intp))
+    if np.any(seen > 1):
+        raise ValueError(f"terms {np.flatnonzero(seen > 1).tolist()} are in more than one group; each term "
+                         "belongs to exactly one")
+    if np.any(seen == 0):
+        raise ValueError(f"terms {np.flatnonzero(seen == 0).tolist()} are in no group: the strategy would not "
+                         "support them; add them to a group")
+    return checked
+
+
 def opt_union_groups(
     union: KronUnion, groups: Sequence[np.ndarray], norm: int, p: int | None = None, restarts: int = 3,
     rng: np.random.Generator | None = None, progress: Callable[[str], None] | None = None,
 ) -> tuple[Matrix, float]:
-    """OPT_(x) per group, stacked with the optimal budget split; returns the strategy and the bound."""
+    """OPT_(x) per group, stacked with the optimal budget split; returns the strategy and the bound.
+
+    Terms of weight zero need no measurement and are left out (a group of only such terms too).
+    """
+    groups = [terms[union.weights[terms] != 0] for terms in groups]
+    groups = [terms for terms in groups if terms.size]
+    if not groups:
+        raise ValueError("every term of the workload has weight 0: there is nothing to measure")
     parts, errors = [], []
     for k, terms in enumerate(groups):
         sub = KronUnion(union.factors, union.index[terms], union.weights[terms])
