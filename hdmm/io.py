@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ import scipy.sparse as sp
 from .block_diagonal import BlockDiagonal
 from .marginals import Marginals, Residuals
 from .matrix import Diagonal, Explicit, Identity, Kronecker, Matrix, Ones, Sum, VStack, Weighted
+from .optimizers.optimize import OptimizationResult
 from .optimizers.pidentity import PIdentity
 from .optimizers.root import SquareRootStrategy
 from .spectral import DenseBasis, SineBasis, Spectrum
@@ -73,11 +75,22 @@ class _Writer:
         raise TypeError(f"cannot save a {type(M).__name__}: only hdmm's strategy matrix classes can be saved")
 
 
-def save_strategy(A: Matrix, path: str | os.PathLike, metadata: dict | None = None) -> None:
-    """Write strategy ``A`` (and optional JSON-serialisable ``metadata``) to ``path`` (.npz)."""
+def save_strategy(A: Matrix | OptimizationResult, path: str | os.PathLike, metadata: dict | None = None) -> None:
+    """Write strategy ``A`` (and optional JSON-serialisable ``metadata``) to ``path``.
+
+    The file is written at ``path`` exactly (``.npz`` is the conventional suffix; none is
+    added), so :func:`load_strategy` reads it back from the same path. Given the result of
+    :func:`hdmm.optimize`, its strategy is written and the metadata also records the optimizer,
+    the privacy it was optimized for and its expected error.
+    """
+    if isinstance(A, OptimizationResult):
+        metadata = {"optimizer": A.optimizer, "privacy": str(A.privacy),
+                    "expected total squared error": float(A.error), "expected rmse": A.rmse, **(metadata or {})}
+        A = A.strategy
     writer = _Writer()
     header = {"format": FORMAT, "version": VERSION, "tree": writer.node(A), "metadata": metadata or {}}
-    np.savez_compressed(path, header=np.array(json.dumps(header)), **writer.arrays)
+    with open(path, "wb") as file:
+        np.savez_compressed(file, header=np.array(json.dumps(header)), **writer.arrays)
 
 
 def _read(node: dict, arrays) -> Matrix:
@@ -118,7 +131,13 @@ def _read(node: dict, arrays) -> Matrix:
 
 def load_strategy(path: str | os.PathLike) -> tuple[Matrix, dict]:
     """Read a strategy written by :func:`save_strategy`; returns ``(strategy, metadata)``."""
-    with np.load(path, allow_pickle=False) as archive:
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (ValueError, zipfile.BadZipFile, EOFError):
+        raise ValueError(f"{path} is not an hdmm strategy file (not a numpy .npz archive)") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path} is not an hdmm strategy file (a single array, not an archive)")
+    with archive:
         try:
             header = json.loads(str(archive["header"]))
         except KeyError:

@@ -237,6 +237,37 @@ def test_bad_arguments_are_rejected(tmp_path):
     np.savez(path, x=np.zeros(2))
     with pytest.raises(ValueError, match="strategy file"):
         hdmm.load_strategy(path)
+    (tmp_path / "text.npz").write_text("hello")
+    with pytest.raises(ValueError, match="not a numpy .npz archive"):
+        hdmm.load_strategy(tmp_path / "text.npz")
+    with pytest.raises(ValueError, match="workload is zero"):
+        hdmm.optimize(hdmm.Explicit(np.zeros((3, 4))), LAPLACE)
+    with pytest.raises(ValueError, match="optimizers is empty"):
+        hdmm.optimize(hdmm.Prefix(8), LAPLACE, optimizers=[])
+    with pytest.raises(ValueError, match="p must be an integer >= 0"):
+        hdmm.opt0(hdmm.Prefix(8), p=-1)
+    for bad in (0, -2, 2.5, True):
+        with pytest.raises(ValueError, match="restarts must be an integer >= 1"):
+            hdmm.opt_kron(hdmm.Prefix(8), restarts=bad)
+
+
+def test_every_optimizer_takes_noise_and_seed_and_optimize_takes_one_name(tmp_path):
+    W = hdmm.AllMarginals((2, 3))
+    for optimizer in (hdmm.opt0, hdmm.opt_kron, hdmm.opt_union, hdmm.opt_marginals, hdmm.opt_residual):
+        A = optimizer(W, noise="gaussian", seed=1)
+        assert np.isfinite(float(hdmm.expected_error(W, A, GAUSS)))
+    assert hdmm.optimize(W, LAPLACE, seed=0, optimizers="opt_kron").optimizer == "opt_kron"
+
+
+def test_an_optimization_result_saves_with_its_privacy_and_error(tmp_path):
+    W = hdmm.Prefix(16)
+    result = hdmm.optimize(W, LAPLACE, seed=0)
+    path = tmp_path / "no_suffix"
+    hdmm.save_strategy(result, path, {"table": "P1"})
+    A, meta = hdmm.load_strategy(path)
+    assert meta == {"optimizer": result.optimizer, "privacy": str(LAPLACE),
+                    "expected total squared error": float(result.error), "expected rmse": result.rmse, "table": "P1"}
+    assert float(hdmm.expected_error(W, A, LAPLACE)) == pytest.approx(float(result.error), rel=1e-12)
 
 
 def test_optimize_reports_progress_as_a_bar_or_to_a_callable(capsys):

@@ -43,9 +43,18 @@ def _rng(seed) -> np.random.Generator:
     return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
 
 
-def _check_workload(W: Matrix) -> None:
+def _check(W: Matrix, p: int | None = None, restarts: int = 1) -> None:
+    """Validate the arguments every optimizer shares: the workload, ``p`` and ``restarts``."""
     if not isinstance(W, Matrix):
         raise TypeError(f"the workload must be an hdmm matrix, got {type(W).__name__}")
+    if not W.sensitivity(2) > 0:
+        raise ValueError("the workload is zero (no query has a nonzero coefficient): every strategy answers it "
+                         "with no error, so there is nothing to optimize")
+    for name, value, least in (("p", p, 0), ("restarts", restarts, 1)):
+        if value is None and name == "p":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
 
 
 def opt0(W: Matrix, p: int | None = None, noise: str = "laplace", restarts: int = 1, seed=None) -> Matrix:
@@ -68,7 +77,7 @@ def opt0(W: Matrix, p: int | None = None, noise: str = "laplace", restarts: int 
     Multi-attribute workloads are treated as one attribute over the whole domain; use
     :func:`opt_kron` for them.
     """
-    _check_workload(W)
+    _check(W, p, restarts)
     union = W.kron_union()
     if union.dim != 1:
         union = union.align((W.shape[1],))
@@ -79,7 +88,7 @@ def opt0(W: Matrix, p: int | None = None, noise: str = "laplace", restarts: int 
 def opt_kron(W: Matrix, noise: str = "laplace", p: int | None = None, restarts: int = 3, seed=None,
              progress: Callable[[str], None] | None = None) -> Matrix:
     """OPT_(x): one Kronecker strategy for a union of Kronecker workloads (see :mod:`.kron`)."""
-    _check_workload(W)
+    _check(W, p, restarts)
     A, _ = opt_kron_union(W.kron_union(), _norm(noise), p, restarts, _rng(seed), progress=progress)
     return A
 
@@ -93,7 +102,7 @@ def opt_union(W: Matrix, noise: str = "laplace", groups: Sequence[Sequence[int]]
     default one group per top-level block of a union (e.g. per Census table), else one per
     Kronecker term.
     """
-    _check_workload(W)
+    _check(W, p, restarts)
     union = W.kron_union()
     groups = default_groups(W, union) if groups is None else check_groups(groups, union.num_terms)
     A, _ = opt_union_groups(union, groups, _norm(noise), p, restarts, _rng(seed), progress)
@@ -102,18 +111,19 @@ def opt_union(W: Matrix, noise: str = "laplace", groups: Sequence[Sequence[int]]
 
 def opt_marginals(W: Matrix, noise: str = "laplace", restarts: int = 3, seed=None) -> Matrix:
     """OPT_M: weighted marginals (see :mod:`.marginals`); any union of Kronecker workloads."""
-    _check_workload(W)
+    _check(W, restarts=restarts)
     A, _ = opt_marginals_strategy(W, _norm(noise), restarts, _rng(seed))
     return A
 
 
-def opt_residual(W: Matrix, noise: str = "gaussian") -> Matrix:
+def opt_residual(W: Matrix, noise: str = "gaussian", seed=None) -> Matrix:
     """The optimal residual strategy for Gaussian noise (closed form; the SVD bound on marginals).
 
-    Deterministic (no random starts). Residual strategies are calibrated to L2 sensitivity;
+    Deterministic: there are no random starts, and ``seed`` is accepted only so that every
+    optimizer takes the same keywords. Residual strategies are calibrated to L2 sensitivity;
     under Laplace noise use :func:`opt_marginals` or :func:`opt_kron`.
     """
-    _check_workload(W)
+    _check(W)
     if _norm(noise) != 2:
         raise ValueError("residual strategies are optimal for Gaussian noise only; under Laplace noise use "
                          "opt_marginals or opt_kron")
@@ -160,12 +170,12 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int = 3, seed=None,
     ``opt_union`` (OPT_+, when the workload has several Kronecker terms; its exact error up to
     ``UNION_EXACT_MAX_N`` cells or when a closed form applies, else the upper bound of
     :mod:`.union`, marked ``exact=False`` in the report), and ``residual`` (Gaussian noise
-    only). Deterministic given
+    only). ``optimizers`` names a subset of them (one name or a list). Deterministic given
     ``seed``. ``progress=True`` shows a progress bar over the candidates (with each
     optimizer's own steps, such as OPT_(x)'s rounds, as its status); a callable receives those
     status lines instead.
     """
-    _check_workload(W)
+    _check(W, restarts=restarts)
     if not isinstance(privacy, Privacy):
         raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
     norm = privacy.norm
@@ -176,6 +186,10 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int = 3, seed=None,
         available.append("opt_union")
     if norm == 2:
         available.append("residual")
+    if isinstance(optimizers, str):
+        optimizers = [optimizers]
+    if optimizers is not None and len(optimizers) == 0:
+        raise ValueError(f"optimizers is empty: name at least one of {available}, or pass None for all")
     chosen = available if optimizers is None else [o for o in optimizers if o in available]
     unknown = [] if optimizers is None else [o for o in optimizers if o not in available]
     if unknown:
