@@ -278,3 +278,11 @@ def test_optimize_reports_progress_as_a_bar_or_to_a_callable(capsys):
     assert any(line.startswith("opt_marginals: total squared error") for line in lines)
     hdmm.optimize(W, LAPLACE, seed=0, progress=True)
     assert "optimize: " in capsys.readouterr().err
+
+
+def test_the_convex_program_reports_each_newton_step():
+    lines = []
+    A = hdmm.opt0(hdmm.WidthKRange(64, 4), noise="gaussian", progress=lines.append)
+    steps = [line for line in lines if line.startswith("convex program on 64 values: Newton step")]
+    assert steps
+    assert A.sensitivity(2) == pytest.approx(1.0)

@@ -20,7 +20,7 @@ import numpy as np
 from ..block_diagonal import BlockDiagonal, fold, is_local
 from ..kron_union import KronUnion
 from ..matrix import Identity, Kronecker, Matrix, Ones, Sum, Weighted
-from .convex import solve_convex
+from .convex import ConvexProgress, solve_convex
 from .pidentity import PIdentity, default_p, optimize_pidentity
 from .root import SquareRootStrategy
 
@@ -70,20 +70,30 @@ def _pidentity(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.rando
 
 
 def optimize_factor(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.random.Generator,
-                    warm: Matrix | None = None) -> Matrix:
+                    warm: Matrix | None = None, progress: Callable[[str], None] | None = None) -> Matrix:
     """The best one-attribute strategy found for Gram ``G``, by :func:`factor_method`.
 
     A p-Identity strategy has ``p`` extra rows (:func:`.pidentity.default_p`); ``warm`` (a
-    previous :class:`PIdentity`) seeds one of its starts.
+    previous :class:`PIdentity`) seeds one of its starts. ``progress`` receives a line per
+    Newton step of the convex program (the long runs: minutes for singular Grams of 2048 values).
     """
     method = factor_method(G, norm)
     if method == "convex":
-        return solve_convex(G.dense()).strategy
+        callback = None if progress is None else _convex_reporter(G.shape[0], progress)
+        return solve_convex(G.dense(), callback=callback).strategy
     if method == "square root":
         return SquareRootStrategy.for_gram(G)
     if method == "sine basis":
         return SquareRootStrategy.in_sine_basis(G)
     return _pidentity(G, norm, p, restarts, rng, warm)[0]
+
+
+def _convex_reporter(n: int, progress: Callable[[str], None]) -> Callable[[ConvexProgress], None]:
+    """A :func:`solve_convex` callback that reports each Newton step to ``progress``."""
+    def report(step: ConvexProgress) -> None:
+        gap = "" if step.dual_bound is None else f", relative gap {1 - step.dual_bound / step.objective:.1e}"
+        progress(f"convex program on {n} values: Newton step {step.iteration}, objective {step.objective:.6g}{gap}")
+    return report
 
 
 def _tiling(n: int) -> tuple[int, int, int]:
@@ -121,7 +131,7 @@ def _block_candidate(G: Matrix, norm: int, p: int | None, restarts: int, rng: np
 
 
 def factor_candidates(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.random.Generator,
-                      warm: Matrix | None = None) -> list[Matrix]:
+                      warm: Matrix | None = None, progress: Callable[[str], None] | None = None) -> list[Matrix]:
     """Strategies for Gram ``G`` worth comparing: :func:`optimize_factor`'s, a block-diagonal one, p-Identity.
 
     Beyond ``TILE_BLOCK_N`` values, ``G`` is folded onto blocks of ``m`` consecutive values
@@ -135,11 +145,13 @@ def factor_candidates(G: Matrix, norm: int, p: int | None, restarts: int, rng: n
     the whole domain stays a candidate. A square-root strategy in a borrowed sine basis
     (``"sine basis"``) rests on an approximation of ``G`` that may miss what matters to the
     error (prefixes of a shuffled domain), so without a block candidate p-Identity joins it.
-    The caller keeps whichever candidate has the least exact error.
+    The caller keeps whichever candidate has the least exact error; ``progress`` is passed to
+    :func:`optimize_factor`.
     """
     method = factor_method(G, norm)
     block = _block_candidate(G, norm, p, restarts, rng, warm)
-    found = [] if method == "p-identity" and block is not None else [optimize_factor(G, norm, p, restarts, rng, warm)]
+    found = [] if method == "p-identity" and block is not None else [
+        optimize_factor(G, norm, p, restarts, rng, warm, progress)]
     if method == "sine basis" and block is None:
         found.append(_pidentity(G, norm, p, restarts, rng, warm)[0])
     return found + ([] if block is None else [block])
@@ -188,7 +200,7 @@ def opt_kron_union(
             others = np.prod(np.delete(union.gather(traces), i, axis=1), axis=1) * w2
             coef = np.bincount(union.index[:, i], weights=others, minlength=len(grams[i]))
             G_eff = Sum([Weighted(G, c) for G, c in zip(grams[i], coef) if c > 0])
-            candidates = factor_candidates(G_eff, norm, p, restarts if round_ == 0 else 1, rng, strategy[i])
+            candidates = factor_candidates(G_eff, norm, p, restarts if round_ == 0 else 1, rng, strategy[i], progress)
             candidates.append(Identity(union.sizes[i]))
             used = [f for f, c in zip(union.factors[i], coef) if c > 0]
             if _total_supports(used):
@@ -199,7 +211,7 @@ def opt_kron_union(
                     strategy[i], traces[i] = A, t
             value = objective()
         if progress is not None:
-            progress(f"OPT_(x) round {round_ + 1}: error {value:.6g}")
+            progress(f"OPT_(x) round {round_ + 1}: error {value:.6g} at unit noise variance")
         if start_value - value <= tol * start_value:
             break
     return Kronecker(strategy), value

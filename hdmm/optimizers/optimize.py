@@ -57,7 +57,8 @@ def _check(W: Matrix, p: int | None = None, restarts: int = 1) -> None:
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
 
 
-def opt0(W: Matrix, p: int | None = None, noise: str = "laplace", restarts: int = 1, seed=None) -> Matrix:
+def opt0(W: Matrix, p: int | None = None, noise: str = "laplace", restarts: int = 1, seed=None,
+         progress: Callable[[str], None] | None = None) -> Matrix:
     """OPT_0: the best strategy for a one-attribute (or small explicit) workload.
 
     Laplace noise: a p-Identity strategy with ``p`` extra queries (default ``n/8`` up to 64,
@@ -75,13 +76,14 @@ def opt0(W: Matrix, p: int | None = None, noise: str = "laplace", restarts: int 
     (:func:`~hdmm.optimizers.kron.factor_candidates`). The best candidate
     by exact error is returned, the identity itself when nothing beats it.
     Multi-attribute workloads are treated as one attribute over the whole domain; use
-    :func:`opt_kron` for them.
+    :func:`opt_kron` for them. ``progress`` (e.g. ``print``) receives a line per Newton step of
+    the convex program.
     """
     _check(W, p, restarts)
     union = W.kron_union()
     if union.dim != 1:
         union = union.align((W.shape[1],))
-    A, _ = opt_kron_union(union, _norm(noise), p, restarts, _rng(seed), max_rounds=1)
+    A, _ = opt_kron_union(union, _norm(noise), p, restarts, _rng(seed), max_rounds=1, progress=progress)
     return A.factors[0]
 
 

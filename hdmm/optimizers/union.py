@@ -83,7 +83,7 @@ def opt_union_groups(
     parts, errors = [], []
     for k, terms in enumerate(groups):
         sub = KronUnion(union.factors, union.index[terms], union.weights[terms])
-        A, e = opt_kron_union(sub, norm, p, restarts, rng)
+        A, e = opt_kron_union(sub, norm, p, restarts, rng, progress=progress)
         parts.append(A)
         errors.append(e)
         if progress is not None:
