@@ -43,7 +43,7 @@ import scipy.sparse as sp
 from .domain import Domain
 from .error import expected_error
 from .marginals import Marginals, as_domain
-from .matrix import DENSE_LIMIT, Explicit, Identity, Kronecker, Matrix
+from .matrix import DENSE_LIMIT, Explicit, Identity, Kronecker, Matrix, Ones, Weighted
 from .privacy import Privacy, PureDP
 from .spectral import blocks
 from .workload import AllRange, attribute_factors
@@ -507,14 +507,52 @@ def quadtree(n1: int, n2: int) -> Explicit:
 
 
 # ====================================================================== data cubes
-def _workload_cuboids(domain: Domain, workload: Marginals | Sequence[Sequence]) -> tuple[np.ndarray, np.ndarray]:
+def _marginal_factor(f: Matrix) -> tuple[bool, float] | None:
+    """``(aggregated over?, scale)`` of a factor that is ``c I`` or ``c 1^T``; ``None`` otherwise."""
+    if isinstance(f, Weighted):
+        inner = _marginal_factor(f.base)
+        return None if inner is None else (inner[0], inner[1] * f.weight)
+    if isinstance(f, Identity):
+        return False, 1.0
+    if isinstance(f, Ones) and f.shape[0] == 1:
+        return True, 1.0
+    return None
+
+
+def _union_cuboids(domain: Domain, workload: Matrix) -> tuple[np.ndarray, np.ndarray]:
+    r"""Membership and weights of a workload that is a (weighted) union of marginals.
+
+    A marginal listed more than once counts once, with weight :math:`\sqrt{\sum w^2}` (the
+    same Gram, so the same error under any strategy).
+    """
+    union = workload.kron_union()
+    if union.sizes != domain.shape:
+        raise ValueError(f"the workload's attributes have sizes {union.sizes}, not the domain's {domain.shape}")
+    members = np.zeros((union.num_terms, len(domain)), dtype=bool)
+    squares = np.zeros(union.num_terms)
+    for j in range(union.num_terms):
+        weight, factors = union.term(j)
+        parts = [_marginal_factor(f) for f in factors]
+        if any(part is None for part in parts):
+            raise TypeError(f"DataCube measures marginals, and workload term {j} is not one ({factors}); "
+                            "use hdmm.optimize for other workloads")
+        members[j] = [not aggregated for aggregated, _ in parts]
+        squares[j] = (weight * np.prod([scale for _, scale in parts])) ** 2
+    keys, inverse = np.unique(members, axis=0, return_inverse=True)
+    return keys, np.sqrt(np.bincount(inverse.ravel(), weights=squares, minlength=keys.shape[0]))
+
+
+def _workload_cuboids(domain: Domain, workload: Matrix | Sequence[Sequence]) -> tuple[np.ndarray, np.ndarray]:
     """Membership ``(cuboids, d)`` and weights of the workload marginals."""
     if isinstance(workload, Marginals):
         if workload.domain != domain:
             raise ValueError(f"the workload marginals are over {workload.domain!r}, not over {domain!r}")
         return workload.members, workload.weights
+    if isinstance(workload, Matrix):
+        return _union_cuboids(domain, workload)
     if isinstance(workload, (str, bytes)) or not isinstance(workload, Sequence):
-        raise TypeError("workload_marginals must be an hdmm Marginals workload or a list of attribute subsets")
+        raise TypeError("workload_marginals must be an hdmm marginals workload (Marginals, or a union of "
+                        "marginals) or a list of attribute subsets")
     members = np.zeros((len(workload), len(domain)), dtype=bool)
     for row, attrs in enumerate(workload):
         if isinstance(attrs, (str, numbers.Integral)):
@@ -527,7 +565,7 @@ def _workload_cuboids(domain: Domain, workload: Marginals | Sequence[Sequence]) 
 
 def datacube(
     domain: Domain | Sequence[int],
-    workload_marginals: Marginals | Sequence[Sequence],
+    workload_marginals: Matrix | Sequence[Sequence],
     *,
     privacy: Privacy | None = None,
 ) -> Marginals:
@@ -567,8 +605,9 @@ def datacube(
     domain
         The domain (or a tuple of attribute sizes).
     workload_marginals
-        An hdmm :class:`~hdmm.marginals.Marginals` workload (its weights are used) or a list
-        of attribute subsets (names or positions), each with weight 1.
+        An hdmm :class:`~hdmm.marginals.Marginals` workload or a (weighted) union of marginals
+        such as ``hdmm.union([DimKMarginals(d, 1), DimKMarginals(d, 2)])`` (their weights are
+        used), or a list of attribute subsets (names or positions), each with weight 1.
     privacy
         The privacy definition (default :class:`~hdmm.privacy.PureDP`): it fixes the
         sensitivity norm ``p`` (1 for Laplace noise, 2 for Gaussian).

@@ -438,3 +438,16 @@ def test_baselines_are_reachable_from_the_package():
     code = "import hdmm; print(hdmm.strategies.hb(16).shape, callable(hdmm.strategies.datacube))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == f"{bs.hb(16).shape} True"
+
+
+def test_datacube_takes_a_union_of_marginals_like_the_same_marginals_workload():
+    dom = Domain(["a", "b", "c"], [3, 4, 5])
+    W = wl.union([DimKMarginals(dom, 1), DimKMarginals(dom, 2), wl.union([DimKMarginals(dom, 2)], weights=[2.0])])
+    same = Marginals(dom, {("a",): 1, ("b",): 1, ("c",): 1, ("a", "b"): math.sqrt(5), ("a", "c"): math.sqrt(5),
+                           ("b", "c"): math.sqrt(5)})
+    np.testing.assert_allclose(W.gram().dense(), same.gram().dense())
+    A, B = bs.datacube(dom, W), bs.datacube(dom, same)
+    np.testing.assert_array_equal(A.members, B.members)
+    assert float(expected_error(W, A, LAPLACE)) == pytest.approx(float(expected_error(same, B, LAPLACE)), rel=1e-12)
+    with pytest.raises(TypeError, match="not one"):
+        bs.datacube(dom, wl.product(dom, {"a": wl.Prefix(3)}))
