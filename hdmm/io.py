@@ -65,7 +65,10 @@ class _Writer:
         if isinstance(M, BlockDiagonal):
             return {"type": "BlockDiagonal", "copies": M.copies, "tail": M.tail, "block": self.node(M.block)}
         if isinstance(M, Kronecker):
-            return {"type": "Kronecker", "factors": [self.node(f) for f in M.factors]}
+            # attribute names and value labels only label queries: kept, labels as text
+            return {"type": "Kronecker", "factors": [self.node(f) for f in M.factors], "sep": M.sep,
+                    "names": [None if n is None else str(n) for n in M.names],
+                    "values": [None if v is None else [str(x) for x in v] for v in M.values]}
         if isinstance(M, VStack):
             return {"type": "VStack", "blocks": [self.node(b) for b in M.blocks]}
         if isinstance(M, Sum):
@@ -119,7 +122,8 @@ def _read(node: dict, arrays) -> Matrix:
     if kind == "BlockDiagonal":
         return BlockDiagonal(_read(node["block"], arrays), node["copies"], node.get("tail", 0))
     if kind == "Kronecker":
-        return Kronecker([_read(f, arrays) for f in node["factors"]])
+        return Kronecker([_read(f, arrays) for f in node["factors"]], node.get("names"), node.get("values"),
+                         node.get("sep", " & "))
     if kind == "VStack":
         return VStack([_read(b, arrays) for b in node["blocks"]])
     if kind == "Sum":

@@ -286,3 +286,12 @@ def test_the_convex_program_reports_each_newton_step():
     steps = [line for line in lines if line.startswith("convex program on 64 values: Newton step")]
     assert steps
     assert A.sensitivity(2) == pytest.approx(1.0)
+
+
+def test_a_saved_kronecker_strategy_keeps_its_attribute_names_and_labels(tmp_path):
+    dom = hdmm.Domain(["sex", "age"], [2, 8])
+    A = hdmm.strategies.kronecker_baseline(dom, {"age": hdmm.strategies.hb(8)})
+    hdmm.save_strategy(A, tmp_path / "kron.npz")
+    loaded, _ = hdmm.load_strategy(tmp_path / "kron.npz")
+    assert loaded.names == A.names == ("sex", "age")
+    assert list(loaded.labels) == list(A.labels)
