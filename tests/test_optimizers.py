@@ -295,3 +295,11 @@ def test_a_saved_kronecker_strategy_keeps_its_attribute_names_and_labels(tmp_pat
     loaded, _ = hdmm.load_strategy(tmp_path / "kron.npz")
     assert loaded.names == A.names == ("sex", "age")
     assert list(loaded.labels) == list(A.labels)
+
+
+def test_marginal_strategies_keep_the_workloads_attribute_names():
+    dom = hdmm.Domain(["sex", "age"], [2, 8])
+    W = hdmm.union([hdmm.product(dom, {"age": hdmm.Prefix(8)}), hdmm.product(dom, {"sex": hdmm.Identity(2)})],
+                   weights=[1, 2])
+    assert hdmm.opt_marginals(W, seed=0).domain == dom
+    assert hdmm.opt_residual(W).domain == dom

@@ -45,7 +45,8 @@ from scipy.optimize import Bounds, minimize
 
 from ..kron_union import KronUnion
 from ..marginals import Marginals, Residuals, as_domain, subset_keys, trace_spectrum
-from ..matrix import Matrix
+from ..domain import Domain
+from ..matrix import Kronecker, Matrix, Weighted
 
 __all__ = ["MarginalsProblem", "optimize_marginal_weights", "opt_marginals_strategy", "residual_strategy"]
 
@@ -62,8 +63,19 @@ MIN_STARTS = 128
 ALL_SUBSETS_MAX_DIM = 12
 
 
-def _domain_of(W: Matrix, union: KronUnion):
-    return W.domain if hasattr(W, "domain") and W.domain.shape == union.sizes else as_domain(union.sizes)
+def _domain_of(W: Matrix, union: KronUnion) -> Domain:
+    """The workload's attributes, names included, as found on it or its parts; else ``a0, a1, ...``."""
+    parts = [W]
+    while parts:
+        M = parts.pop(0)
+        domain = getattr(M, "domain", None)
+        if isinstance(domain, Domain) and domain.shape == union.sizes:
+            return domain
+        if (isinstance(M, Kronecker) and None not in M.names
+                and tuple(f.shape[1] for f in M.factors) == union.sizes):
+            return Domain(M.names, union.sizes)
+        parts += [M.base] if isinstance(M, Weighted) else list(getattr(M, "blocks", []))
+    return as_domain(union.sizes)
 
 
 def _closure_and_cube(closure: np.ndarray) -> np.ndarray:
