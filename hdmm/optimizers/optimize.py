@@ -76,8 +76,9 @@ def opt0(W: Matrix, p: int | None = None, noise: str = "laplace", restarts: int 
     (:func:`~hdmm.optimizers.kron.factor_candidates`). The best candidate
     by exact error is returned, the identity itself when nothing beats it.
     Multi-attribute workloads are treated as one attribute over the whole domain; use
-    :func:`opt_kron` for them. ``progress`` (e.g. ``print``) receives a line per Newton step of
-    the convex program.
+    :func:`opt_kron` for them. ``p`` and ``restarts`` shape the p-Identity searches only (so
+    under Gaussian noise they matter only where p-Identity is a candidate). ``progress`` (e.g.
+    ``print``) receives a line per Newton step of the convex program.
     """
     _check(W, p, restarts)
     union = W.kron_union()
@@ -100,15 +101,22 @@ def opt_union(W: Matrix, noise: str = "laplace", groups: Sequence[Sequence[int]]
               progress: Callable[[str], None] | None = None) -> Matrix:
     """OPT_+: a union of Kronecker strategies, one per group of workload terms (see :mod:`.union`).
 
-    ``groups`` lists term indices of ``W.kron_union()``, each term in exactly one group; by
-    default one group per top-level block of a union (e.g. per Census table), else one per
-    Kronecker term.
+    ``groups`` lists term indices of ``W.kron_union()``, each term in exactly one group. By
+    default: one group per top-level block of a union (e.g. per Census table), else one per
+    Kronecker term, or all terms in one group (OPT_(x)) when that has the smaller error bound;
+    separate groups cannot share measurements, so on marginal workloads one group per marginal
+    is often several times worse than the identity.
     """
     _check(W, p, restarts)
     union = W.kron_union()
-    groups = default_groups(W, union) if groups is None else check_groups(groups, union.num_terms)
-    A, _ = opt_union_groups(union, groups, _norm(noise), p, restarts, _rng(seed), progress)
-    return A
+    norm, rng = _norm(noise), _rng(seed)
+    if groups is not None:
+        return opt_union_groups(union, check_groups(groups, union.num_terms), norm, p, restarts, rng, progress)[0]
+    groupings = [default_groups(W, union)]
+    if len(groupings[0]) > 1:
+        groupings.append([np.arange(union.num_terms)])
+    runs = [opt_union_groups(union, g, norm, p, restarts, rng, progress) for g in groupings]
+    return min(runs, key=lambda run: run[1])[0]
 
 
 def opt_marginals(W: Matrix, noise: str = "laplace", restarts: int = 3, seed=None) -> Matrix:
