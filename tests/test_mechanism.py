@@ -160,7 +160,7 @@ def opt_union_strategy(shape=(16, 6, 3), seed=0):
         wl.product(dom, {"a1": wl.AllRange(shape[1]), "a2": Identity(shape[2])}),
         hdmm.Marginal(dom, ("a0", "a2")),
     ])
-    return W, hdmm.opt_union(W, seed=seed)
+    return W, hdmm.opt_union(W, groups=[[0], [1], [2]], seed=seed)  # a genuine union of three strategies
 
 
 def test_lsmr_on_a_union_strategy_is_the_pseudo_inverse():

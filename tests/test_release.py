@@ -52,7 +52,7 @@ def strategy_of(kind: str, privacy):
     if kind == "kronecker":
         return hdmm.opt_kron(W_SMALL, noise=noise, seed=0)
     if kind == "union":
-        return hdmm.opt_union(W_SMALL, noise=noise, seed=0)
+        return hdmm.opt_union(W_SMALL, noise=noise, groups=[[0], [1], [2]], seed=0)
     return hdmm.opt_marginals(W_SMALL, noise=noise, seed=0)
 
 
