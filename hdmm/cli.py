@@ -276,7 +276,8 @@ def _add_workload(p: argparse.ArgumentParser) -> None:
 
 def _add_search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="seed of the optimizer's random starts (reproducible research)")
-    p.add_argument("--restarts", type=int, default=3, help="random starts per optimizer (default 3)")
+    p.add_argument("--restarts", type=int, help="random starts per optimizer (default: 8 per attribute of up to "
+                   "512 values, 3 beyond)")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -21,7 +21,7 @@ from ..block_diagonal import BlockDiagonal, fold, is_local
 from ..kron_union import KronUnion
 from ..matrix import Identity, Kronecker, Matrix, Ones, Sum, Weighted
 from .convex import ConvexProgress, solve_convex
-from .pidentity import PIdentity, default_p, optimize_pidentity
+from .pidentity import PIdentity, default_p, default_restarts, optimize_pidentity
 from .root import SquareRootStrategy
 
 __all__ = ["factor_method", "optimize_factor", "factor_candidates", "opt_kron_union"]
@@ -60,10 +60,15 @@ def factor_method(G: Matrix, norm: int) -> str:
     return "sine basis"
 
 
-def _pidentity(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.random.Generator,
+def _pidentity(G: Matrix, norm: int, p: int | None, restarts: int | None, rng: np.random.Generator,
                warm: Matrix | None) -> tuple[PIdentity, float]:
-    """The p-Identity strategy for ``G`` and its error at unit noise (``warm`` seeds a start)."""
+    """The p-Identity strategy for ``G`` and its error at unit noise (``warm`` seeds a start).
+
+    ``p`` and ``restarts`` default to :func:`.pidentity.default_p` and
+    :func:`.pidentity.default_restarts` of ``G``'s size.
+    """
     p = default_p(G.shape[0]) if p is None else p
+    restarts = default_restarts(G.shape[0]) if restarts is None else restarts
     T, value = optimize_pidentity(G, p, norm, restarts, rng,
                                   start=warm.params if isinstance(warm, PIdentity) and warm.params.shape[0] == p else None)
     return PIdentity(T, norm), value
@@ -175,7 +180,7 @@ def _total_supports(factors: list[Matrix]) -> bool:
 
 
 def opt_kron_union(
-    union: KronUnion, norm: int, p: int | None = None, restarts: int = 3, rng: np.random.Generator | None = None,
+    union: KronUnion, norm: int, p: int | None = None, restarts: int | None = None, rng: np.random.Generator | None = None,
     max_rounds: int = 30, tol: float = 1e-4, progress: Callable[[str], None] | None = None,
 ) -> tuple[Kronecker, float]:
     """Cycle per-attribute OPT_0 on effective Grams; returns the strategy and its unit-noise error."""

@@ -170,16 +170,17 @@ class MarginalsProblem:
         return s2 * F, 2.0 * theta * F + s2 * dF
 
 
-def optimize_marginal_weights(problem: MarginalsProblem, norm: int, restarts: int, rng: np.random.Generator,
+def optimize_marginal_weights(problem: MarginalsProblem, norm: int, restarts: int | None, rng: np.random.Generator,
                               extra_starts: list[np.ndarray] | None = None):
     """Minimise the OPT_M objective over ``theta >= 0``; returns ``(theta, objective)``.
 
     Starts: every candidate weighted equally, (nearly) the full data cube only, (nearly) the
     full data cube with the workload's own marginals and their sub-marginals, then uniform random weights,
-    ``restarts`` in all (at least 3), or ``MIN_STARTS`` for a cheap problem; then
+    ``restarts`` in all (at least 3, the default), or ``MIN_STARTS`` for a cheap problem; then
     ``extra_starts``.
     """
     k = problem.members.shape[0]
+    restarts = 3 if restarts is None else restarts
     starts = max(restarts, MIN_STARTS) if problem.Z.nnz <= CHEAP_NNZ else max(3, restarts)
     full = np.full(k, 1e-4)
     full[np.argmax(problem.members.sum(axis=1))] = 1.0

@@ -43,7 +43,7 @@ def _rng(seed) -> np.random.Generator:
     return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
 
 
-def _check(W: Matrix, p: int | None = None, restarts: int = 1) -> None:
+def _check(W: Matrix, p: int | None = None, restarts: int | None = None) -> None:
     """Validate the arguments every optimizer shares: the workload, ``p`` and ``restarts``."""
     if not isinstance(W, Matrix):
         raise TypeError(f"the workload must be an hdmm matrix, got {type(W).__name__}")
@@ -51,7 +51,7 @@ def _check(W: Matrix, p: int | None = None, restarts: int = 1) -> None:
         raise ValueError("the workload is zero (no query has a nonzero coefficient): every strategy answers it "
                          "with no error, so there is nothing to optimize")
     for name, value, least in (("p", p, 0), ("restarts", restarts, 1)):
-        if value is None and name == "p":
+        if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
@@ -88,16 +88,20 @@ def opt0(W: Matrix, p: int | None = None, noise: str = "laplace", restarts: int 
     return A.factors[0]
 
 
-def opt_kron(W: Matrix, noise: str = "laplace", p: int | None = None, restarts: int = 3, seed=None,
+def opt_kron(W: Matrix, noise: str = "laplace", p: int | None = None, restarts: int | None = None, seed=None,
              progress: Callable[[str], None] | None = None) -> Matrix:
-    """OPT_(x): one Kronecker strategy for a union of Kronecker workloads (see :mod:`.kron`)."""
+    """OPT_(x): one Kronecker strategy for a union of Kronecker workloads (see :mod:`.kron`).
+
+    ``restarts``: p-Identity starts per attribute in the first round (default
+    :func:`~hdmm.optimizers.pidentity.default_restarts`: 8 up to 512 values, 3 beyond).
+    """
     _check(W, p, restarts)
     A, _ = opt_kron_union(W.kron_union(), _norm(noise), p, restarts, _rng(seed), progress=progress)
     return A
 
 
 def opt_union(W: Matrix, noise: str = "laplace", groups: Sequence[Sequence[int]] | None = None,
-              p: int | None = None, restarts: int = 3, seed=None,
+              p: int | None = None, restarts: int | None = None, seed=None,
               progress: Callable[[str], None] | None = None) -> Matrix:
     """OPT_+: a union of Kronecker strategies, one per group of workload terms (see :mod:`.union`).
 
@@ -119,7 +123,7 @@ def opt_union(W: Matrix, noise: str = "laplace", groups: Sequence[Sequence[int]]
     return min(runs, key=lambda run: run[1])[0]
 
 
-def opt_marginals(W: Matrix, noise: str = "laplace", restarts: int = 3, seed=None) -> Matrix:
+def opt_marginals(W: Matrix, noise: str = "laplace", restarts: int | None = None, seed=None) -> Matrix:
     """OPT_M: weighted marginals (see :mod:`.marginals`); any union of Kronecker workloads."""
     _check(W, restarts=restarts)
     A, _ = opt_marginals_strategy(W, _norm(noise), restarts, _rng(seed))
@@ -172,7 +176,7 @@ class OptimizationResult:
         return float(np.sqrt(self.error / self.error.queries))
 
 
-def optimize(W: Matrix, privacy: Privacy, *, restarts: int = 3, seed=None,
+def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=None,
              optimizers: Sequence[str] | None = None, progress: bool | Callable[[str], None] = False) -> OptimizationResult:
     """Run every optimizer that applies to ``W`` under ``privacy`` and keep the best strategy.
 
@@ -180,7 +184,9 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int = 3, seed=None,
     ``opt_union`` (OPT_+, when the workload has several Kronecker terms; its exact error up to
     ``UNION_EXACT_MAX_N`` cells or when a closed form applies, else the upper bound of
     :mod:`.union`, marked ``exact=False`` in the report), and ``residual`` (Gaussian noise
-    only). ``optimizers`` names a subset of them (one name or a list). Deterministic given
+    only). ``optimizers`` names a subset of them (one name or a list). ``restarts``: random
+    starts per optimizer (default: p-Identity 8 per attribute of up to 512 values, 3 beyond;
+    OPT_M 3, or 128 on cheap problems). Deterministic given
     ``seed``. ``progress=True`` shows a progress bar over the candidates (with each
     optimizer's own steps, such as OPT_(x)'s rounds, as its status); a callable receives those
     status lines instead.

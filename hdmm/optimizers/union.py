@@ -69,7 +69,7 @@ def check_groups(groups: Sequence[Sequence[int]], num_terms: int) -> list[np.nda
 
 
 def opt_union_groups(
-    union: KronUnion, groups: Sequence[np.ndarray], norm: int, p: int | None = None, restarts: int = 3,
+    union: KronUnion, groups: Sequence[np.ndarray], norm: int, p: int | None = None, restarts: int | None = None,
     rng: np.random.Generator | None = None, progress: Callable[[str], None] | None = None,
 ) -> tuple[Matrix, float]:
     """OPT_(x) per group, stacked with the optimal budget split; returns the strategy and the bound.
