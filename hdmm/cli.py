@@ -179,9 +179,7 @@ def optimize_command(args: argparse.Namespace) -> None:
     privacy = _privacy(args)
     named = _workload(args.workload)
     result = optimize(named.workload, privacy, seed=args.seed, restarts=args.restarts, progress=True)
-    metadata = {"workload": args.workload, "privacy": privacy.to_dict(), "optimizer": result.optimizer,
-                "total_squared_error": float(result.error), "queries": int(named.workload.shape[0])}
-    save_strategy(result.strategy, args.output, metadata)
+    save_strategy(result, args.output, {"workload": args.workload})
     report = result.report[["optimizer", "rmse", "ratio to SVD bound", "exact", "seconds"]]
     print(f"{named.description}, {privacy.description}")
     print(report.to_string(index=False, float_format=_format))
@@ -276,8 +274,8 @@ def _add_workload(p: argparse.ArgumentParser) -> None:
 
 def _add_search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="seed of the optimizer's random starts (reproducible research)")
-    p.add_argument("--restarts", type=int, help="random starts per optimizer (default: 8 per attribute of up to "
-                   "512 values, 3 beyond)")
+    p.add_argument("--restarts", type=int, help="random starts per optimizer (default: as hdmm.optimize, 3 to 8 "
+                   "depending on the optimizer and attribute size)")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -7,6 +7,7 @@ dense parameter. Only hdmm's own matrix classes are written; nothing is unpickle
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import zipfile
@@ -81,18 +82,20 @@ class _Writer:
 def save_strategy(A: Matrix | OptimizationResult, path: str | os.PathLike, metadata: dict | None = None) -> None:
     """Write strategy ``A`` (and optional JSON-serialisable ``metadata``) to ``path``.
 
-    The file is written at ``path`` exactly (``.npz`` is the conventional suffix; none is
-    added), so :func:`load_strategy` reads it back from the same path. Given the result of
-    :func:`hdmm.optimize`, its strategy is written and the metadata also records the optimizer,
-    the privacy it was optimized for and its expected error.
+    ``path`` is a file name, written exactly as given (``.npz`` is the conventional suffix; none
+    is added, so :func:`load_strategy` reads it back from the same path), or a binary file
+    object. Given the result of :func:`hdmm.optimize`, its strategy is written and the metadata
+    also records the privacy it was optimized for (``Privacy.to_dict()``, which
+    ``Privacy.from_dict`` reads back), the optimizer, its expected total squared error and the
+    number of queries.
     """
     if isinstance(A, OptimizationResult):
-        metadata = {"optimizer": A.optimizer, "privacy": str(A.privacy),
-                    "expected total squared error": float(A.error), "expected rmse": A.rmse, **(metadata or {})}
+        metadata = {"privacy": A.privacy.to_dict(), "optimizer": A.optimizer,
+                    "total_squared_error": float(A.error), "queries": int(A.error.queries), **(metadata or {})}
         A = A.strategy
     writer = _Writer()
     header = {"format": FORMAT, "version": VERSION, "tree": writer.node(A), "metadata": metadata or {}}
-    with open(path, "wb") as file:
+    with contextlib.nullcontext(path) if hasattr(path, "write") else open(path, "wb") as file:
         np.savez_compressed(file, header=np.array(json.dumps(header)), **writer.arrays)
 
 

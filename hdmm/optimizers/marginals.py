@@ -54,6 +54,9 @@ __all__ = ["MarginalsProblem", "optimize_marginal_weights", "opt_marginals_strat
 #: least ``MIN_STARTS`` starts (Laplace OPT_M's optimum varies a lot between starts).
 CHEAP_NNZ = 100_000
 
+#: Starts of a problem that is not cheap, by default.
+STARTS = 3
+
 #: Fewest starts for a cheap problem (about 0.4 s on 5 attributes; with 32 starts the Adult
 #: 2-way optimum found varied from 15.8 to 16.4 times below Identity between seeds, with 128 not).
 MIN_STARTS = 128
@@ -71,9 +74,11 @@ def _domain_of(W: Matrix, union: KronUnion) -> Domain:
         domain = getattr(M, "domain", None)
         if isinstance(domain, Domain) and domain.shape == union.sizes:
             return domain
-        if (isinstance(M, Kronecker) and None not in M.names
-                and tuple(f.shape[1] for f in M.factors) == union.sizes):
-            return Domain(M.names, union.sizes)
+        if isinstance(M, Kronecker) and tuple(f.shape[1] for f in M.factors) == union.sizes:
+            try:  # names only label queries: any that make no domain (None, repeated, ...) are skipped
+                return Domain(M.names, union.sizes)
+            except (TypeError, ValueError):
+                pass
         parts += [M.base] if isinstance(M, Weighted) else list(getattr(M, "blocks", []))
     return as_domain(union.sizes)
 
@@ -170,52 +175,52 @@ class MarginalsProblem:
         return s2 * F, 2.0 * theta * F + s2 * dF
 
 
-def optimize_marginal_weights(problem: MarginalsProblem, norm: int, restarts: int | None, rng: np.random.Generator,
-                              extra_starts: list[np.ndarray] | None = None):
+def _descend(problem: MarginalsProblem, norm: int, theta0: np.ndarray) -> tuple[np.ndarray, float]:
+    """One local search of the OPT_M objective from ``theta0``; returns ``(theta, objective)``."""
+    if norm == 1:
+        def squared(v: np.ndarray) -> tuple[float, np.ndarray]:
+            value, gradient = problem.objective(v * v, norm)
+            return value, 2.0 * v * gradient
+
+        result = minimize(squared, np.sqrt(theta0), jac=True, method="L-BFGS-B", options={"maxiter": 2000})
+        return result.x**2, float(result.fun)
+    result = minimize(problem.objective, theta0, args=(norm,), jac=True, method="L-BFGS-B",
+                      bounds=Bounds(0.0, np.inf), options={"maxiter": 2000})
+    return result.x, float(result.fun)
+
+
+def optimize_marginal_weights(problem: MarginalsProblem, norm: int, restarts: int | None,
+                              rng: np.random.Generator) -> tuple[np.ndarray, float]:
     """Minimise the OPT_M objective over ``theta >= 0``; returns ``(theta, objective)``.
 
-    Starts: every candidate weighted equally, (nearly) the full data cube only, (nearly) the
-    full data cube with the workload's own marginals and their sub-marginals, then uniform random weights,
-    ``restarts`` in all (at least 3, the default), or ``MIN_STARTS`` for a cheap problem; then
-    ``extra_starts``.
+    Starts: every candidate weighted equally, (nearly) the full data cube only, then uniform
+    random weights, ``restarts`` in all (default ``STARTS``), or ``MIN_STARTS`` for a cheap
+    problem; and always (nearly) the full data cube with the workload's own marginals and their
+    sub-marginals.
     """
     k = problem.members.shape[0]
-    restarts = 3 if restarts is None else restarts
-    starts = max(restarts, MIN_STARTS) if problem.Z.nnz <= CHEAP_NNZ else max(3, restarts)
+    restarts = STARTS if restarts is None else restarts
+    starts = max(restarts, MIN_STARTS) if problem.Z.nnz <= CHEAP_NNZ else max(1, restarts)
     full = np.full(k, 1e-4)
     full[np.argmax(problem.members.sum(axis=1))] = 1.0
-    closure = np.where(problem.tau > 0, 1.0, full)
-    candidates = [np.ones(k), full, closure] + [rng.random(k) for _ in range(starts - 3)] + list(extra_starts or [])
-    def squared(v: np.ndarray) -> tuple[float, np.ndarray]:
-        value, gradient = problem.objective(v * v, norm)
-        return value, 2.0 * v * gradient
-
-    best, best_theta = np.inf, None
-    for theta0 in candidates:
-        if norm == 1:
-            result = minimize(squared, np.sqrt(theta0), jac=True, method="L-BFGS-B", options={"maxiter": 2000})
-            theta = result.x**2
-        else:
-            result = minimize(problem.objective, theta0, args=(norm,), jac=True, method="L-BFGS-B",
-                              bounds=Bounds(0.0, np.inf), options={"maxiter": 2000})
-            theta = result.x
-        if result.fun < best:
-            best, best_theta = float(result.fun), theta
-    scale = best_theta.sum() if norm == 1 else np.sqrt(best_theta @ best_theta)
-    return best_theta / scale, best
+    candidates = ([np.ones(k), full] + [rng.random(k) for _ in range(starts - 2)])[:starts]
+    candidates.append(np.where(problem.tau > 0, 1.0, full))
+    theta, best = min((_descend(problem, norm, theta0) for theta0 in candidates), key=lambda run: run[1])
+    return theta / (theta.sum() if norm == 1 else np.sqrt(theta @ theta)), best
 
 
 def opt_marginals_strategy(W: Matrix, norm: int, restarts: int, rng: np.random.Generator) -> tuple[Marginals, float]:
     """OPT_M for workload ``W``: the weighted-marginals strategy and its unit-noise error."""
     union = W.kron_union()
     problem = MarginalsProblem(union)
-    extra = []
+    theta, value = optimize_marginal_weights(problem, norm, restarts, rng)
     if norm == 1 and problem.members.shape[0] > problem.closure.shape[0] + 1:
-        # Laplace's local optima: first solve on the closure and the cube alone (the candidates
+        # Laplace's local optima: also solve on the closure and the cube alone (the candidates
         # beyond ALL_SUBSETS_MAX_DIM attributes), then search all candidates from there
         small = MarginalsProblem(union, _closure_and_cube(problem.closure))
-        extra.append(problem.embed(small, optimize_marginal_weights(small, norm, restarts, rng)[0]))
-    theta, value = optimize_marginal_weights(problem, norm, restarts, rng, extra)
+        warm, warm_value = _descend(problem, norm, problem.embed(small, optimize_marginal_weights(small, norm, restarts, rng)[0]))
+        if warm_value < value:
+            theta, value = warm / warm.sum(), warm_value
     # drop negligible marginals (they only make the strategy ill-conditioned) if the error holds
     keep = theta > 1e-4 * theta.max()
     pruned = np.where(keep, theta, 0.0)

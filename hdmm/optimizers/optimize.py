@@ -8,6 +8,7 @@ Laplace, L2 for Gaussian) that supports the workload.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -19,7 +20,7 @@ from tqdm import tqdm
 from ..bound import SVDBound, svd_bound
 from ..error import ErrorResult, exact_route, expected_error
 from ..matrix import Identity, Matrix
-from ..privacy import Privacy
+from ..privacy import ZCDP, Privacy, PureDP
 from .kron import opt_kron_union
 from .marginals import opt_marginals_strategy, residual_strategy
 from .union import check_groups, default_groups, opt_union_groups
@@ -28,15 +29,27 @@ __all__ = ["opt0", "opt_kron", "opt_union", "opt_marginals", "opt_residual", "op
 
 _NORMS = {"laplace": 1, "gaussian": 2}
 
-#: OPT_+'s strategy has no closed-form error in general; ``optimize`` computes it exactly through
-#: a dense pseudo-inverse up to this many cells (about a second) and uses OPT_+'s upper bound beyond.
-UNION_EXACT_MAX_N = 2048
+#: OPT_+'s strategy has no closed-form error in general; it is computed exactly through a dense
+#: pseudo-inverse up to this many cells (about a second) and OPT_+'s upper bound is used beyond.
+UNION_EXACT_MAX_N = 1024
+
+#: A privacy definition per sensitivity norm with unit noise variance, to compare strategies.
+_UNIT = {1: PureDP(math.sqrt(2.0)), 2: ZCDP(0.5)}
 
 
 def _norm(noise: str) -> int:
     if noise not in _NORMS:
         raise ValueError(f"noise must be 'laplace' or 'gaussian', got {noise!r}")
     return _NORMS[noise]
+
+
+def _union_error(W: Matrix, A: Matrix, bound: float, privacy: Privacy) -> tuple[ErrorResult, bool]:
+    """OPT_+'s error under ``privacy`` and whether it is exact: exact where a closed form applies
+    or the domain has at most ``UNION_EXACT_MAX_N`` cells, else the upper ``bound`` (at unit noise)."""
+    if W.shape[1] <= UNION_EXACT_MAX_N or exact_route(W, A) != "dense":
+        return expected_error(W, A, privacy), True
+    unit = privacy.noise_variance(1.0)
+    return ErrorResult(unit * bound, measure="total squared error", privacy=privacy, queries=W.shape[0]), False
 
 
 def _rng(seed) -> np.random.Generator:
@@ -107,20 +120,23 @@ def opt_union(W: Matrix, noise: str = "laplace", groups: Sequence[Sequence[int]]
 
     ``groups`` lists term indices of ``W.kron_union()``, each term in exactly one group. By
     default: one group per top-level block of a union (e.g. per Census table), else one per
-    Kronecker term, or all terms in one group (OPT_(x)) when that has the smaller error bound;
-    separate groups cannot share measurements, so on marginal workloads one group per marginal
-    is often several times worse than the identity.
+    Kronecker term; but as separate groups cannot share measurements (on marginal workloads one
+    group per marginal is often several times worse than the identity), the OPT_(x) strategy of
+    all terms together is returned instead when its error is smaller (OPT_+'s exact error where
+    affordable, else its upper bound; see ``UNION_EXACT_MAX_N``).
     """
     _check(W, p, restarts)
     union = W.kron_union()
     norm, rng = _norm(noise), _rng(seed)
     if groups is not None:
         return opt_union_groups(union, check_groups(groups, union.num_terms), norm, p, restarts, rng, progress)[0]
-    groupings = [default_groups(W, union)]
-    if len(groupings[0]) > 1:
-        groupings.append([np.arange(union.num_terms)])
-    runs = [opt_union_groups(union, g, norm, p, restarts, rng, progress) for g in groupings]
-    return min(runs, key=lambda run: run[1])[0]
+    groups = default_groups(W, union)
+    A, bound = opt_union_groups(union, groups, norm, p, restarts, rng, progress)
+    if len(groups) == 1:
+        return A
+    K, value = opt_kron_union(union, norm, p, restarts, rng, progress=progress)
+    privacy = _UNIT[norm]
+    return K if value < float(_union_error(W, A, bound, privacy)[0]) else A
 
 
 def opt_marginals(W: Matrix, noise: str = "laplace", restarts: int | None = None, seed=None) -> Matrix:
@@ -185,8 +201,10 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     ``UNION_EXACT_MAX_N`` cells or when a closed form applies, else the upper bound of
     :mod:`.union`, marked ``exact=False`` in the report), and ``residual`` (Gaussian noise
     only). ``optimizers`` names a subset of them (one name or a list). ``restarts``: random
-    starts per optimizer (default: p-Identity 8 per attribute of up to 512 values, 3 beyond;
-    OPT_M 3, or 128 on cheap problems). Deterministic given
+    starts per optimizer; by default p-Identity makes 8 per attribute of up to 512 values and 3
+    beyond in OPT_(x) (:func:`~hdmm.optimizers.pidentity.default_restarts`), 3 in each OPT_+
+    group (:data:`~hdmm.optimizers.union.GROUP_RESTARTS`), and OPT_M 3, or 128 on cheap
+    problems (:mod:`.marginals`). Deterministic given
     ``seed``. ``progress=True`` shows a progress bar over the candidates (with each
     optimizer's own steps, such as OPT_(x)'s rounds, as its status); a callable receives those
     status lines instead.
@@ -210,7 +228,6 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     unknown = [] if optimizers is None else [o for o in optimizers if o not in available]
     if unknown:
         raise ValueError(f"optimizers {unknown} do not apply here; available: {available}")
-    unit = privacy.noise_variance(1.0)
     bar = tqdm(chosen, desc="optimize", unit="optimizer", disable=progress is not True)
     say = bar.set_postfix_str if progress is True else (progress or None)
     rows, best = [], None
@@ -229,11 +246,7 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
             error = expected_error(W, A, privacy)
         elif name == "opt_union":
             A, value = opt_union_groups(union, default_groups(W, union), norm, None, restarts, rng, say)
-            if W.shape[1] <= UNION_EXACT_MAX_N or exact_route(W, A) != "dense":
-                error = expected_error(W, A, privacy)
-            else:
-                error = ErrorResult(unit * value, measure="total squared error", privacy=privacy, queries=W.shape[0])
-                exact = False
+            error, exact = _union_error(W, A, value, privacy)
         else:
             A, value = residual_strategy(W)
             error = expected_error(W, A, privacy)

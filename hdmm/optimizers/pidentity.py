@@ -404,8 +404,8 @@ def optimize_pidentity(
     second order. A secant step that clips every entry to zero therefore ends a search at the
     identity even where small extra rows pay (``I + J`` on 115 values: 1.19x below the
     identity's error with one total row of weight 0.19). When the best run ends at ``T = 0``,
-    the first start is run again cautiously (no step more than halves an entry) and kept if it
-    is better.
+    the first start is run again cautiously (no step more than halves an entry, apart from the
+    smallest, see ``CAUTIOUS_MIN``) and kept if it is better.
     """
     n = G.shape[0]
     maxiter = MAXITER if maxiter is None else maxiter

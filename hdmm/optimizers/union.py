@@ -21,7 +21,12 @@ from ..kron_union import KronUnion
 from ..matrix import Matrix, VStack, Weighted
 from .kron import opt_kron_union
 
-__all__ = ["budget_split", "check_groups", "opt_union_groups", "default_groups"]
+__all__ = ["budget_split", "check_groups", "opt_union_groups", "default_groups", "GROUP_RESTARTS"]
+
+#: p-Identity starts per attribute in each group's OPT_(x) by default: fewer than OPT_(x) alone
+#: makes on small attributes (:func:`.pidentity.default_restarts`), as the groups multiply the
+#: cost (SF1's 12 tables: 14 s with 8 starts, for a bound 2.8x above OPT_(x)'s error).
+GROUP_RESTARTS = 3
 
 
 def budget_split(errors: Sequence[float], norm: int) -> tuple[np.ndarray, float]:
@@ -54,6 +59,8 @@ def check_groups(groups: Sequence[Sequence[int]], num_terms: int) -> list[np.nda
         g = np.asarray(group)
         if g.ndim != 1 or g.size == 0 or not np.issubdtype(g.dtype, np.integer):
             raise ValueError(f"group {k} must be a nonempty list of integer term indices, got {group!r}")
+        if np.unique(g).size != g.size:
+            raise ValueError(f"group {k} lists a term more than once: {group!r}")
         if g.min() < 0 or g.max() >= num_terms:
             raise ValueError(f"group {k} names term {int(g.min() if g.min() < 0 else g.max())}; the workload's "
                              f"terms are 0 ... {num_terms - 1} (see W.kron_union())")
@@ -75,11 +82,11 @@ def opt_union_groups(
     """OPT_(x) per group, stacked with the optimal budget split; returns the strategy and the bound.
 
     Terms of weight zero need no measurement and are left out (a group of only such terms too).
-    Each group's OPT_(x) makes ``restarts`` p-Identity starts per attribute, 3 by default: fewer
-    than OPT_(x) alone makes on small attributes, as the groups multiply the cost (SF1's 12
-    tables: 14 s with 8 starts, for a bound 2.8x above OPT_(x)'s error).
+    Each group's OPT_(x) makes ``restarts`` p-Identity starts per attribute, ``GROUP_RESTARTS``
+    by default.
     """
-    restarts = 3 if restarts is None else restarts
+    restarts = GROUP_RESTARTS if restarts is None else restarts
+    groups = [np.asarray(terms, dtype=np.intp) for terms in groups]
     groups = [terms[union.weights[terms] != 0] for terms in groups]
     groups = [terms for terms in groups if terms.size]
     if not groups:
