@@ -176,17 +176,19 @@ class MarginalsProblem:
 
 
 def _descend(problem: MarginalsProblem, norm: int, theta0: np.ndarray) -> tuple[np.ndarray, float]:
-    """One local search of the OPT_M objective from ``theta0``; returns ``(theta, objective)``."""
+    """One local search of the OPT_M objective from ``theta0``; returns ``(theta, objective)``,
+    ``theta`` scaled to sensitivity 1 (the objective does not depend on the scale)."""
     if norm == 1:
         def squared(v: np.ndarray) -> tuple[float, np.ndarray]:
             value, gradient = problem.objective(v * v, norm)
             return value, 2.0 * v * gradient
 
         result = minimize(squared, np.sqrt(theta0), jac=True, method="L-BFGS-B", options={"maxiter": 2000})
-        return result.x**2, float(result.fun)
+        theta = result.x**2
+        return theta / theta.sum(), float(result.fun)
     result = minimize(problem.objective, theta0, args=(norm,), jac=True, method="L-BFGS-B",
                       bounds=Bounds(0.0, np.inf), options={"maxiter": 2000})
-    return result.x, float(result.fun)
+    return result.x / np.sqrt(result.x @ result.x), float(result.fun)
 
 
 def optimize_marginal_weights(problem: MarginalsProblem, norm: int, restarts: int | None,
@@ -205,8 +207,7 @@ def optimize_marginal_weights(problem: MarginalsProblem, norm: int, restarts: in
     full[np.argmax(problem.members.sum(axis=1))] = 1.0
     candidates = ([np.ones(k), full] + [rng.random(k) for _ in range(starts - 2)])[:starts]
     candidates.append(np.where(problem.tau > 0, 1.0, full))
-    theta, best = min((_descend(problem, norm, theta0) for theta0 in candidates), key=lambda run: run[1])
-    return theta / (theta.sum() if norm == 1 else np.sqrt(theta @ theta)), best
+    return min((_descend(problem, norm, theta0) for theta0 in candidates), key=lambda run: run[1])
 
 
 def opt_marginals_strategy(W: Matrix, norm: int, restarts: int, rng: np.random.Generator) -> tuple[Marginals, float]:
@@ -220,7 +221,7 @@ def opt_marginals_strategy(W: Matrix, norm: int, restarts: int, rng: np.random.G
         small = MarginalsProblem(union, _closure_and_cube(problem.closure))
         warm, warm_value = _descend(problem, norm, problem.embed(small, optimize_marginal_weights(small, norm, restarts, rng)[0]))
         if warm_value < value:
-            theta, value = warm / warm.sum(), warm_value
+            theta, value = warm, warm_value
     # drop negligible marginals (they only make the strategy ill-conditioned) if the error holds
     keep = theta > 1e-4 * theta.max()
     pruned = np.where(keep, theta, 0.0)
