@@ -306,7 +306,7 @@ def _split_attribute(grams: list[np.ndarray], ops: list[Matrix], rng: np.random.
     _, V = np.linalg.eigh(sum(rng.uniform(1.0, 2.0) * G for G in grams))
     images = [G @ V for G in ops]  # implicit products: banded, prefix and range Grams are cheap
     lam = np.stack([np.einsum("ij,ij->j", V, GV) for GV in images])
-    residual = np.max([np.linalg.norm(GV - V * l, axis=0) for GV, l in zip(images, lam)], axis=0)
+    residual = np.max([np.linalg.norm(GV - V * values, axis=0) for GV, values in zip(images, lam)], axis=0)
     common = residual <= 1e-9 * scale * n
     classes, mult = _classes(_clean(lam[:, common], grams))
     U = V[:, ~common]
