@@ -21,7 +21,12 @@ DataFrame into :math:`x`, and :meth:`Domain.records` expands :math:`x` back into
 records, so ``domain.vectorize(domain.records(x)) == x``.  A column is read as
 value labels, or as codes with ``codes=True``; a numeric column is taken for
 codes without being told only when that cannot be mistaken for labels (the
-attribute has no labels, or only string labels).
+attribute has no labels, or only string labels none of which spells a number).
+Labels that spell numbers, such as region numbers ``"1", ..., "9"`` or FIPS codes
+``"01", ..., "56"``, come back as numbers from a CSV file, where they cannot be told
+from codes: :meth:`Domain.vectorize` reads such a column as labels when only that
+reading fits, as codes when only that one does and no value names another label,
+and refuses it (:class:`AmbiguousColumnError`) when both fit and they disagree.
 """
 
 from __future__ import annotations
@@ -30,13 +35,15 @@ import json
 import math
 import numbers
 import os
+import re
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["Domain", "MAX_DENSE_CELLS"]
+__all__ = ["AmbiguousColumnError", "Domain", "MAX_DENSE_CELLS"]
 
 #: Largest domain (in cells) for which :meth:`Domain.vectorize` builds a dense
 #: data vector.  2**31 float64 cells already take 16 GiB of memory.
@@ -47,6 +54,37 @@ _SHOW = 5
 
 # A value label: a JSON scalar (str, int, bool or finite float).
 Label = str | int | float
+
+
+# The text of a number as pandas.read_csv parses it: "7", "-3", "07", "1.5", ".5", "2e3".
+_NUMBER_TEXT = re.compile(r"\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\s*")
+
+
+class AmbiguousColumnError(ValueError):
+    """A numeric column that reads as value labels and as codes, with different counts.
+
+    Raised by :meth:`Domain.vectorize` for an attribute whose string labels spell numbers
+    (``"1", ..., "9"``) when the column's numbers are all labels and all codes but would
+    be counted in different cells (the number 3 is the label ``"3"``, code 2, and also
+    code 3, label ``"4"``).
+
+    Attributes
+    ----------
+    attribute : str
+        The attribute (column) name.
+    """
+
+    def __init__(self, message: str, attribute: str) -> None:
+        super().__init__(message)
+        self.attribute = attribute
+
+
+def _spelled_number(label: Any) -> float | None:
+    """The number a string label spells (``"07"`` -> 7.0), or None for other labels."""
+    if isinstance(label, str) and _NUMBER_TEXT.fullmatch(label):
+        number = float(label)
+        return number if math.isfinite(number) else None
+    return None
 
 
 def _preview(values: Iterable[Any]) -> str:
@@ -451,15 +489,22 @@ class Domain:
 
     # -------------------------------------------------------- data vector
     def reads_numbers_as_codes(self, attr: str | int) -> bool:
-        """Whether :meth:`vectorize` reads a numeric column of this attribute as codes.
+        """Whether :meth:`vectorize` reads any numeric column of this attribute as codes.
 
         True when the attribute has no value labels (its labels are its codes) or when
-        all its labels are strings (no number can be one of its labels).  False when any
-        label is a number (int, float or bool): a numeric column is then matched against
-        the labels, since reading it as codes could silently count the wrong cells.
+        all its labels are strings none of which spells a number (``"M"``, ``"0-4"``):
+        then no number can be one of its labels.  False otherwise:
+
+        * some label is a number (int, float or bool): a numeric column is matched
+          against the labels, since reading it as codes could count the wrong cells;
+        * the labels are strings and some spell numbers (``"1"``, ``"07"``, ``"2.5"``):
+          a CSV reader returns those as numbers, so a numeric column is read by the
+          rule of :meth:`vectorize` (labels, codes, or refused as ambiguous).
         """
         name = self._names[self.index(attr)]
-        return all(isinstance(v, str) for v in self._labels.get(name, ()))
+        return all(
+            isinstance(v, str) and _spelled_number(v) is None for v in self._labels.get(name, ())
+        )
 
     def vectorize(self, df: pd.DataFrame, *, codes: bool = False) -> np.ndarray:
         """The data vector of record counts.
@@ -481,13 +526,33 @@ class Domain:
             How column values are read:
 
             * ``False``: as value labels, matched against :meth:`values` (for an
-              attribute without labels those are the codes ``0..n-1``).  Shortcut:
-              a numeric column (int, uint, bool, or floats that are whole numbers)
-              of an attribute whose labels are all strings is read as codes, since
-              none of its values can be a label (see :meth:`reads_numbers_as_codes`).
-              A column of an attribute with numeric labels, e.g. years
-              ``[2020, 2021]`` or sizes ``[1, 2, 3]``, is always matched against
-              the labels, never guessed to be codes.
+              attribute without labels those are the codes ``0..n-1``).  A text,
+              object or category column is matched exactly.  A numeric column (int,
+              uint, bool, or floats that are whole numbers) is read as follows:
+
+              - attribute without labels, or whose labels are strings none of which
+                spells a number (``"M"``, ``"0-4"``): as codes, since none of its
+                values can be a label (see :meth:`reads_numbers_as_codes`);
+              - attribute with numeric labels, e.g. years ``[2020, 2021]`` or sizes
+                ``[1, 2, 3]``: matched against the labels, never guessed to be codes;
+              - attribute with string labels that spell numbers, e.g. regions
+                ``["1", ..., "9"]`` or FIPS codes ``["01", ..., "56"]`` (what a CSV
+                reader turns into numbers): each value stands for the label that
+                spells the same number (7 for ``"07"``) or for the code it equals.
+                The column is read as labels when every value is a label and either
+                some value is no code or both readings agree (labels ``"0"..."8"``
+                of codes 0..8); as codes when every value is a code, some value is
+                no label, and no value is the label of another cell (the top-coded
+                ages ``"0", ..., "113", "114 and over"`` read from the numbers
+                0..114).  Otherwise it is refused: :class:`AmbiguousColumnError`
+                when some value is both a label and a code of different cells
+                (the number 3 in ``["1", ..., "9"]``), a ``ValueError`` when values
+                fit neither reading.  A statistician would not guess here: counting
+                3 in the cell of label ``"4"`` shifts every count silently.  Say
+                which reading is meant: cast the column to text
+                (``df.astype({name: str})``, or ``pandas.read_csv(...,
+                dtype={name: str})`` to keep leading zeros) to match labels
+                exactly, or pass ``codes=True``.
             * ``True``: every column holds codes ``0..n-1`` (numeric, or
               object/category columns of ints), whatever the labels.
 
@@ -503,6 +568,15 @@ class Domain:
             codes outside ``[0, n)``, non-integer numbers or unknown labels, or if
             the domain has more than :data:`MAX_DENSE_CELLS` cells.  The message
             names the attribute and how to fix the data.
+        AmbiguousColumnError
+            A ``ValueError`` for a numeric column that reads as labels and as codes
+            with different counts (see ``codes``).
+
+        Warns
+        -----
+        UserWarning
+            If ``df`` has no rows: the data vector is all zeros, and a release of it
+            would publish noise only.
 
         Notes
         -----
@@ -519,6 +593,19 @@ class Domain:
         [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
         >>> d.vectorize(pd.DataFrame({"size": [0, 2], "sex": [0, 1]}), codes=True).tolist()
         [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+
+        Labels that spell numbers: 9 can only be the label ``"9"``, while 1 and 2 alone
+        could be labels or codes.
+
+        >>> r = Domain(["region"], [9], {"region": [str(k) for k in range(1, 10)]})
+        >>> r.vectorize(pd.DataFrame({"region": [1, 2, 9]})).tolist()
+        [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+        >>> r.vectorize(pd.DataFrame({"region": [1, 2]}))
+        Traceback (most recent call last):
+        ...
+        hdmm.domain.AmbiguousColumnError: column 'region' is ambiguous: ...
+        >>> r.vectorize(pd.DataFrame({"region": ["1", "2"]})).tolist()[:3]
+        [1.0, 1.0, 0.0]
         """
         if not isinstance(df, pd.DataFrame):
             raise TypeError(f"vectorize expects a pandas DataFrame, got {type(df).__name__}")
@@ -537,6 +624,13 @@ class Domain:
                 f"{list(df.columns)}{_rename_hint(missing, df.columns)}; rename the columns "
                 "to the attribute names, or vectorize over a projection without the "
                 "missing attributes (Domain.project)"
+            )
+        if len(df) == 0:
+            warnings.warn(
+                "vectorize: the DataFrame has no records, so every count is 0 and a release of "
+                "it would publish noise only; check that the right data was read",
+                UserWarning,
+                stacklevel=2,
             )
         flat = np.zeros(len(df), dtype=np.intp)
         for name, n in zip(self._names, self._shape):
@@ -608,6 +702,8 @@ class Domain:
         numeric = dtype.kind in "iufb" and not labels_like
         if numeric and (codes or self.reads_numbers_as_codes(name)):
             return self._numeric_codes(column, name, n, codes)
+        if numeric and all(isinstance(v, str) for v in self._labels[name]):
+            return self._spelled_codes(column, name, n)
         if numeric or labels_like or dtype.kind == "O":
             return self._label_codes(column, name, codes)
         raise ValueError(
@@ -643,6 +739,86 @@ class Domain:
         if values.dtype.kind == "f" or not np.can_cast(values.dtype, np.intp, "safe"):
             return values.astype(np.intp)
         return values
+
+    def _spelled_codes(self, column: pd.Series, name: str, n: int) -> np.ndarray:
+        """Codes of a numeric column whose attribute has string labels spelling numbers.
+
+        The rule is in :meth:`vectorize` (``codes``): each distinct value is looked up
+        as the label spelling the same number and as a code, and the column is read the
+        one way that fits, or refused.
+        """
+        if column.hasnans:
+            _raise_missing(column, name)
+        values = column.to_numpy(dtype=getattr(column.dtype, "numpy_dtype", column.dtype))
+        if values.dtype.kind == "b":
+            values = values.astype(np.intp)
+        record_codes, distinct = pd.factorize(values)
+        distinct = np.asarray(distinct, dtype=np.float64)
+        labels = self._labels[name]
+        spelled: dict[float, int] = {}
+        twice: set[float] = set()
+        for code, label in enumerate(labels):
+            number = _spelled_number(label)
+            if number is None:
+                continue
+            if number in spelled:
+                twice.add(number)
+            else:
+                spelled[number] = code
+        as_label = np.array([-1 if v in twice else spelled.get(float(v), -1) for v in distinct], dtype=np.intp)
+        whole = np.isfinite(distinct) & (distinct == np.floor(distinct))
+        as_code = np.where(whole & (distinct >= 0) & (distinct < n), distinct, -1).astype(np.intp)
+        label_ok, code_ok = as_label >= 0, as_code >= 0
+        clash = label_ok & code_ok & (as_label != as_code)
+        doubled = np.array([v in twice for v in distinct], dtype=bool)
+        if label_ok.all() and not (code_ok.all() and clash.any()):
+            return as_label[record_codes]
+        if code_ok.all() and not clash.any() and not doubled.any():
+            return as_code[record_codes]
+
+        def show(k: int) -> str:
+            number = distinct[k]
+            return str(int(number)) if whole[k] else repr(float(number))
+
+        fix = (
+            f"say which: cast the column to text to match each value to the label of the same text "
+            f"(pandas: df.astype({{{name!r}: str}}), or pd.read_csv(..., dtype={{{name!r}: str}}) to keep "
+            f"leading zeros; hdmm release: --labels), or pass codes=True if it holds codes 0..{n - 1} "
+            "(hdmm release: --codes)"
+        )
+        if doubled.any():
+            k = int(np.flatnonzero(doubled)[0])
+            raise ValueError(
+                f"column {name!r} holds the number {show(k)}, which several labels of attribute "
+                f"{name!r} spell ({_preview(v for v in labels if _spelled_number(v) == distinct[k])}); "
+                f"read the column as text (pd.read_csv(..., dtype={{{name!r}: str}})) so that each value "
+                "is matched to one label exactly"
+            )
+        neither = ~label_ok & ~code_ok
+        if neither.any():
+            bad = [show(k) for k in np.flatnonzero(neither)]
+            raise ValueError(
+                f"column {name!r} holds values [{', '.join(bad[:_SHOW])}{', ...' if len(bad) > _SHOW else ''}] "
+                f"that are neither labels of attribute {name!r} ({_preview(labels)}) nor codes 0..{n - 1}; "
+                "recode or drop those rows"
+            )
+        if clash.any():
+            k = int(np.flatnonzero(clash)[0])
+            raise AmbiguousColumnError(
+                f"column {name!r} is ambiguous: the attribute's labels spell numbers "
+                f"({_preview(labels)}), and its values read both as labels and as codes but count "
+                f"different cells (the value {show(k)} is the label {labels[as_label[k]]!r}, and also "
+                f"code {as_code[k]}, the label {labels[as_code[k]]!r}); {fix}",
+                name,
+            )
+        only_label = [show(k) for k in np.flatnonzero(~code_ok)]
+        only_code = [show(k) for k in np.flatnonzero(~label_ok)]
+        raise ValueError(
+            f"column {name!r} mixes values that are only labels of attribute {name!r} "
+            f"([{', '.join(only_label[:_SHOW])}], not codes 0..{n - 1}) with values that are only codes "
+            f"([{', '.join(only_code[:_SHOW])}], no label {_preview(labels)} spells them); "
+            "recode the column to one of the two"
+        )
 
     def _label_codes(self, column: pd.Series, name: str, codes: bool) -> np.ndarray:
         """Map a column of value labels (or, with ``codes``, of codes) to codes.

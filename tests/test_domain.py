@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hdmm.domain import MAX_DENSE_CELLS, Domain
+from hdmm.domain import MAX_DENSE_CELLS, AmbiguousColumnError, Domain
 
 
 @pytest.fixture
@@ -285,7 +285,8 @@ def test_vectorize_column_kinds() -> None:
 def test_vectorize_empty_inputs() -> None:
     d = Domain(["a", "b"], [2, 3])
     empty = pd.DataFrame({"a": pd.Series([], dtype=int), "b": pd.Series([], dtype=int)})
-    np.testing.assert_array_equal(d.vectorize(empty), np.zeros(6))
+    with pytest.warns(UserWarning, match="no records, so every count is 0"):
+        np.testing.assert_array_equal(d.vectorize(empty), np.zeros(6))
     np.testing.assert_array_equal(Domain([], []).vectorize(pd.DataFrame({"z": [1, 2, 3]})), [3.0])
 
 
@@ -312,6 +313,7 @@ def test_vectorize_matches_naive_loop(use_labels: bool) -> None:
     np.testing.assert_array_equal(x, np.bincount(flat, minlength=d.size))
 
 
+@pytest.mark.filterwarnings("ignore:vectorize. the DataFrame has no records")
 @settings(max_examples=40, deadline=None)
 @given(st.data())
 def test_vectorize_property(data) -> None:
@@ -548,6 +550,7 @@ round_trip_labels = st.one_of(
 )
 
 
+@pytest.mark.filterwarnings("ignore:vectorize. the DataFrame has no records")
 @settings(max_examples=40, deadline=None)
 @given(st.data())
 def test_records_round_trip_property(data) -> None:
@@ -579,3 +582,75 @@ def test_records_errors(person: Domain, x, error, message) -> None:
 def test_records_codes_flag_must_be_bool(person: Domain) -> None:
     with pytest.raises(TypeError, match="codes must be True or False"):
         person.records(np.ones(24), codes=1)
+
+
+# ------------------------------------------------- labels that spell numbers (issue 11, defect 2)
+REGIONS = Domain(["region", "sex"], [9, 2], {"region": [str(k) for k in range(1, 10)], "sex": ["f", "m"]})
+
+
+def test_spelled_number_labels_are_not_read_as_codes() -> None:
+    # The defect: region labels "1".."9" read from an integer CSV column were taken for codes,
+    # so every count moved to the next region (and region 9 failed or vanished).
+    df = pd.DataFrame({"region": [1, 2, 9, 9], "sex": ["f", "m", "f", "f"]})
+    x = REGIONS.vectorize(df)
+    expected = REGIONS.vectorize(df.astype({"region": str}))  # text: matched exactly
+    np.testing.assert_array_equal(x, expected)
+    assert x[16] == 2  # region "9" (code 8), sex "f" (code 0)
+    assert not REGIONS.reads_numbers_as_codes("region") and REGIONS.reads_numbers_as_codes("sex")
+
+
+def test_spelled_number_labels_read_from_a_csv(tmp_path) -> None:
+    path = tmp_path / "people.csv"
+    path.write_text("region,sex\n1,f\n2,m\n9,f\n")
+    x = REGIONS.vectorize(pd.read_csv(path))
+    assert x.tolist() == REGIONS.vectorize(pd.read_csv(path, dtype={"region": str})).tolist()
+    assert x[0] == 1 and x[3] == 1 and x[16] == 1
+
+
+@pytest.mark.parametrize("region", [[1, 2, 8], [1.0, 3.0], pd.array([1, 5], dtype="Int64")])
+def test_numbers_that_read_both_ways_differently_are_refused(region) -> None:
+    df = pd.DataFrame({"region": region, "sex": ["f"] * len(region)})
+    with pytest.raises(AmbiguousColumnError, match=r"column 'region' is ambiguous") as info:
+        REGIONS.vectorize(df)
+    message = str(info.value)
+    assert info.value.attribute == "region" and isinstance(info.value, ValueError)
+    assert "the value 1 is the label '1', and also code 1, the label '2'" in message
+    assert "df.astype({'region': str})" in message and "codes=True" in message
+    # either fix works
+    as_text = REGIONS.vectorize(df.astype({"region": int}).astype({"region": str}))
+    as_codes = REGIONS.vectorize(df.assign(sex=0), codes=True)
+    assert as_text.sum() == as_codes.sum() == len(region)
+    assert as_text[0] == 1 and as_codes[2] == 1  # value 1: label "1" (cell 0), or code 1 (cell 2)
+
+
+def test_numbers_that_read_only_one_way_or_the_same_both_ways() -> None:
+    # labels "0".."8" equal their codes: both readings agree, nothing to refuse
+    same = Domain(["d"], [9], {"d": [str(k) for k in range(9)]})
+    np.testing.assert_array_equal(same.vectorize(pd.DataFrame({"d": [1, 2, 2]})), [0, 1, 2, 0, 0, 0, 0, 0, 0])
+    # top-coded ages: 114 is only a code, and 0..113 read the same either way
+    ages = Domain(["age"], [115], {"age": [str(a) for a in range(114)] + ["114 and over"]})
+    x = ages.vectorize(pd.DataFrame({"age": [0, 40, 114]}))
+    assert x[0] == x[40] == x[114] == 1
+    # FIPS codes with leading zeros, parsed as numbers by read_csv: matched by the number they spell
+    fips = Domain(["state"], [3], {"state": ["01", "02", "04"]})
+    np.testing.assert_array_equal(fips.vectorize(pd.DataFrame({"state": [1, 4, 4]})), [1, 0, 2])
+    # labels that spell no number: numbers are codes, as before
+    d = Domain(["sex"], [2], {"sex": ["0-4", "5+"]})
+    assert d.reads_numbers_as_codes("sex")
+    np.testing.assert_array_equal(d.vectorize(pd.DataFrame({"sex": [0, 1, 1]})), [1, 2])
+
+
+def test_numbers_that_fit_neither_reading_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"holds values \[12\] that are neither labels .* nor codes 0\.\.8"):
+        REGIONS.vectorize(pd.DataFrame({"region": [1, 12], "sex": ["f", "f"]}))
+    # 0 is only a code (of label "1"), while 1 would then be read as code 1, label "2": refused
+    with pytest.raises(AmbiguousColumnError, match="the value 1 is the label '1'"):
+        REGIONS.vectorize(pd.DataFrame({"region": [0, 1], "sex": ["f", "f"]}))
+    # 0 only a code and 9 only a label: no single reading fits
+    with pytest.raises(ValueError, match=r"mixes values that are only labels .*\(\[9\], not codes.* only codes \(\[0\]"):
+        REGIONS.vectorize(pd.DataFrame({"region": [0, 9], "sex": ["f", "f"]}))
+    # two labels spell the same number: only their text tells them apart
+    twice = Domain(["a"], [2], {"a": ["1", "01"]})
+    with pytest.raises(ValueError, match=r"the number 1, which several labels .* dtype=\{'a': str\}"):
+        twice.vectorize(pd.DataFrame({"a": [1]}))
+    np.testing.assert_array_equal(twice.vectorize(pd.DataFrame({"a": ["01"]})), [0, 1])
