@@ -3,7 +3,7 @@
 Part 1 (``--part 1d``): AllRange, Prefix and WidthKRange(32) for n = 128 ... 8192, Laplace
 (pure DP, epsilon = 1) and Gaussian (zCDP, rho = 0.5, unit noise variance): RMSE of Identity,
 H2, HB, Privelet, GreedyH and HDMM (OPT_0 under Laplace; under Gaussian the convex program of
-MATH.md section 4 up to n = 2048, with its certified duality gap and dual bound, and the
+docs/math.md, section 4.2, up to n = 2048, with its certified duality gap and dual bound, and the
 square-root strategy of ``hdmm.optimizers.root`` beyond), the SVD bound, and optimization time.
 
 Part 2 (``--part multi``): 2-D ranges (64 x 64 with the quadtree, 256 x 256), 3-D ranges

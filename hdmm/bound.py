@@ -1,4 +1,4 @@
-r"""The SVD lower bound on the error of any strategy (MATH.md section 5).
+r"""The SVD lower bound on the error of any strategy (docs/math.md, section 5).
 
 For every strategy ``A`` (Li & Miklau),
 

@@ -8,7 +8,7 @@ by, for each attribute ``i``, the list ``F_i`` of its *distinct* factors, an int
 ``index`` matrix (``index[j, i] = k_ji``) and the weights ``c``. The rows of term ``j`` come
 in one block, in term order. Storing distinct factors once means per-attribute work (Grams,
 traces against a strategy factor) is done once per factor, and per-term quantities are
-vectorised products over the index matrix: the expected error of MATH.md section 2,
+vectorised products over the index matrix: the expected error of docs/math.md, section 2.4,
 
     tr((A^T A)^+ W^T W) = sum_j c_j^2 prod_i tr((A_i^T A_i)^+ G_i^(j)),
 

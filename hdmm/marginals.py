@@ -1,4 +1,4 @@
-r"""Marginal workloads and the marginals algebra (MATH.md section 3).
+r"""Marginal workloads and the marginals algebra (docs/math.md, section 3).
 
 With :math:`P_i = J/n_i` and :math:`Q_i = I - P_i` on attribute :math:`i`, the projectors
 
@@ -436,7 +436,7 @@ class Residuals(SubsetProducts):
 
     Every column has squared L2 norm :math:`\sum_T \lambda_T \mathrm{tr}(E_T)/N`. Under
     Gaussian noise the optimal strategy for any marginals workload has this form
-    (MATH.md section 3).
+    (docs/math.md, section 4.8).
     """
 
     def _attribute_factors(self, n):

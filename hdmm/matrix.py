@@ -8,7 +8,7 @@ Every class here represents an ``m x n`` real matrix by its structure and suppor
   ``A.sensitivity(p)`` (largest column ``L_p`` norm, ``p`` in {1, 2}), ``A.trace()``,
   ``A.diag()``, ``A.pinv()``, ``A.dense()`` and ``A.to_linear_operator()``.
 
-The structure rules are those of MATH.md section 2: for ``A = A_1 (x) ... (x) A_d``
+The structure rules are those of docs/math.md, section 2: for ``A = A_1 (x) ... (x) A_d``
 
     A^T A = (x)_i A_i^T A_i,   A^+ = (x)_i A_i^+,   tr(A) = prod_i tr(A_i),
 
@@ -277,7 +277,7 @@ class Matrix:
     def gram_pinv_trace(self, f: Matrix) -> tuple[float, bool]:
         r"""``tr((A^T A)^+ f^T f)`` and whether the rows of ``f`` lie in the row space of ``A``.
 
-        The error of workload factor ``f`` under this strategy factor (MATH.md section 2).
+        The error of workload factor ``f`` under this strategy factor (docs/math.md, section 2.4).
         ``f`` is supported when ``tr(f^T f) = tr(f^T f P)`` with the projector ``P = X^+ X``.
         """
         Xp, projector = self._gram_inverse

@@ -1,7 +1,7 @@
 r"""The classical baseline strategies: the competitors of HDMM in every benchmark.
 
 Every function returns an :class:`~hdmm.matrix.Matrix` whose rows are the queries to measure
-(MATH.md section 1: release :math:`y = Ax + z`, answer :math:`W A^+ y`). One-attribute trees
+(docs/math.md, section 1: release :math:`y = Ax + z`, answer :math:`W A^+ y`). One-attribute trees
 are sparse :class:`~hdmm.matrix.Explicit` matrices (about :math:`n \log n` non-zeros), the
 data cube is a weighted :class:`~hdmm.marginals.Marginals` strategy and multi-attribute
 baselines are Kronecker products, so nothing dense over a multi-attribute domain is formed.
@@ -667,7 +667,7 @@ def datacube(
 def kron(*factors: Matrix) -> Kronecker:
     r"""The Kronecker product :math:`A_1 \otimes \dots \otimes A_d` of one-attribute strategies.
 
-    Per MATH.md section 2 its Gram, pseudo-inverse and column norms factor, so hdmm computes
+    By docs/math.md, section 2, its Gram, pseudo-inverse and column norms factor, so hdmm computes
     the error on any (union of) Kronecker workload(s) exactly from the factors. E.g.
     ``kron(hb(64), identity(2))`` is HB on the first attribute crossed with the identity.
     """

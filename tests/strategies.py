@@ -635,7 +635,7 @@ def strategies_on(draw, shape: tuple[int, ...]) -> Pair:
     return Pair(Product(Explicit(B), wl.Prefix(N)), B @ prefix_ref(N))
 
 
-# ====================================================================== dense formulas (MATH.md section 1)
+# ====================================================================== dense formulas (docs/math.md, section 1.4)
 def column_norm(ref: np.ndarray, p: int) -> float:
     return float(np.max(np.sum(np.abs(ref) ** p, axis=0)) ** (1.0 / p))
 
@@ -649,7 +649,7 @@ class DenseError:
 
 
 def dense_error(W: np.ndarray, A: np.ndarray, privacy) -> DenseError:
-    """TSE, per-query variances and support by the dense formulas of MATH.md section 1."""
+    """TSE, per-query variances and support by the dense formulas of docs/math.md, section 1.4."""
     X = A.T @ A
     Xp = np.linalg.pinv(X)
     supported = np.linalg.norm(W - W @ Xp @ X) <= 1e-6 * max(np.linalg.norm(W), 1e-300)

@@ -1,4 +1,4 @@
-"""The SVD lower bound (hdmm.bound) against dense singular values (MATH.md section 5)."""
+"""The SVD lower bound (hdmm.bound) against dense singular values (docs/math.md, section 5)."""
 
 from __future__ import annotations
 

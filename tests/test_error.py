@@ -1,4 +1,4 @@
-"""Expected error (hdmm.error) against the dense formulas of MATH.md sections 1 and 6."""
+"""Expected error (hdmm.error) against the dense formulas of docs/math.md, sections 1.4 and 6."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The matrix mechanism (hdmm.mechanism): measurement and least-squares reconstruction.
 
-Every reconstruction route is checked against the dense pseudo-inverse ``pinv(A) @ y`` (MATH.md
-section 1), including rank-deficient strategies, where the minimum-norm solution is expected.
+Every reconstruction route is checked against the dense pseudo-inverse ``pinv(A) @ y`` (docs/math.md,
+section 7), including rank-deficient strategies, where the minimum-norm solution is expected.
 """
 
 from __future__ import annotations
