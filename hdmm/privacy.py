@@ -21,9 +21,11 @@ record changes :math:`x` by one in one cell).
 from __future__ import annotations
 
 import abc
+import dataclasses
 import functools
 import math
 import numbers
+import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -224,11 +226,16 @@ def _format(x: float) -> str:
     return f"{x:g}"
 
 
+#: The largest finite double: noise whose variance exceeds it cannot be computed with.
+_FLOAT_MAX = sys.float_info.max
+
+
 class Privacy(abc.ABC):
     """A privacy definition: which noise to add, and how much.
 
-    Subclasses fix the sensitivity norm (:attr:`norm`), the noise distribution
-    (:attr:`noise`) and implement :meth:`noise_scale`.
+    Subclasses are frozen dataclasses (equal, and hashed, by their parameters) that fix the
+    sensitivity norm (:attr:`norm`), the noise distribution (:attr:`noise`) and implement
+    :meth:`noise_scale`.
 
     Attributes
     ----------
@@ -261,9 +268,38 @@ class Privacy(abc.ABC):
 
         Laplace with scale :math:`b` has variance :math:`2b^2`; Gaussian with
         standard deviation :math:`\\sigma` has variance :math:`\\sigma^2`.
+
+        Raises
+        ------
+        ValueError
+            If the variance exceeds double precision (a huge sensitivity for this privacy level).
         """
         scale = self.noise_scale(sensitivity)
-        return 2.0 * scale**2 if self.noise == "laplace" else scale**2
+        try:
+            return _finite_noise(self, sensitivity, 2.0 * scale**2 if self.noise == "laplace" else scale**2)
+        except OverflowError:  # float ** 2 raises where multiplication would give inf
+            return _finite_noise(self, sensitivity, math.inf)
+
+    def unit_noise(self) -> Privacy:
+        """The privacy definition with this noise distribution whose noise variance at sensitivity 1 is 1.
+
+        :class:`PureDP` gives ``PureDP(sqrt(2))`` (Laplace of scale :math:`1/\\sqrt 2`);
+        :class:`ApproxDP` and :class:`ZCDP` give ``ZCDP(0.5)`` (Gaussian with
+        :math:`\\sigma = 1`). Strategies are compared at unit noise: the error of every strategy
+        is the same multiple of its unit-noise error under any privacy level of one noise kind,
+        so which strategy is better, and by how much (their ratio), does not depend on
+        :math:`\\epsilon`, :math:`\\delta` or :math:`\\rho`.
+
+        Examples
+        --------
+        >>> PureDP(0.1).unit_noise()
+        PureDP(epsilon=1.4142135623730951)
+        >>> ApproxDP(1.0, 1e-6).unit_noise()
+        ZCDP(rho=0.5)
+        >>> round(PureDP(0.1).unit_noise().noise_variance(1.0), 12)
+        1.0
+        """
+        return _UNIT_NOISE[self.noise]
 
     def sample(
         self, size: int | tuple[int, ...], sensitivity: float, rng: np.random.Generator
@@ -305,19 +341,36 @@ class Privacy(abc.ABC):
             )
         return kinds[kind](**params)
 
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self._params().items())
-        return f"{type(self).__name__}({args})"
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Privacy):
-            return NotImplemented
-        return type(self) is type(other) and self._params() == other._params()
+def _finite_noise(privacy: Privacy, sensitivity: float, value: float) -> float:
+    """``value`` (a noise scale or variance for ``sensitivity``) if finite, else a ValueError naming the fix."""
+    if math.isfinite(value):
+        return value
+    raise ValueError(
+        f"the {privacy.noise.capitalize()} noise for sensitivity {_format(sensitivity)} under {privacy.description} "
+        "is too large for double precision (its variance overflows): every answer would be pure noise; "
+        "use a larger privacy parameter or a strategy with a smaller sensitivity"
+    )
 
-    def __hash__(self) -> int:
-        return hash((type(self).__name__, tuple(self._params().items())))
+
+def _check_unit_noise(privacy: Privacy, name: str, least: float) -> None:
+    """Refuse a privacy level whose noise at sensitivity 1 has a variance beyond double precision.
+
+    ``name`` is the parameter that is too small and ``least`` its smallest usable value (the
+    message suggests 1% more, so that the suggestion survives rounding to three digits).
+    """
+    try:
+        privacy.noise_variance(1.0)
+    except ValueError:
+        value = getattr(privacy, name)
+        raise ValueError(
+            f"{name}={value!r} is too small: the {privacy.noise.capitalize()} noise variance at "
+            "sensitivity 1 overflows double precision (the noise would drown every answer); "
+            f"use {name} >= {1.01 * least:.3g}"
+        ) from None
 
 
+@dataclasses.dataclass(frozen=True)
 class PureDP(Privacy):
     """Pure :math:`\\epsilon`-differential privacy via the Laplace mechanism.
 
@@ -328,40 +381,47 @@ class PureDP(Privacy):
     Parameters
     ----------
     epsilon : float
-        Privacy loss, finite and > 0.
+        Privacy loss, finite and > 0 (at least about ``1.1e-154``, below which the noise
+        variance overflows double precision).
+
+    Examples
+    --------
+    >>> PureDP(1)
+    PureDP(epsilon=1.0)
+    >>> PureDP(0.5).noise_scale(2.0)
+    4.0
     """
 
-    __slots__ = ("_epsilon",)
-    norm = 1
-    noise = "laplace"
+    epsilon: float
+    norm: ClassVar[int] = 1
+    noise: ClassVar[str] = "laplace"
 
-    def __init__(self, epsilon: float) -> None:
-        self._epsilon = _positive("epsilon", epsilon)
-
-    @property
-    def epsilon(self) -> float:
-        """The privacy loss :math:`\\epsilon`."""
-        return self._epsilon
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", _positive("epsilon", self.epsilon))
+        _check_unit_noise(self, "epsilon", math.sqrt(2.0 / _FLOAT_MAX))
 
     def noise_scale(self, sensitivity: float) -> float:
         """Laplace scale :math:`b = \\Delta / \\epsilon`."""
-        return _sensitivity(sensitivity) / self._epsilon
+        return _finite_noise(self, sensitivity, _sensitivity(sensitivity) / self.epsilon)
 
     def _params(self) -> dict[str, float]:
-        return {"epsilon": self._epsilon}
+        return {"epsilon": self.epsilon}
 
     @property
     def description(self) -> str:
-        return f"pure DP, epsilon={_format(self._epsilon)}"
+        return f"pure DP, epsilon={_format(self.epsilon)}"
 
 
+@dataclasses.dataclass(frozen=True)
 class ApproxDP(Privacy):
     """Approximate :math:`(\\epsilon, \\delta)`-DP via the analytic Gaussian mechanism.
 
     With L2 sensitivity :math:`\\Delta`, Gaussian noise of standard deviation
     :math:`\\sigma = \\Delta\\,\\sigma_1(\\epsilon, \\delta)` is added, where
     :math:`\\sigma_1` is the smallest noise meeting the exact privacy curve of
-    Balle & Wang (2018); see :func:`analytic_gaussian_sigma`.
+    Balle & Wang (2018); see :func:`analytic_gaussian_sigma`. :math:`\\sigma_1` is
+    computed at construction (which refuses parameters it cannot be computed for) and
+    cached per :math:`(\\epsilon, \\delta)`.
 
     Parameters
     ----------
@@ -369,42 +429,48 @@ class ApproxDP(Privacy):
         Privacy loss, finite and > 0.
     delta : float
         Failure probability, in (0, 1).
+
+    Examples
+    --------
+    >>> ApproxDP(1, 1e-6)
+    ApproxDP(epsilon=1.0, delta=1e-06)
     """
 
-    __slots__ = ("_epsilon", "_delta", "_unit_sigma")
-    norm = 2
-    noise = "gaussian"
+    epsilon: float
+    delta: float
+    norm: ClassVar[int] = 2
+    noise: ClassVar[str] = "gaussian"
 
-    def __init__(self, epsilon: float, delta: float) -> None:
-        self._epsilon = _positive("epsilon", epsilon)
-        self._delta = _delta(delta)
-        self._unit_sigma = _unit_analytic_sigma(self._epsilon, self._delta)
-
-    @property
-    def epsilon(self) -> float:
-        """The privacy loss :math:`\\epsilon`."""
-        return self._epsilon
-
-    @property
-    def delta(self) -> float:
-        """The failure probability :math:`\\delta`."""
-        return self._delta
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", _positive("epsilon", self.epsilon))
+        object.__setattr__(self, "delta", _delta(self.delta))
+        _unit_analytic_sigma(self.epsilon, self.delta)  # refuse what cannot be calibrated, now
+        try:
+            self.noise_variance(1.0)
+        except ValueError:
+            raise ValueError(
+                f"epsilon={self.epsilon!r} is too small for delta={self.delta!r}: the Gaussian noise "
+                "variance at sensitivity 1 overflows double precision (it would drown every answer); "
+                "use a larger epsilon"
+            ) from None
 
     def noise_scale(self, sensitivity: float) -> float:
         """Gaussian standard deviation :math:`\\sigma = \\Delta\\,\\sigma_1(\\epsilon, \\delta)`."""
-        return _sensitivity(sensitivity) * self._unit_sigma
+        unit = _unit_analytic_sigma(self.epsilon, self.delta)
+        return _finite_noise(self, sensitivity, _sensitivity(sensitivity) * unit)
 
     def _params(self) -> dict[str, float]:
-        return {"epsilon": self._epsilon, "delta": self._delta}
+        return {"epsilon": self.epsilon, "delta": self.delta}
 
     @property
     def description(self) -> str:
         return (
-            f"(epsilon={_format(self._epsilon)}, delta={_format(self._delta)})-DP, "
+            f"(epsilon={_format(self.epsilon)}, delta={_format(self.delta)})-DP, "
             "analytic Gaussian"
         )
 
 
+@dataclasses.dataclass(frozen=True)
 class ZCDP(Privacy):
     """:math:`\\rho`-zero-concentrated DP (Bun & Steinke 2016) via the Gaussian mechanism.
 
@@ -414,28 +480,35 @@ class ZCDP(Privacy):
     Parameters
     ----------
     rho : float
-        Privacy parameter, finite and > 0.
+        Privacy parameter, finite and > 0 (at least about ``2.8e-309``, below which the
+        noise variance overflows double precision).
+
+    Examples
+    --------
+    >>> ZCDP(0.125).noise_scale(1.0)
+    2.0
     """
 
-    __slots__ = ("_rho",)
-    norm = 2
-    noise = "gaussian"
+    rho: float
+    norm: ClassVar[int] = 2
+    noise: ClassVar[str] = "gaussian"
 
-    def __init__(self, rho: float) -> None:
-        self._rho = _positive("rho", rho)
-
-    @property
-    def rho(self) -> float:
-        """The zCDP parameter :math:`\\rho`."""
-        return self._rho
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rho", _positive("rho", self.rho))
+        _check_unit_noise(self, "rho", 0.5 / _FLOAT_MAX)
 
     def noise_scale(self, sensitivity: float) -> float:
         """Gaussian standard deviation :math:`\\sigma = \\Delta / \\sqrt{2\\rho}`."""
-        return _sensitivity(sensitivity) / math.sqrt(2.0 * self._rho)
+        return _finite_noise(self, sensitivity, _sensitivity(sensitivity) / math.sqrt(2.0 * self.rho))
 
     def _params(self) -> dict[str, float]:
-        return {"rho": self._rho}
+        return {"rho": self.rho}
 
     @property
     def description(self) -> str:
-        return f"zCDP, rho={_format(self._rho)}"
+        return f"zCDP, rho={_format(self.rho)}"
+
+
+#: Per noise distribution, the privacy definition with unit noise variance at sensitivity 1
+#: (see :meth:`Privacy.unit_noise`).
+_UNIT_NOISE: dict[str, Privacy] = {"laplace": PureDP(math.sqrt(2.0)), "gaussian": ZCDP(0.5)}

@@ -259,3 +259,59 @@ def test_equality_hash_and_dict_round_trip() -> None:
 def test_privacy_is_abstract() -> None:
     with pytest.raises(TypeError):
         Privacy()
+
+
+# ------------------------------------------------------ frozen dataclasses
+def test_privacy_definitions_are_frozen_dataclasses() -> None:
+    import dataclasses
+    import pickle
+
+    for p in (PureDP(1.0), ApproxDP(1.0, 1e-6), ZCDP(0.5)):
+        assert dataclasses.is_dataclass(p)
+        name = dataclasses.fields(p)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(p, name, 2.0)
+        assert pickle.loads(pickle.dumps(p)) == p
+    assert [f.name for f in dataclasses.fields(ApproxDP(1.0, 1e-6))] == ["epsilon", "delta"]
+    assert dataclasses.replace(PureDP(1.0), epsilon=2) == PureDP(2.0)
+    with pytest.raises(ValueError, match="epsilon must be a finite number > 0"):
+        dataclasses.replace(PureDP(1.0), epsilon=-1)
+    assert len({PureDP(1), PureDP(1.0), ZCDP(1.0)}) == 2
+
+
+@pytest.mark.parametrize(
+    "privacy, unit",
+    [(PureDP(0.1), PureDP(math.sqrt(2.0))), (PureDP(7.0), PureDP(math.sqrt(2.0))),
+     (ApproxDP(1.0, 1e-6), ZCDP(0.5)), (ZCDP(3.0), ZCDP(0.5))],
+)
+def test_unit_noise_keeps_the_noise_kind_at_unit_variance(privacy: Privacy, unit: Privacy) -> None:
+    found = privacy.unit_noise()
+    assert found == unit
+    assert (found.noise, found.norm) == (privacy.noise, privacy.norm)
+    assert found.noise_variance(1.0) == pytest.approx(1.0, rel=1e-15)
+    # errors under any level are one multiple of the unit-noise error: ratios do not depend on it
+    assert privacy.noise_variance(3.0) / found.noise_variance(3.0) == pytest.approx(privacy.noise_variance(1.0))
+
+
+# -------------------------------------------------- overflow (issue 11, defect 4)
+@pytest.mark.parametrize(
+    "make, message",
+    [(lambda: PureDP(1e-300), r"epsilon=1e-300 is too small: .*overflows.*use epsilon >= 1\.07e-154"),
+     (lambda: ZCDP(1e-320), r"rho=1e-320 is too small: .*overflows.*use rho >= 2\.81e-309")],
+)
+def test_a_privacy_level_whose_noise_overflows_is_refused_at_construction(make, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_the_smallest_suggested_levels_work() -> None:
+    assert math.isfinite(PureDP(1.07e-154).noise_variance(1.0))
+    assert math.isfinite(ZCDP(2.81e-309).noise_variance(1.0))
+
+
+@pytest.mark.parametrize("privacy", [PureDP(1e-150), ZCDP(1e-300), ApproxDP(1e-3, 1e-6)])
+def test_noise_that_overflows_for_a_large_sensitivity_is_a_clear_error(privacy: Privacy) -> None:
+    for use in (privacy.noise_variance, privacy.noise_scale,
+                lambda s: privacy.sample(2, s, np.random.default_rng(0))):
+        with pytest.raises(ValueError, match="too large for double precision.*smaller sensitivity"):
+            use(1e306)
