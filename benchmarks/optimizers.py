@@ -13,8 +13,8 @@ Identity and the applicable baselines, with times, and the Laplace ratios agains
 seed's published table.
 
 Part 3 (``--part planning``): the Gaussian residual strategy (closed form, equal to the SVD
-bound) for all marginals of up to 3 of 100 attributes (sizes 2 to 5), timed; the issue quotes
-8 s for a published implementation on this machine.
+bound) for all marginals of up to 3 of 100 attributes (sizes 2 to 5), timed (the reference time
+of a published implementation is in ``benchmarks/results/tuning-notes.md``).
 
 Part 4 (``--part unions``): one-attribute unions with no closed-form spectrum (prefixes with
 all ranges, prefixes with width-32 ranges, 4000 random ranges, identity with the total) on

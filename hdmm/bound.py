@@ -57,8 +57,8 @@ BLOCK_LIMIT = 4096
 #: largest attribute's classes).
 SCALAR_WORK_LIMIT = 2**31
 SCALAR_TAIL_LIMIT = 2**25
-#: Largest block solved by a dense eigensolver by default (one eigenvalue solve: 6.5 s at 4096,
-#: about a minute at 8192, on one core); larger blocks are estimated.
+#: Largest block solved by a dense eigensolver by default (the solve costs the cube of the block
+#: size); larger blocks are estimated.
 EXACT_LIMIT = 8192
 #: Attributes whose Grams share no base are split into common eigenvectors (a dense
 #: eigendecomposition with eigenvectors) up to ``SPLIT_MAX_N`` values: always up to
@@ -506,7 +506,7 @@ def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, pr
         Privacy definition (sets the noise variance at unit sensitivity).
     exact_limit
         Largest eigenvalue block solved exactly by a dense eigensolver (default ``EXACT_LIMIT``,
-        8192: about a minute on one core; lower it for speed); beyond it the nuclear norm is estimated by
+        8192; the solve costs the cube of the block size, so lower it for speed); beyond it the nuclear norm is estimated by
         stochastic Lanczos quadrature with ``probes`` probe vectors and up to ``steps`` Lanczos
         steps (doubled from 60 until the Gauss / Gauss-Radau bracket is within 2%), seeded by
         ``seed`` (for reproducible research). The reported ``stderr`` combines the sampling

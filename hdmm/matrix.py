@@ -18,7 +18,7 @@ to an ``(n_1, ..., n_d)`` tensor (C order: first factor most significant), at a 
 
 Matrices opt out of numpy's operator dispatch (``__array_ufunc__ = None``), so
 ``ndarray @ Matrix`` and ``numpy scalar * Matrix`` reach the methods here instead of being
-turned into object arrays (the failure mode of earlier HDMM code on scipy >= 1.11).
+turned into numpy object arrays.
 """
 
 from __future__ import annotations
