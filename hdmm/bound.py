@@ -516,6 +516,18 @@ def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, pr
     -------
     SVDBound
         ``.value`` (``float()`` gives it), ``.exact``, ``.stderr`` and ``.method``.
+
+    Examples
+    --------
+    The identity on ``n`` cells has ``n`` unit singular values, so at unit noise variance
+    (zCDP with :math:`\rho = 1/2`) the bound is :math:`n^2/n = n`, which the identity itself attains:
+
+    >>> from hdmm.bound import svd_bound
+    >>> from hdmm.matrix import Identity
+    >>> from hdmm.privacy import ZCDP
+    >>> bound = svd_bound(Identity(4), ZCDP(0.5))
+    >>> float(bound), bound.exact
+    (4.0, True)
     """
     if not isinstance(W, Matrix):
         raise TypeError("W must be an hdmm matrix")

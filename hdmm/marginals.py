@@ -322,6 +322,17 @@ class Marginals(SubsetProducts):
     weights
         Mapping from attribute subsets (tuples of names or indices; ``()`` is the total) to
         non-negative weights.
+
+    Examples
+    --------
+    All marginals of two attributes with 2 and 3 values: the total, both one-way marginals and
+    the full table, 1 + 2 + 3 + 6 queries; each cell is in one query of each, so both
+    sensitivities follow from the four unit weights.
+
+    >>> from hdmm.marginals import AllMarginals
+    >>> W = AllMarginals((2, 3))
+    >>> W.shape, W.sensitivity(1), round(W.sensitivity(2) ** 2, 12)
+    ((12, 6), 4.0, 4.0)
     """
 
     def _attribute_factors(self, n):
