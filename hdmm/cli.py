@@ -8,55 +8,143 @@
     hdmm release  --workload sf1 --epsilon 1 --strategy sf1.npz  # ... release many times
     hdmm error    --workload sf1 --epsilon 1 --strategy sf1.npz --plot error.png
     hdmm demo                                                  # SF1 size, Identity error, bound
+    hdmm --version
 
 ``--workload`` is a name (:data:`hdmm.catalog.WORKLOADS`) or a JSON workload file
 (:mod:`hdmm.catalog`). Privacy is ``--epsilon`` (pure DP), ``--epsilon`` with ``--delta``
 (approximate DP, Gaussian noise) or ``--rho`` (zCDP). Bad input prints one line starting
 ``hdmm: error:`` and exits with status 2.
+
+Every input and output is checked before the data is measured, so a mistake never spends
+the privacy budget on a release that is then lost: the privacy parameters, the output file
+(suffix, directory, writable, ``pyarrow`` for Parquet, not an existing release unless
+``--overwrite``), ``matplotlib`` for ``--plot``, the strategy name or file, and the data
+(non-empty, every column readable). A release file records its provenance -- the privacy
+parameters, the strategy's origin, the hdmm version, the workload and the data source --
+in the Parquet file's key-value metadata (key ``hdmm``) or, for CSV, in a JSON file next to
+it (``<output>.json``). Ratios of errors are ratios of RMSEs (root mean squared error per
+query), as labelled.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
+import hashlib
+import json
+import math
 import os
+import re
 import sys
+import tempfile
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
 from .bound import svd_bound
+from .error import per_query_variance
 from .catalog import NamedWorkload, load_workload, named_workload
-from .error import expected_error, per_query_variance
 from .io import load_strategy, save_strategy
 from .matrix import Identity, Matrix
 from .optimizers import optimize
+from .planning import Plan, plan
 from .privacy import ZCDP, ApproxDP, Privacy, PureDP
-from .release import run, table_names
+from .release import Release, run, table_names
 
 #: Built-in data sets by name (``--data``).
 BUILT_IN_DATA = ("synthetic", "adult")
 
+#: Strategy names ``--strategy`` accepts besides a strategy file.
+STRATEGY_NAMES = ("auto", "identity")
+
 #: Errors that come from the user's input: printed as one line, exit status 2.
 USER_ERRORS = (ValueError, OSError)
+
+#: Largest noise scale per unit of sensitivity (Laplace scale or Gaussian standard deviation)
+#: the command accepts: beyond it the answers carry no information and the error arithmetic
+#: (squares of the scale times error traces) leaves floating point.
+MAX_NOISE_SCALE = 1e100
+
+#: Peak memory per synthetic person while generating and counting them (bytes, measured).
+BYTES_PER_PERSON = 48
 
 
 class UsageError(ValueError):
     """A problem with the command line's arguments."""
 
 
+def hdmm_version() -> str:
+    """The version of the hdmm package this command runs from.
+
+    ``hdmm.__version__`` of the imported package (the code that actually runs), else the
+    installed distribution's version from its metadata, else ``"unknown"``.
+    """
+    version = getattr(sys.modules.get(__package__ or "hdmm"), "__version__", None)
+    if isinstance(version, str) and version:
+        return version
+    from importlib import metadata
+
+    try:
+        return metadata.version("hdmm")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 # ---------------------------------------------------------------------------------- inputs
 def _privacy(args: argparse.Namespace) -> Privacy:
-    """``--epsilon`` -> PureDP, ``--epsilon --delta`` -> ApproxDP, ``--rho`` -> ZCDP."""
+    """``--epsilon`` -> PureDP, ``--epsilon --delta`` -> ApproxDP, ``--rho`` -> ZCDP, checked to be usable."""
     if args.rho is not None:
         if args.epsilon is not None or args.delta is not None:
             raise UsageError("give either --rho (zCDP) or --epsilon [--delta], not both")
-        return ZCDP(args.rho)
-    if args.epsilon is None:
+        privacy: Privacy = ZCDP(args.rho)
+        given = f"--rho {args.rho:g}"
+    elif args.epsilon is None:
         raise UsageError("give a privacy budget: --epsilon E (pure DP), --epsilon E --delta D, or --rho R (zCDP)")
-    return PureDP(args.epsilon) if args.delta is None else ApproxDP(args.epsilon, args.delta)
+    else:
+        privacy = PureDP(args.epsilon) if args.delta is None else ApproxDP(args.epsilon, args.delta)
+        given = f"--epsilon {args.epsilon:g}" + ("" if args.delta is None else f" --delta {args.delta:g}")
+    scale = privacy.noise_scale(1.0)
+    if not math.isfinite(scale) or scale > MAX_NOISE_SCALE:
+        raise UsageError(f"{given} is too small a budget to compute with: the {privacy.noise} noise would have "
+                         f"scale {scale:.3g} per unit of sensitivity (the limit is {MAX_NOISE_SCALE:.0e}), drowning "
+                         "every answer; give a larger budget")
+    return privacy
+
+
+def _people(text: str) -> int:
+    """``--people``: a whole number >= 1, written as ``1000000``, ``1_000_000``, ``1,000,000`` or ``1e6``."""
+    plain = text.replace("_", "").replace(",", "").strip()
+    try:
+        number = float(plain)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of people, e.g. 1000000 or 1e6") from None
+    if not math.isfinite(number) or number != math.floor(number) or number < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a whole number of people >= 1 (a release of no records publishes noise only)")
+    return int(plain) if re.fullmatch(r"[0-9]+", plain) else int(number)
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available now (physical memory where that is all the system tells), or None."""
+    for pages in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
+        try:
+            return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            continue
+    return None
+
+
+def _check_people(people: int) -> None:
+    """Refuse a synthetic data size that cannot fit in memory, before drawing it."""
+    available = _available_memory()
+    if available is not None and people * BYTES_PER_PERSON > available:
+        raise UsageError(f"--people {people:,} needs about {people * BYTES_PER_PERSON / 1e9:,.0f} GB of memory for the "
+                         f"synthetic records, but {available / 1e9:,.1f} GB are available; use at most "
+                         f"{available // BYTES_PER_PERSON:,} people")
 
 
 def _workload(name: str) -> NamedWorkload:
@@ -67,45 +155,75 @@ def _workload(name: str) -> NamedWorkload:
     return named_workload(name)
 
 
-def _read_records(path: str) -> pd.DataFrame:
-    if path.endswith(".parquet"):
-        try:
-            return pd.read_parquet(path)
-        except ImportError:
-            raise UsageError("reading Parquet needs pyarrow: pip install 'hdmm[parquet]'") from None
-    if path.endswith(".csv"):
-        return pd.read_csv(path)
-    raise UsageError(f"--data {path}: expected a .csv or .parquet file of records, or one of {', '.join(BUILT_IN_DATA)}")
-
-
-def _records(args: argparse.Namespace, named: NamedWorkload) -> tuple[pd.DataFrame, bool]:
-    """The records to release and whether they are built-in (so their true answers may be shown)."""
+def _data_source(args: argparse.Namespace, named: NamedWorkload) -> str:
+    """The data to release: a file name or a built-in data set, checked to fit the workload."""
     source = args.data or ("synthetic" if named.data and named.data.startswith("synthetic") else named.data)
     if source is None:
         raise UsageError("this workload has no built-in data: give --data FILE.csv or FILE.parquet")
     if source == "synthetic":
         if not (named.data or "").startswith("synthetic"):
             raise UsageError("--data synthetic is synthetic Census persons; it fits the census workloads only")
+        _check_people(args.people)
+    elif source == "adult":
+        if named.data != "adult":
+            raise UsageError("--data adult fits the adult workload (or a workload file over Adult attributes)")
+    elif not source.endswith((".csv", ".parquet")):
+        raise UsageError(f"--data {source}: expected a .csv or .parquet file of records, or one of "
+                         f"{', '.join(BUILT_IN_DATA)}")
+    elif source.endswith(".parquet"):
+        _need_pyarrow("reading", "--data")
+    return source
+
+
+def _need_pyarrow(doing: str, option: str) -> None:
+    try:
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise UsageError(f"{option}: {doing} Parquet needs pyarrow: pip install 'hdmm[parquet]' (or use a .csv "
+                         "file)") from None
+
+
+def _read_records(path: str, named: NamedWorkload, labels: bool) -> pd.DataFrame:
+    """The records of a CSV or Parquet file; with ``labels``, labelled attributes' columns as text."""
+    labelled = [name for name in named.domain.names if named.domain.has_labels(name)] if labels else []
+    if path.endswith(".parquet"):
+        records = pd.read_parquet(path)
+        present = [name for name in labelled if name in records.columns]
+        records = records.astype({name: str for name in present}) if present else records
+    else:
+        records = pd.read_csv(path, dtype={name: str for name in labelled} or None)
+    if len(records) == 0:
+        raise UsageError(f"--data {path} holds no records (a header only?); a release of no data would publish "
+                         "noise only, so nothing was measured")
+    return records
+
+
+def _records(args: argparse.Namespace, named: NamedWorkload, source: str) -> tuple[pd.DataFrame, bool]:
+    """The records to release and whether they are built-in (so their true answers may be shown)."""
+    if source == "synthetic":
         from census_workloads import synthetic_persons
 
         return synthetic_persons(args.people, seed=args.data_seed, states=named.data.endswith("states")), True
     if source == "adult":
         from .datasets import load_adult
 
-        if named.data != "adult":
-            raise UsageError("--data adult fits the adult workload (or a workload file over Adult attributes)")
         return load_adult()[0], True
-    return _read_records(source), False
+    return _read_records(source, named, args.labels), False
 
 
-def _strategy(spec: str, named: NamedWorkload, privacy: Privacy, args: argparse.Namespace):
-    """``identity``, ``auto`` (optimise now, with a progress bar) or a strategy file."""
-    N = named.domain.size
-    if spec == "identity":
-        return Identity(N)
-    if spec == "auto":
-        return optimize(named.workload, privacy, seed=args.seed, restarts=args.restarts, progress=True)
+def _strategy_file(spec: str) -> None:
+    """Check that ``--strategy`` is a known name or an existing file."""
+    if spec in STRATEGY_NAMES or os.path.isfile(spec):
+        return
+    what = "is a directory" if os.path.isdir(spec) else "is neither a strategy name nor an existing file"
+    raise UsageError(f"--strategy {spec}: {what}; use auto (optimise now), identity (measure every cell) or a "
+                     "strategy file written by 'hdmm optimize' (.npz)")
+
+
+def _loaded_strategy(spec: str, named: NamedWorkload, privacy: Privacy) -> tuple[Matrix, str, dict[str, Any]]:
+    """A strategy file's matrix, its origin for people, and its provenance for release files."""
     A, metadata = load_strategy(spec)
+    N = named.domain.size
     if A.shape[1] != N:
         raise UsageError(f"the strategy in {spec} has {A.shape[1]:,} columns but the workload's domain has {N:,} cells; "
                          "optimise one for this workload with 'hdmm optimize'")
@@ -113,7 +231,32 @@ def _strategy(spec: str, named: NamedWorkload, privacy: Privacy, args: argparse.
     if saved and Privacy.from_dict(metadata["privacy"]).noise != privacy.noise:
         print(f"hdmm: note: {spec} was optimised for {metadata['privacy']['type']} ({Privacy.from_dict(metadata['privacy']).noise} "
               f"noise); it is still private under {privacy.description}, but not tuned for it", file=sys.stderr)
-    return A
+    optimizer = metadata.get("optimizer")
+    origin = f"{optimizer} from strategy file {spec}" if optimizer else f"strategy file {spec}"
+    with open(spec, "rb") as file:
+        digest = hashlib.sha256(file.read()).hexdigest()
+    provenance = {"origin": origin, "optimizer": optimizer, "file": os.path.abspath(spec), "sha256": digest,
+                  "optimized_for": metadata.get("privacy"), "workload": metadata.get("workload")}
+    return A, origin, provenance
+
+
+def _plan(spec: str, named: NamedWorkload, privacy: Privacy, args: argparse.Namespace,
+          loaded: tuple[Matrix, str, dict[str, Any]] | None = None) -> tuple[Plan, dict[str, Any]]:
+    """The release plan for ``--strategy`` and its provenance for release files.
+
+    ``identity``; ``auto`` (optimise now, with a progress bar); or a strategy file (already
+    ``loaded`` by :func:`_loaded_strategy`). The plan's origin names who chose the strategy.
+    """
+    W = named.workload
+    if spec == "identity":
+        return plan(W, Identity(named.domain.size), privacy, origin="identity"), {"origin": "identity"}
+    if spec == "auto":
+        result = optimize(W, privacy, seed=args.seed, restarts=args.restarts, progress=True)
+        origin = f"{result.optimizer} (hdmm.optimize, this run)"
+        return plan(W, result, privacy, origin=origin), {"origin": origin, "optimizer": result.optimizer,
+                                                          "optimizer_seed": args.seed}
+    A, origin, provenance = loaded if loaded is not None else _loaded_strategy(spec, named, privacy)
+    return plan(W, A, privacy, origin=origin), provenance
 
 
 def _per_table_rmse(W: Matrix, variance: np.ndarray) -> pd.DataFrame:
@@ -124,16 +267,127 @@ def _per_table_rmse(W: Matrix, variance: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame({"queries": grouped.size(), "rmse": np.sqrt(grouped.mean())}).reset_index()
 
 
-def _write(table: pd.DataFrame, path: str) -> None:
-    if path.endswith(".parquet"):
+def _probe_directory(path: str, option: str) -> None:
+    """Raise unless a new file can be created in the directory of ``path`` (tries one)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise UsageError(f"{option} {path}: the directory {directory} does not exist; create it first")
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".hdmm-write-check-"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot write in {directory} ({exc.strerror or exc}); choose a writable "
+                         "place") from None
+
+
+def _check_output(path: str, option: str, suffixes: Sequence[str], overwrite: bool | None = None) -> None:
+    """Check an output file before any work: its suffix, its directory, that it can be written.
+
+    ``overwrite`` None: an existing file is replaced; False: an existing file is refused (a release
+    in it would be lost, and its budget with it).
+    """
+    if not path.lower().endswith(tuple(suffixes)):
+        raise UsageError(f"{option} {path}: use a {' or '.join(suffixes)} file name")
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path} is a directory; give a file name")
+    if os.path.exists(path):
+        if overwrite is False:
+            raise UsageError(f"{option} {path} exists; a release in it would be lost, so pass --overwrite to "
+                             "replace it or choose another name")
         try:
-            table.to_parquet(path, index=False)
-        except ImportError:
-            raise UsageError("writing Parquet needs pyarrow: pip install 'hdmm[parquet]'") from None
-    elif path.endswith(".csv"):
-        table.to_csv(path, index=False)
+            with open(path, "ab"):
+                pass
+        except OSError as exc:
+            raise UsageError(f"{option} {path} cannot be written ({exc.strerror or exc})") from None
+    _probe_directory(path, option)
+
+
+def _check_release_output(path: str, overwrite: bool) -> None:
+    """``release --output``: .csv (with a ``.json`` provenance file) or .parquet (needs pyarrow)."""
+    _check_output(path, "--output", (".csv", ".parquet"), overwrite)
+    if path.lower().endswith(".parquet"):
+        _need_pyarrow("writing", "--output")
     else:
-        raise UsageError(f"--output {path}: use a .csv or .parquet file name")
+        _check_output(path + ".json", "--output (its provenance file)", (".json",), overwrite)
+
+
+def _check_plot(path: str) -> None:
+    """``error --plot``: matplotlib importable, a file type it writes, a writable place."""
+    try:
+        import matplotlib
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'hdmm[plot]' (or leave out --plot)") from None
+    del matplotlib
+    kinds = sorted(FigureCanvasAgg.get_supported_filetypes())
+    _check_output(path, "--plot", tuple(f".{kind}" for kind in kinds))
+
+
+def _write_atomically(path: str, write) -> None:
+    """Call ``write(temporary_path)`` and move the result to ``path`` (no half-written file on failure)."""
+    directory, name = os.path.split(os.path.abspath(path))
+    temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp")  # created by write(), with the umask's mode
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+
+
+def _write(table: pd.DataFrame, path: str, provenance: dict[str, Any]) -> list[str]:
+    """Write the release table with its provenance; returns the files written."""
+    text = json.dumps(provenance, indent=2, default=_json_default)
+    if path.lower().endswith(".parquet"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        arrow = pa.Table.from_pandas(table, preserve_index=False)
+        arrow = arrow.replace_schema_metadata({**(arrow.schema.metadata or {}), b"hdmm": text.encode()})
+        _write_atomically(path, lambda temporary: pq.write_table(arrow, temporary))
+        return [path]
+
+    def write_json(temporary: str) -> None:
+        with open(temporary, "w", encoding="utf-8") as file:
+            file.write(text + "\n")
+
+    _write_atomically(path + ".json", write_json)  # first: the table never exists without its provenance
+    _write_atomically(path, lambda temporary: table.to_csv(temporary, index=False))
+    return [path, path + ".json"]
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot record {type(value).__name__} in provenance")
+
+
+def _provenance(args: argparse.Namespace, named: NamedWorkload, source: str, records: int, result: Release,
+                strategy: dict[str, Any], level: float) -> dict[str, Any]:
+    """What a release file records about how it was made (see the module docstring)."""
+    chosen = result.plan
+    return {
+        "format": "hdmm-release-provenance",
+        "version": 1,
+        "hdmm_version": hdmm_version(),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "privacy": chosen.privacy.to_dict(),
+        "privacy_description": chosen.privacy.description,
+        "noise": chosen.privacy.noise,
+        "sensitivity": float(chosen.sensitivity),
+        "noise_scale": float(chosen.noise_scale),
+        "noise_seed": args.noise_seed,
+        "strategy": {**strategy, "matrix": repr(chosen.strategy)},
+        "workload": {"name": args.workload, "description": named.description,
+                     "queries": int(named.workload.shape[0]), "cells": int(named.domain.size)},
+        "data": {"source": source if source in BUILT_IN_DATA else os.path.abspath(source), "records": records},
+        "reconstruction": chosen.method,
+        "postprocess": args.postprocess,
+        "expected_rmse": float(result.rmse),
+        "std_errors": "exact" if chosen.variance_exact else "upper bounds",
+        "interval_level": level,
+        "interval_method": result.interval_method,
+    }
 
 
 def _format(x: float) -> str:
@@ -142,77 +396,109 @@ def _format(x: float) -> str:
 
 # ---------------------------------------------------------------------------------- commands
 def release(args: argparse.Namespace) -> None:
-    """Measure, reconstruct and answer the workload on the data; write or preview the table."""
+    """Measure, reconstruct and answer the workload on the data; write or preview the table.
+
+    Everything that can fail on the user's input is checked before the data is measured.
+    """
     privacy = _privacy(args)
-    if args.output is not None and not args.output.endswith((".csv", ".parquet")):
-        raise UsageError(f"--output {args.output}: use a .csv or .parquet file name")
+    if args.output is not None:
+        _check_release_output(args.output, args.overwrite)
     named = _workload(args.workload)
-    records, built_in = _records(args, named)
-    x = named.domain.vectorize(records)
-    with tqdm(total=2, desc="release: strategy", unit="step", leave=False, file=sys.stderr) as steps:
-        strategy = _strategy(args.strategy, named, privacy, args)
+    _strategy_file(args.strategy)
+    loaded = None if args.strategy in STRATEGY_NAMES else _loaded_strategy(args.strategy, named, privacy)
+    source = _data_source(args, named)
+    start = time.perf_counter()
+    records, built_in = _records(args, named, source)
+    x = named.domain.vectorize(records, codes=args.codes)
+    read_seconds = time.perf_counter() - start
+    with tqdm(total=2, desc="release: plan", unit="step", leave=False, file=sys.stderr) as steps:
+        start = time.perf_counter()
+        chosen, provenance = _plan(args.strategy, named, privacy, args, loaded)
+        plan_seconds = time.perf_counter() - start
         steps.update()
         steps.set_description("release: measure, reconstruct, answer")
-        result = run(named.workload, x, privacy, strategy=strategy, rng=args.noise_seed, postprocess=args.postprocess)
+        result = run(named.workload, x, privacy, strategy=chosen, rng=args.noise_seed, postprocess=args.postprocess)
         steps.update()
+    # run was handed a finished plan: the time that plan took (optimization included) is the CLI's to report
+    step = "optimize and plan" if args.strategy == "auto" else "plan"
+    timings = {"read data": read_seconds + result.timings.get("data", 0.0), step: plan_seconds,
+               **{k: v for k, v in result.timings.items() if k not in ("data", "plan", "optimize")}}
+    result = dataclasses.replace(result, timings=timings)
 
     table = result.table()
     print(f"{named.description}: {named.workload.shape[0]:,} queries over {named.domain.size:,} cells")
-    print(f"  data: {len(records):,} records ({'built-in' if built_in else args.data})")
+    print(f"  data: {len(records):,} records ({'built-in ' + source if built_in else source})")
     print(result.summary())
     if built_in:
-        truth = named.workload @ x
+        truth = result.workload @ x  # the queries released (a weighted workload's queries, unweighted)
         print(f"  RMSE against the true answers of this built-in data: {_format(np.sqrt(np.mean((result.answers - truth) ** 2)))}")
     print()
-    print(_per_table_rmse(named.workload, result.std_errors**2).to_string(index=False, float_format=_format))
+    print(_per_table_rmse(result.workload, result.std_errors**2).to_string(index=False, float_format=_format))
     print()
     if args.output is None:
         print(table.head(10).to_string(index=False, float_format=_format))
         print(f"... {len(table):,} rows; write them all with --output FILE.csv or FILE.parquet")
     else:
-        _write(table, args.output)
-        print(f"wrote {len(table):,} rows to {args.output}")
+        level = float(table.attrs.get("level", 0.95))
+        written = _write(table, args.output, _provenance(args, named, source, len(records), result, provenance, level))
+        print(f"wrote {len(table):,} rows to {args.output}"
+              + ("" if len(written) == 1 else f"; privacy, strategy and hdmm version to {written[1]}"))
 
 
 def optimize_command(args: argparse.Namespace) -> None:
     """Optimise a strategy for the workload and save it for later releases."""
     privacy = _privacy(args)
+    _check_output(args.output, "--output", (".npz",))
     named = _workload(args.workload)
+    start = time.perf_counter()
     result = optimize(named.workload, privacy, seed=args.seed, restarts=args.restarts, progress=True)
-    save_strategy(result, args.output, {"workload": args.workload})
-    report = result.report[["optimizer", "rmse", "ratio to SVD bound", "exact", "seconds"]]
+    seconds = time.perf_counter() - start
+    save_strategy(result, args.output, {"workload": args.workload, "hdmm_version": hdmm_version()})
+    bound = result.bound.rmse
+    report = result.report[["optimizer", "rmse", "exact", "seconds"]].copy()
+    report.insert(2, "RMSE / SVD bound RMSE", report["rmse"] / bound if bound > 0 else np.inf)
     print(f"{named.description}, {privacy.description}")
     print(report.to_string(index=False, float_format=_format))
-    print(f"best: {result.optimizer} (RMSE {_format(result.rmse)}; SVD bound RMSE {_format(result.bound.rmse)})")
+    print(f"best: {result.optimizer} (RMSE per query {_format(result.rmse)}; SVD lower bound RMSE {_format(bound)}; "
+          f"RMSE ratio to the bound {_format(result.rmse / bound) if bound > 0 else 'inf'}x); optimized in "
+          f"{seconds:.3g} s")
     print(f"saved to {args.output}; release with: hdmm release --workload {args.workload} --strategy {args.output} ...")
 
 
 def error_command(args: argparse.Namespace) -> None:
-    """Expected per-table RMSE of a strategy next to Identity's, with a bar chart saved as PNG."""
+    """Expected per-table RMSE of a strategy next to Identity's; with ``--plot``, a bar chart."""
+    privacy = _privacy(args)
+    if args.plot is not None:
+        _check_plot(args.plot)
+    named = _workload(args.workload)
+    _strategy_file(args.strategy)
+    W = named.workload
+    chosen, provenance = _plan(args.strategy, named, privacy, args)
+    label = args.strategy if args.strategy in STRATEGY_NAMES else chosen.origin
+    if args.strategy == "auto":
+        label = f"auto ({provenance['optimizer']})"
+    variance = chosen.variances
+    column = f"rmse ({label})" + ("" if chosen.variance_exact else " upper bound")
+    table = _per_table_rmse(W, variance).rename(columns={"rmse": column})
+    if args.strategy != "identity":
+        table["rmse (identity)"] = _per_table_rmse(W, plan(W, Identity(W.shape[1]), privacy).variances)["rmse"]
+    bound = svd_bound(W, privacy, seed=0)
+    rmse = float(np.sqrt(variance.mean()))
+    print(f"{named.description}, {privacy.description}")
+    print(table.to_string(index=False, float_format=_format))
+    print(f"overall RMSE per query: {_format(rmse)} ({label}); SVD lower bound RMSE {_format(bound.rmse)}; "
+          f"RMSE ratio to the bound {_format(rmse / bound.rmse) if bound.rmse > 0 else 'inf'}x")
+    if args.plot is not None:
+        _plot(table, bound.rmse, f"{args.workload}: {privacy.description}", args.plot)
+        print(f"plot saved to {args.plot}")
+
+
+def _plot(table: pd.DataFrame, bound: float, title: str, path: str) -> None:
+    """Bar chart of the ``rmse (...)`` columns per table, with the SVD bound as a line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    privacy = _privacy(args)
-    named = _workload(args.workload)
-    W = named.workload
-    A = _strategy(args.strategy, named, privacy, args)
-    label = args.strategy
-    if not isinstance(A, Matrix):
-        label = f"auto ({A.optimizer})"
-        A = A.strategy
-    variance = per_query_variance(W, A, privacy)
-    if not np.all(np.isfinite(variance)):
-        raise UsageError(f"the strategy does not support this workload: {expected_error(W, A, privacy).reason}")
-    column = f"rmse ({label})"
-    table = _per_table_rmse(W, variance).rename(columns={"rmse": column})
-    if label != "identity":
-        table["rmse (identity)"] = _per_table_rmse(W, per_query_variance(W, Identity(W.shape[1]), privacy))["rmse"]
-    bound = svd_bound(W, privacy, seed=0)
-    print(f"{named.description}, {privacy.description}")
-    print(table.to_string(index=False, float_format=_format))
-    print(f"overall RMSE: {_format(np.sqrt(variance.mean()))} ({label}); SVD lower bound {_format(bound.rmse)}")
 
     series = [c for c in table.columns if c.startswith("rmse")]
     width = 0.8 / len(series)
@@ -220,16 +506,15 @@ def error_command(args: argparse.Namespace) -> None:
     x = np.arange(len(table))
     for k, c in enumerate(series):
         ax.bar(x + (k - (len(series) - 1) / 2) * width, table[c], width, label=c[len("rmse ("):-1])
-    ax.axhline(bound.rmse, color="black", linestyle="--", linewidth=1, label="SVD bound (whole workload)")
+    ax.axhline(bound, color="black", linestyle="--", linewidth=1, label="SVD bound (whole workload)")
     ax.set_xticks(x, table["table"], rotation=45, ha="right")
     ax.set_yscale("log")
     ax.set_ylabel("expected RMSE per query (log scale)")
-    ax.set_title(f"{args.workload}: {privacy.description}")
+    ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(args.plot, dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    print(f"plot saved to {args.plot}")
 
 
 def demo(args: argparse.Namespace) -> None:
@@ -249,7 +534,7 @@ def demo(args: argparse.Namespace) -> None:
     print(f"  privacy: {privacy.description}")
     print(f"Identity strategy: RMSE per query {rmse:.3f}")
     print(f"SVD lower bound (any strategy): RMSE {bound.rmse:.3f} ({'exact' if bound.exact else 'estimate'})")
-    print(f"  Identity is {rmse / bound.rmse:.2f}x the bound")
+    print(f"  Identity's RMSE is {rmse / bound.rmse:.2f}x the bound's (a ratio of RMSEs per query)")
     print()
     print(_per_table_rmse(W, variance).to_string(index=False, float_format=_format))
     print()
@@ -278,40 +563,60 @@ def _add_search(p: argparse.ArgumentParser) -> None:
                    "depending on the optimizer and attribute size)")
 
 
+STRATEGY_HELP = ("auto (optimise now, the default), identity (measure every cell), or a strategy file (.npz) "
+                 "written by 'hdmm optimize'")
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser of the ``hdmm`` command."""
     top = argparse.ArgumentParser(prog="hdmm", description="The High-Dimensional Matrix Mechanism: private answers to "
                                   "large sets of counting queries.")
+    top.add_argument("--version", action="version", version=f"hdmm {hdmm_version()}")
     sub = top.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("release", help="release a workload's answers on data, with standard errors")
+    p = sub.add_parser("release", help="release a workload's answers on data, with standard errors",
+                       description="Release a workload's answers on data, with standard errors. The inputs and the "
+                       "output are checked before the data is measured. A release file records the privacy "
+                       "parameters, the strategy's origin and the hdmm version: a .parquet file in its key-value "
+                       "metadata (key 'hdmm'), a .csv file in a JSON file next to it, <output>.json.")
     _add_workload(p)
     _add_privacy(p)
     p.add_argument("--data", help="records as .csv or .parquet (one column per attribute), or built-in: synthetic "
                    "(census workloads; the default for them) or adult")
-    p.add_argument("--people", type=int, default=1_000_000, help="size of built-in synthetic data (default 1,000,000)")
+    reading = p.add_mutually_exclusive_group()
+    reading.add_argument("--labels", action="store_true", help="read the data's columns of labelled attributes as "
+                         "text matched to the labels exactly (for labels that look like numbers, e.g. '1'..'9')")
+    reading.add_argument("--codes", action="store_true", help="read every data column as codes 0..n-1, whatever "
+                         "the labels")
+    p.add_argument("--people", type=_people, default=1_000_000, help="size of built-in synthetic data, >= 1 (e.g. "
+                   "20000 or 1e6; default 1,000,000)")
     p.add_argument("--data-seed", type=int, default=0, help="seed of the built-in synthetic data (default 0)")
-    p.add_argument("--strategy", default="auto", help="auto (optimise now, default), identity, or a file from 'hdmm optimize'")
+    p.add_argument("--strategy", default="auto", help=STRATEGY_HELP)
     p.add_argument("--postprocess", choices=["nonnegative", "integer"], help="make the estimate non-negative "
                    "(or non-negative integers); the change it makes is reported")
     p.add_argument("--noise-seed", type=int, help="seed the noise: for tests and reproducible research only, never "
-                   "for a real release (default: operating-system entropy)")
-    p.add_argument("--output", help="write the table to a .csv or .parquet file")
+                   "for a real release (default: operating-system entropy; recorded in the provenance)")
+    p.add_argument("--output", help="write the table to a .csv file (provenance in <output>.json next to it) or a "
+                   ".parquet file (provenance in its metadata; needs pyarrow)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file (the release in it "
+                   "is lost)")
     _add_search(p)
     p.set_defaults(run=release)
 
     p = sub.add_parser("optimize", help="optimise a strategy for a workload and save it to a file")
     _add_workload(p)
     _add_privacy(p)
-    p.add_argument("--output", required=True, help="strategy file to write (.npz)")
+    p.add_argument("--output", required=True, help="strategy file to write (.npz); it records the optimizer, the "
+                   "privacy it was optimised for and the hdmm version")
     _add_search(p)
     p.set_defaults(run=optimize_command)
 
-    p = sub.add_parser("error", help="expected error per table of a strategy, with a PNG plot")
+    p = sub.add_parser("error", help="expected error per table of a strategy (RMSE), optionally plotted")
     _add_workload(p)
     _add_privacy(p)
-    p.add_argument("--strategy", default="auto", help="auto (optimise now, default), identity, or a file from 'hdmm optimize'")
-    p.add_argument("--plot", default="hdmm-error.png", help="where to save the plot (default hdmm-error.png)")
+    p.add_argument("--strategy", default="auto", help=STRATEGY_HELP)
+    p.add_argument("--plot", help="also save a bar chart to this file (.png, .pdf, .svg, ...); needs matplotlib: "
+                   "pip install 'hdmm[plot]'")
     _add_search(p)
     p.set_defaults(run=error_command)
 
@@ -331,5 +636,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except USER_ERRORS as exc:
         print(f"hdmm: error: {exc}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("hdmm: error: out of memory; use less data (--people), a smaller workload or a machine with more "
+              "memory", file=sys.stderr)
         return 2
     return 0
