@@ -17,7 +17,8 @@ from .datasets import load_adult
 from .domain import Domain
 from .error import ErrorResult, expected_error, lp_error, per_query_variance, rmse
 from .io import load_strategy, save_strategy
-from .mechanism import Measurement, measure, reconstruct
+from .kernel import measure
+from .mechanism import Measurement, reconstruct
 from .marginals import AllMarginals, DimKMarginals, Marginal, Marginals, Residuals
 from .matrix import (
     DenseLimitError,
@@ -45,6 +46,7 @@ from .optimizers import (
     optimize,
 )
 from .privacy import ZCDP, ApproxDP, Privacy, PureDP
+from .planning import Plan, plan
 from .release import Release, run
 from .kron_union import KronUnion
 from . import strategies  # the baselines, as a namespace: hdmm.strategies.hb(64), ...
@@ -84,6 +86,7 @@ __all__ = [
     "Ones",
     "OptimizationResult",
     "PIdentity",
+    "Plan",
     "Predicates",
     "Prefix",
     "Privacy",
@@ -113,6 +116,7 @@ __all__ = [
     "opt_union",
     "optimize",
     "per_query_variance",
+    "plan",
     "product",
     "reconstruct",
     "rmse",

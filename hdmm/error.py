@@ -1,4 +1,4 @@
-r"""Expected error of answering a workload with a strategy (MATH.md sections 1, 2, 3 and 6).
+r"""Expected error of answering a workload with a strategy (docs/math.md, sections 1, 2, 3 and 6).
 
 The matrix mechanism measures :math:`y = Ax + z` and answers :math:`W A^+ y`. Its error is
 data independent:
@@ -10,7 +10,8 @@ per query :math:`\mathrm{Var}(z)\,\mathrm{diag}(W (A^TA)^+ W^T)`, and
 :math:`\mathrm{RMSE} = \sqrt{\mathrm{TSE}/m}`. It is finite only when ``A`` supports ``W``
 (:math:`W A^+ A = W`).
 
-Three exact routes, chosen from the structure of ``A``, never forming an ``N x N`` matrix:
+Three exact routes, one per form of ``A`` (:func:`hdmm.structure.classify`), never forming an
+``N x N`` matrix:
 
 * **Kronecker strategy** :math:`A = \bigotimes_i A_i` (the identity included) and any union
   of Kronecker products :math:`W = \mathrm{VStack}_j\, c_j \bigotimes_i W_i^{(j)}`:
@@ -32,10 +33,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import gamma
 
-from .marginals import in_marginal_algebra, trace_spectrum
+from .kron_union import KronUnion
+from .marginals import trace_spectrum
 from .matrix import DENSE_LIMIT, SUPPORT_TOL, DenseLimitError, Matrix, gram_pinv
 from .privacy import Privacy
-from .kron_union import FactorMismatchError, KronUnion
+from .structure import ZERO_RTOL, Structure, aligned_unions, classify
 
 __all__ = [
     "ErrorResult",
@@ -45,6 +47,7 @@ __all__ = [
     "per_query_variance",
     "lp_error",
     "noise_variance",
+    "unit_query_variances",
 ]
 
 
@@ -62,14 +65,21 @@ class ErrorResult(float):
         Number of workload queries.
     reason : str or None
         Why the error is infinite (the strategy does not support the workload), else ``None``.
+    structure : Structure or None
+        The strategy's structure (:func:`hdmm.structure.classify`) the error was computed with.
+    sensitivity : float or None
+        The strategy's sensitivity in the norm of ``privacy`` that set the noise.
     """
 
-    def __new__(cls, value: float, *, measure: str, privacy: Privacy, queries: int, reason: str | None = None):
+    def __new__(cls, value: float, *, measure: str, privacy: Privacy, queries: int, reason: str | None = None,
+                structure: Structure | None = None, sensitivity: float | None = None):
         obj = super().__new__(cls, value)
         obj.measure = measure
         obj.privacy = privacy
         obj.queries = queries
         obj.reason = reason
+        obj.structure = structure
+        obj.sensitivity = sensitivity
         return obj
 
     @property
@@ -77,10 +87,17 @@ class ErrorResult(float):
         """Whether the strategy supports the workload (the error is finite)."""
         return self.reason is None
 
+    def __reduce__(self):
+        return (_rebuild_error, (float(self), dict(self.__dict__)))
+
     def __repr__(self) -> str:
         if self.reason:
             return f"ErrorResult(inf, {self.measure}; unsupported: {self.reason})"
         return f"ErrorResult({float(self):.6g}, {self.measure}, {self.privacy.description})"
+
+
+def _rebuild_error(value: float, attributes: dict) -> ErrorResult:
+    return ErrorResult(value, **attributes)
 
 
 @dataclass
@@ -104,9 +121,27 @@ def _check_inputs(W: Matrix, A: Matrix, privacy: Privacy) -> None:
         )
 
 
-def noise_variance(A: Matrix, privacy: Privacy) -> float:
-    """Variance of each noisy strategy answer: the noise calibrated to ``A``'s sensitivity."""
-    return privacy.noise_variance(A.sensitivity(privacy.norm))
+def noise_variance(A: Matrix, privacy: Privacy, *, sensitivity: float | None = None) -> float:
+    """Variance of each noisy strategy answer: the noise calibrated to ``A``'s sensitivity.
+
+    ``sensitivity`` passes ``A``'s sensitivity in the norm of ``privacy`` when it is known
+    already (a release plan computes it once), else it is computed here.
+    """
+    if sensitivity is None:
+        sensitivity = A.sensitivity(privacy.norm)
+    return privacy.noise_variance(sensitivity)
+
+
+def _resolve(A: Matrix, privacy: Privacy, structure: Structure | None,
+             sensitivity: float | None) -> tuple[Structure, float]:
+    """The strategy's structure and sensitivity: the ones given, else computed (once)."""
+    if structure is None:
+        structure = classify(A)
+    elif not isinstance(structure, Structure):
+        raise TypeError(f"structure must be an hdmm.structure.Structure, got {type(structure).__name__}")
+    if sensitivity is None:
+        sensitivity = A.sensitivity(privacy.norm)
+    return structure, float(sensitivity)
 
 
 # ====================================================================== Kronecker strategies
@@ -124,14 +159,6 @@ class _KroneckerStrategy:
 
     def factor_rows(self, i: int, f: Matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self.factors[i].gram_pinv_rows(f)
-
-
-def _aligned(W: Matrix, A: Matrix) -> tuple[KronUnion, KronUnion]:
-    w_union, a_union = W.kron_union(), A.kron_union()
-    if w_union.sizes != a_union.sizes:
-        sizes = KronUnion.common_sizes([w_union, a_union])
-        w_union, a_union = w_union.align(sizes), a_union.align(sizes)
-    return w_union, a_union
 
 
 def _unsupported_reason(union: KronUnion, bad_terms: np.ndarray) -> str:
@@ -186,7 +213,7 @@ def _term_variances_kronecker(w_union: KronUnion, a_union: KronUnion) -> np.ndar
 def _spectral_traces(w_union: KronUnion, a_union: KronUnion) -> tuple[_Traces, tuple]:
     strategy = trace_spectrum(a_union)
     lam = strategy.eigenvalues
-    lam = np.where(lam > 1e-12 * lam.max(initial=0.0), lam, 0.0)
+    lam = np.where(lam > ZERO_RTOL * lam.max(initial=0.0), lam, 0.0)
     spectrum, (term_ids, position, values) = trace_spectrum(w_union, with_terms=True)
     lam_w = strategy.lookup(spectrum.keys, lam)
     missing = lam_w[position] <= 0
@@ -202,7 +229,7 @@ def _row_projections(f: Matrix) -> tuple[np.ndarray, np.ndarray]:
     n = f.shape[1]
     p = (f @ np.ones(n)) ** 2 / n
     q = np.maximum(f.quadratic_diag(np.eye(n)) - p, 0.0)
-    q = np.where(q <= 1e-12 * (p + q), 0.0, q)
+    q = np.where(q <= ZERO_RTOL * (p + q), 0.0, q)
     return p / n, q / n
 
 
@@ -252,43 +279,32 @@ def _dense_traces(W: Matrix, A: Matrix) -> tuple[_Traces, np.ndarray, np.ndarray
     return traces, Xp, bad_rows
 
 
-def _route(W: Matrix, A: Matrix) -> tuple[str, KronUnion | None, KronUnion | None]:
-    """Which exact route applies: ``"kronecker"``, ``"spectral"`` or ``"dense"``."""
-    try:
-        w_union, a_union = _aligned(W, A)
-    except FactorMismatchError:
-        return "dense", None, None
-    if a_union.num_terms == 1:
-        return "kronecker", w_union, a_union
-    if in_marginal_algebra(a_union):
-        return "spectral", w_union, a_union
-    return "dense", None, None
-
-
 def _kronecker_strategy(a_union: KronUnion) -> _KroneckerStrategy:
     return _KroneckerStrategy(*a_union.term(0))
 
 
-def exact_route(W: Matrix, A: Matrix) -> str:
+def exact_route(W: Matrix, A: Matrix, *, structure: Structure | None = None) -> str:
     """How :func:`expected_error` computes the error of ``A`` on ``W``.
 
-    ``"kronecker"`` or ``"spectral"``: closed forms, at any domain size; ``"dense"``: a dense
-    pseudo-inverse of ``A^TA``, for at most a few thousand cells.
+    ``"kronecker"`` or ``"marginals"``: closed forms, at any domain size; ``"general"``: a dense
+    pseudo-inverse of ``A^TA``, for at most a few thousand cells. ``structure`` is ``A``'s
+    (:func:`hdmm.structure.classify`) when known.
     """
-    return _route(W, A)[0]
+    return aligned_unions(W, classify(A) if structure is None else structure)[0]
 
 
-def _traces(W: Matrix, A: Matrix) -> _Traces:
-    route, w_union, a_union = _route(W, A)
+def _traces(W: Matrix, A: Matrix, structure: Structure) -> _Traces:
+    route, w_union, a_union = aligned_unions(W, structure)
     if route == "kronecker":
         return _kronecker_traces(w_union, _kronecker_strategy(a_union))
-    if route == "spectral":
+    if route == "marginals":
         return _spectral_traces(w_union, a_union)[0]
     return _dense_traces(W, A)[0]
 
 
 # ====================================================================== public functions
-def expected_error(W: Matrix, A: Matrix, privacy: Privacy) -> ErrorResult:
+def expected_error(W: Matrix, A: Matrix, privacy: Privacy, *, structure: Structure | None = None,
+                   sensitivity: float | None = None) -> ErrorResult:
     r"""Expected total squared error :math:`\mathrm{Var}(z)\,\mathrm{tr}((A^TA)^+W^TW)`.
 
     Parameters
@@ -300,43 +316,60 @@ def expected_error(W: Matrix, A: Matrix, privacy: Privacy) -> ErrorResult:
     privacy
         :class:`~hdmm.PureDP` (Laplace noise, L1 sensitivity), :class:`~hdmm.ApproxDP` or
         :class:`~hdmm.ZCDP` (Gaussian noise, L2 sensitivity).
+    structure, sensitivity
+        ``A``'s structure (:func:`hdmm.structure.classify`) and its sensitivity in the norm of
+        ``privacy``, when already known (a release plan passes them); computed otherwise.
 
     Returns
     -------
     ErrorResult
-        A float; ``inf`` with ``.reason`` set when ``A`` does not support ``W``.
+        A float; ``inf`` with ``.reason`` set when ``A`` does not support ``W``. It carries the
+        structure and sensitivity it was computed with.
     """
     _check_inputs(W, A, privacy)
-    traces = _traces(W, A)
-    value = math.inf if traces.reason else noise_variance(A, privacy) * float(np.sum(traces.terms))
-    return ErrorResult(value, measure="total squared error", privacy=privacy, queries=W.shape[0], reason=traces.reason)
+    structure, sensitivity = _resolve(A, privacy, structure, sensitivity)
+    traces = _traces(W, A, structure)
+    value = math.inf if traces.reason else privacy.noise_variance(sensitivity) * float(np.sum(traces.terms))
+    return ErrorResult(value, measure="total squared error", privacy=privacy, queries=W.shape[0],
+                       reason=traces.reason, structure=structure, sensitivity=sensitivity)
 
 
-def rmse(W: Matrix, A: Matrix, privacy: Privacy) -> ErrorResult:
+def rmse(W: Matrix, A: Matrix, privacy: Privacy, *, structure: Structure | None = None,
+         sensitivity: float | None = None) -> ErrorResult:
     r"""Root mean squared error per query, :math:`\sqrt{\mathrm{TSE}/m}`."""
-    total = expected_error(W, A, privacy)
-    return ErrorResult(
-        math.sqrt(total / W.shape[0]), measure="rmse", privacy=privacy, queries=W.shape[0], reason=total.reason
-    )
+    total = expected_error(W, A, privacy, structure=structure, sensitivity=sensitivity)
+    return ErrorResult(math.sqrt(total / W.shape[0]), measure="rmse", privacy=privacy, queries=W.shape[0],
+                       reason=total.reason, structure=total.structure, sensitivity=total.sensitivity)
 
 
-def per_query_variance(W: Matrix, A: Matrix, privacy: Privacy) -> np.ndarray:
+def unit_query_variances(W: Matrix, A: Matrix, structure: Structure) -> np.ndarray:
+    r"""Per-query :math:`\mathrm{diag}(W(A^TA)^+W^T)` (the variances at unit noise), ``inf`` if unsupported.
+
+    Raises :class:`~hdmm.DenseLimitError` when no closed form applies and the domain is too
+    large for a dense pseudo-inverse.
+    """
+    route, w_union, a_union = aligned_unions(W, structure)
+    if route == "kronecker":
+        return _term_variances_kronecker(w_union, a_union)
+    if route == "marginals":
+        return _term_variances_spectral(w_union, a_union)
+    _, Xp, bad_rows = _dense_traces(W, A)
+    return np.where(bad_rows, np.inf, W.quadratic_diag(Xp))
+
+
+def per_query_variance(W: Matrix, A: Matrix, privacy: Privacy, *, structure: Structure | None = None,
+                       sensitivity: float | None = None) -> np.ndarray:
     r"""Variance of each workload answer, :math:`\mathrm{Var}(z)\,\mathrm{diag}(W(A^TA)^+W^T)`.
 
     In the workload's row order; ``inf`` for queries the strategy does not support. Computed
-    per Kronecker term from per-factor diagonals; ``W`` is never formed.
+    per Kronecker term from per-factor diagonals; ``W`` is never formed. ``structure`` and
+    ``sensitivity`` as in :func:`expected_error`.
     """
     _check_inputs(W, A, privacy)
-    route, w_union, a_union = _route(W, A)
-    if route == "kronecker":
-        unit = _term_variances_kronecker(w_union, a_union)
-    elif route == "spectral":
-        unit = _term_variances_spectral(w_union, a_union)
-    else:
-        _, Xp, bad_rows = _dense_traces(W, A)
-        unit = np.where(bad_rows, np.inf, W.quadratic_diag(Xp))
+    structure, sensitivity = _resolve(A, privacy, structure, sensitivity)
+    unit = unit_query_variances(W, A, structure)
     finite = np.isfinite(unit)
-    return np.where(finite, noise_variance(A, privacy) * np.where(finite, unit, 0.0), np.inf)
+    return np.where(finite, privacy.noise_variance(sensitivity) * np.where(finite, unit, 0.0), np.inf)
 
 
 def lp_error(W: Matrix, A: Matrix, privacy: Privacy, p: float) -> float:

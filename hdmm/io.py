@@ -19,20 +19,32 @@ import scipy.sparse as sp
 from .block_diagonal import BlockDiagonal
 from .marginals import Marginals, Residuals
 from .matrix import Diagonal, Explicit, Identity, Kronecker, Matrix, Ones, Sum, VStack, Weighted
-from .optimizers.optimize import OptimizationResult
+from .workload import AllRange, Prefix, Ranges
+from .optimizers.api import OptimizationResult
 from .optimizers.pidentity import PIdentity
 from .optimizers.root import SquareRootStrategy
 from .spectral import DenseBasis, SineBasis, Spectrum
 
-__all__ = ["save_strategy", "load_strategy", "FORMAT", "VERSION"]
+__all__ = [
+    "save_strategy",
+    "load_strategy",
+    "encode_matrix",
+    "decode_matrix",
+    "write_archive",
+    "read_archive",
+    "FORMAT",
+    "VERSION",
+]
 
 FORMAT = "hdmm-strategy"
-VERSION = 1
+#: Version 2 adds workload matrices (ranges, labelled predicates, weighted unions) and plans;
+#: version 1 files (strategies only) are read as before.
+VERSION = 2
 
 
 class _Writer:
-    def __init__(self):
-        self.arrays: dict[str, np.ndarray] = {}
+    def __init__(self, arrays: dict[str, np.ndarray] | None = None):
+        self.arrays: dict[str, np.ndarray] = {} if arrays is None else arrays
 
     def array(self, a: np.ndarray) -> str:
         key = f"a{len(self.arrays)}"
@@ -46,6 +58,10 @@ class _Writer:
             return {"type": "Ones", "shape": list(M.shape)}
         if isinstance(M, Diagonal):
             return {"type": "Diagonal", "d": self.array(M.d)}
+        if isinstance(M, (Prefix, AllRange)):
+            return {"type": type(M).__name__, "n": M.n}
+        if isinstance(M, Ranges):
+            return {"type": "Ranges", "n": M.n, "lo": self.array(M.lo), "hi": self.array(M.hi)}
         if isinstance(M, PIdentity):
             return {"type": "PIdentity", "T": self.array(M.params), "norm": M.norm}
         if isinstance(M, SquareRootStrategy):
@@ -62,7 +78,8 @@ class _Writer:
                 csr = sp.csr_array(M.matrix)
                 return {"type": "SparseExplicit", "shape": list(M.shape), "data": self.array(csr.data),
                         "indices": self.array(csr.indices), "indptr": self.array(csr.indptr)}
-            return {"type": "Explicit", "matrix": self.array(M.matrix)}
+            node = {"type": "Explicit", "matrix": self.array(M.matrix)}
+            return node if M.row_labels is None else {**node, "labels": list(M.row_labels)}
         if isinstance(M, BlockDiagonal):
             return {"type": "BlockDiagonal", "copies": M.copies, "tail": M.tail, "block": self.node(M.block)}
         if isinstance(M, Kronecker):
@@ -71,12 +88,59 @@ class _Writer:
                     "names": [None if n is None else str(n) for n in M.names],
                     "values": [None if v is None else [str(x) for x in v] for v in M.values]}
         if isinstance(M, VStack):
-            return {"type": "VStack", "blocks": [self.node(b) for b in M.blocks]}
+            node = {"type": "VStack", "names": None if M.names is None else [str(n) for n in M.names]}
+            if M.weights is None:
+                return {**node, "blocks": [self.node(b) for b in M.blocks]}
+            return {**node, "blocks": [self.node(b) for b in M.parts], "weights": list(M.weights)}
         if isinstance(M, Sum):
             return {"type": "Sum", "terms": [self.node(t) for t in M.terms]}
         if isinstance(M, Weighted):
             return {"type": "Weighted", "weight": M.weight, "base": self.node(M.base)}
-        raise TypeError(f"cannot save a {type(M).__name__}: only hdmm's strategy matrix classes can be saved")
+        raise TypeError(f"cannot save a {type(M).__name__}: only hdmm's own matrix classes can be saved")
+
+
+def encode_matrix(M: Matrix, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The JSON tree of matrix ``M``; its dense parameters are added to ``arrays`` (keys ``a0, a1, ...``)."""
+    return _Writer(arrays).node(M)
+
+
+def decode_matrix(node: dict, arrays: dict[str, np.ndarray]) -> Matrix:
+    """The matrix of a tree written by :func:`encode_matrix`, with its ``arrays``."""
+    return _read(node, arrays)
+
+
+def write_archive(path, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """Write a JSON ``header`` and named ``arrays`` as one ``.npz`` archive (a path, written as given, or a file)."""
+    with contextlib.nullcontext(path) if hasattr(path, "write") else open(path, "wb") as file:
+        np.savez_compressed(file, header=np.array(json.dumps(header)), **arrays)
+
+
+def read_archive(path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Read an hdmm archive: ``(header, arrays)``, after checking its format and version."""
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (ValueError, zipfile.BadZipFile, EOFError):
+        raise ValueError(f"{path} is not an hdmm strategy file (not a numpy .npz archive)") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path} is not an hdmm strategy file (a single array, not an archive)")
+    with archive:
+        try:
+            header = json.loads(str(archive["header"]))
+        except KeyError:
+            raise ValueError(f"{path} is not an hdmm strategy file (no header)") from None
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            found = header.get("format") if isinstance(header, dict) else None
+            raise ValueError(f"{path} is not an hdmm strategy file (format {found!r})")
+        version = header.get("version", 0)
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise ValueError(f"{path} is not a valid hdmm strategy file (version {version!r} is not a whole number)")
+        if version > VERSION:
+            raise ValueError(
+                f"{path} was written by a newer hdmm (strategy file version {version}, "
+                f"this hdmm reads up to {VERSION}); upgrade hdmm"
+            )
+        arrays = {key: archive[key] for key in archive.files if key != "header"}
+    return header, arrays
 
 
 def save_strategy(A: Matrix | OptimizationResult, path: str | os.PathLike, metadata: dict | None = None) -> None:
@@ -93,10 +157,9 @@ def save_strategy(A: Matrix | OptimizationResult, path: str | os.PathLike, metad
         metadata = {"privacy": A.privacy.to_dict(), "optimizer": A.optimizer,
                     "total_squared_error": float(A.error), "queries": int(A.error.queries), **(metadata or {})}
         A = A.strategy
-    writer = _Writer()
-    header = {"format": FORMAT, "version": VERSION, "tree": writer.node(A), "metadata": metadata or {}}
-    with contextlib.nullcontext(path) if hasattr(path, "write") else open(path, "wb") as file:
-        np.savez_compressed(file, header=np.array(json.dumps(header)), **writer.arrays)
+    arrays: dict[str, np.ndarray] = {}
+    header = {"format": FORMAT, "version": VERSION, "tree": encode_matrix(A, arrays), "metadata": metadata or {}}
+    write_archive(path, header, arrays)
 
 
 def _read(node: dict, arrays) -> Matrix:
@@ -108,6 +171,12 @@ def _read(node: dict, arrays) -> Matrix:
         return Ones(*node["shape"])
     if kind == "Diagonal":
         return Diagonal(get("d"))
+    if kind == "Prefix":
+        return Prefix(node["n"])
+    if kind == "AllRange":
+        return AllRange(node["n"])
+    if kind == "Ranges":
+        return Ranges(node["n"], np.column_stack([get("lo"), get("hi")]))
     if kind == "PIdentity":
         return PIdentity(get("T"), node["norm"])
     if kind == "SquareRoot":
@@ -121,14 +190,14 @@ def _read(node: dict, arrays) -> Matrix:
     if kind == "SparseExplicit":
         return Explicit(sp.csr_array((get("data"), get("indices"), get("indptr")), shape=tuple(node["shape"])))
     if kind == "Explicit":
-        return Explicit(get("matrix"))
+        return Explicit(get("matrix"), node.get("labels"))
     if kind == "BlockDiagonal":
         return BlockDiagonal(_read(node["block"], arrays), node["copies"], node.get("tail", 0))
     if kind == "Kronecker":
         return Kronecker([_read(f, arrays) for f in node["factors"]], node.get("names"), node.get("values"),
                          node.get("sep", " & "))
     if kind == "VStack":
-        return VStack([_read(b, arrays) for b in node["blocks"]])
+        return VStack([_read(b, arrays) for b in node["blocks"]], names=node.get("names"), weights=node.get("weights"))
     if kind == "Sum":
         return Sum([_read(t, arrays) for t in node["terms"]])
     if kind == "Weighted":
@@ -137,24 +206,11 @@ def _read(node: dict, arrays) -> Matrix:
 
 
 def load_strategy(path: str | os.PathLike) -> tuple[Matrix, dict]:
-    """Read a strategy written by :func:`save_strategy`; returns ``(strategy, metadata)``."""
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except (ValueError, zipfile.BadZipFile, EOFError):
-        raise ValueError(f"{path} is not an hdmm strategy file (not a numpy .npz archive)") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise ValueError(f"{path} is not an hdmm strategy file (a single array, not an archive)")
-    with archive:
-        try:
-            header = json.loads(str(archive["header"]))
-        except KeyError:
-            raise ValueError(f"{path} is not an hdmm strategy file (no header)") from None
-        if header.get("format") != FORMAT:
-            raise ValueError(f"{path} is not an hdmm strategy file (format {header.get('format')!r})")
-        if header.get("version", 0) > VERSION:
-            raise ValueError(
-                f"{path} was written by a newer hdmm (strategy file version {header['version']}, "
-                f"this hdmm reads up to {VERSION}); upgrade hdmm"
-            )
-        arrays = {key: archive[key] for key in archive.files if key != "header"}
+    """Read a strategy written by :func:`save_strategy`; returns ``(strategy, metadata)``.
+
+    A plan file (:meth:`hdmm.Plan.save`) holds a strategy too, and is read the same way.
+    """
+    header, arrays = read_archive(path)
+    if "tree" not in header:
+        raise ValueError(f"{path} is not a valid hdmm strategy file (no strategy tree)")
     return _read(header["tree"], arrays), header.get("metadata", {})

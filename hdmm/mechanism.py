@@ -1,4 +1,4 @@
-r"""The matrix mechanism: measure a strategy with noise, reconstruct by least squares (MATH.md 1, 7).
+r"""The matrix mechanism's least-squares reconstruction (docs/math.md, sections 1 and 7).
 
 For a data vector :math:`x` (length ``N``) and a strategy :math:`A` (``k x N``),
 
@@ -33,12 +33,13 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.sparse.linalg import lsmr
 
-from .kron_union import FactorMismatchError, KronUnion
-from .marginals import in_marginal_algebra, trace_spectrum
-from .matrix import Kronecker, Matrix, Weighted
+from .kron_union import KronUnion
+from .marginals import trace_spectrum
+from .matrix import Matrix
 from .privacy import Privacy
+from .structure import ZERO_RTOL, Structure, classify, in_marginal_algebra
 
-__all__ = ["Measurement", "measure", "reconstruct", "reconstruction_method", "RECONSTRUCTION_METHODS"]
+__all__ = ["Measurement", "reconstruct", "reconstruction_method", "RECONSTRUCTION_METHODS"]
 
 #: The reconstruction methods :func:`reconstruct` accepts.
 RECONSTRUCTION_METHODS = ("auto", "kronecker", "marginals", "lsmr")
@@ -46,10 +47,6 @@ RECONSTRUCTION_METHODS = ("auto", "kronecker", "marginals", "lsmr")
 #: Largest Kronecker factor (in entries, rows x columns) that ``"auto"`` pseudo-inverts densely;
 #: identities, totals and diagonals are inverted structurally at any size.
 EXACT_FACTOR_ENTRIES = 2**24
-
-#: Eigenvalues of a marginals-algebra Gram below this fraction of the largest count as zero
-#: (the same cut-off :mod:`hdmm.error` uses, so reconstruction and error agree on the rank).
-SPECTRAL_RCOND = 1e-12
 
 #: LSMR stops when doubling the iterations moves no monitored answer by more than this many
 #: standard errors.
@@ -100,136 +97,19 @@ class Measurement:
         )
 
 
-def as_generator(rng: None | int | np.random.Generator) -> np.random.Generator:
-    """The noise source: fresh OS entropy for ``None``, else a seeded or given generator.
-
-    Seeds make the noise reproducible, and therefore guessable: use them for tests and
-    reproducible research only, never for a real release.
-    """
-    if rng is None:
-        return np.random.default_rng()
-    if isinstance(rng, np.random.Generator):
-        return rng
-    if isinstance(rng, numbers.Integral) and not isinstance(rng, (bool, np.bool_)):
-        return np.random.default_rng(int(rng))
-    raise TypeError(
-        f"rng must be None (fresh OS entropy, for real releases), an int seed or a "
-        f"numpy.random.Generator, got {type(rng).__name__}"
-    )
-
-
-def check_data_vector(x, n: int) -> np.ndarray:
-    """``x`` as a float vector of ``n`` finite, non-negative counts, or a ``ValueError`` saying why not."""
-    try:
-        arr = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(
-            f"the data vector must be numeric counts, got {type(x).__name__} that numpy cannot read as "
-            f"float ({exc}); pass a numpy array, or a DataFrame of records together with domain=..."
-        ) from None
-    if arr.ndim != 1:
-        raise ValueError(
-            f"the data vector must be 1-D (one count per domain cell), got shape {arr.shape}; flatten "
-            "a data cube with x.ravel() (C order: first attribute most significant)"
-        )
-    if arr.size != n:
-        raise ValueError(
-            f"the data vector has {arr.size:,} entries but the domain has {n:,} cells; build it over "
-            "the same domain as the workload and strategy (Domain.vectorize does this for records)"
-        )
-    bad = ~np.isfinite(arr)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(
-            f"the data vector holds {int(bad.sum()):,} NaN or infinite entries (the first at index {i}); "
-            "counts must be finite: fill or drop the missing cells first"
-        )
-    negative = arr < 0
-    if negative.any():
-        i = int(np.flatnonzero(negative)[0])
-        raise ValueError(
-            f"the data vector holds {int(negative.sum()):,} negative entries (e.g. {arr[i]:g} at index {i}); "
-            "it must hold the true, non-negative record counts (not a noisy estimate)"
-        )
-    return arr
-
-
-def measure(A: Matrix, x, privacy: Privacy, rng: None | int | np.random.Generator = None) -> Measurement:
-    r"""Answer the strategy queries with calibrated noise: :math:`y = Ax + z`.
-
-    The sensitivity :math:`\Delta_p(A)` (the largest column :math:`L_p` norm, ``p = privacy.norm``)
-    is computed from ``A``, never assumed, and each :math:`z_i` is drawn i.i.d. with
-    ``privacy.noise_scale(Delta)`` (Laplace :math:`b = \Delta_1/\epsilon`, or the Gaussian
-    :math:`\sigma` of ``ApproxDP`` / ``ZCDP``).
-
-    Parameters
-    ----------
-    A
-        The strategy, an implicit ``k x N`` matrix.
-    x
-        The data vector: ``N`` finite, non-negative counts.
-    privacy
-        :class:`~hdmm.PureDP`, :class:`~hdmm.ApproxDP` or :class:`~hdmm.ZCDP`.
-    rng
-        ``None`` (default) draws the noise from fresh OS entropy, as a real release must. An int
-        seed or a ``numpy.random.Generator`` makes the noise reproducible: for tests and
-        reproducible research only, since anyone who knows the seed can subtract the noise.
-
-    Returns
-    -------
-    Measurement
-
-    Raises
-    ------
-    TypeError
-        If ``A`` is not an hdmm matrix or ``privacy`` not a privacy definition.
-    ValueError
-        If ``x`` is not a 1-D vector of ``N`` finite, non-negative counts.
-    """
-    if not isinstance(A, Matrix):
-        raise TypeError(f"the strategy must be an hdmm matrix, got {type(A).__name__}")
-    if not isinstance(privacy, Privacy):
-        raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
-    x = check_data_vector(x, A.shape[1])
-    generator = as_generator(rng)
-    sensitivity = A.sensitivity(privacy.norm)
-    noisy = A @ x + privacy.sample(A.shape[0], sensitivity, generator)
-    return Measurement(A, noisy, privacy, sensitivity, privacy.noise_scale(sensitivity))
-
-
 # ====================================================================== exact routes
-def _kronecker_form(A: Matrix) -> Matrix | None:
-    r"""``A`` as :math:`c \bigotimes_i A_i` (nested products and weights flattened), or ``None``."""
-    try:
-        union = A.kron_union()
-    except FactorMismatchError:
-        return None
-    if union.num_terms != 1:
-        return None
-    weight, factors = union.term(0)
-    return Weighted(Kronecker(factors), weight)
-
-
 def _cheap_pinv(f: Matrix) -> bool:
     """Whether ``"auto"`` pseudo-inverts this Kronecker factor: structural, or small enough to do densely."""
     return f.fast_pinv or f.shape[0] * f.shape[1] <= EXACT_FACTOR_ENTRIES
 
 
-def _marginals_union(A: Matrix) -> KronUnion | None:
-    """``A``'s Kronecker union if its Gram lies in the marginals algebra, else ``None``."""
-    try:
-        union = A.kron_union()
-    except FactorMismatchError:
-        return None
-    return union if in_marginal_algebra(union) else None
-
-
-def reconstruction_method(A: Matrix, method: str = "auto") -> str:
+def reconstruction_method(A: Matrix, method: str = "auto", *, structure: Structure | None = None) -> str:
     """The reconstruction method :func:`reconstruct` uses for strategy ``A``.
 
     ``"auto"`` resolves to ``"kronecker"`` for a (weighted) Kronecker product whose factors are
     small or structured, ``"marginals"`` for a strategy in the marginals algebra, else
     ``"lsmr"``. An explicit method is returned as is once it is checked to apply to ``A``.
+    ``structure`` is ``A``'s (:func:`hdmm.structure.classify`) when already known.
 
     Raises
     ------
@@ -238,23 +118,25 @@ def reconstruction_method(A: Matrix, method: str = "auto") -> str:
     """
     if method not in RECONSTRUCTION_METHODS:
         raise ValueError(f"unknown reconstruction method {method!r}; choose one of {list(RECONSTRUCTION_METHODS)}")
+    if method == "lsmr":
+        return method
+    structure = classify(A) if structure is None else structure
+    form = structure.form
     if method in ("auto", "kronecker"):
-        K = _kronecker_form(A)
-        if K is not None and (method == "kronecker" or all(_cheap_pinv(f) for f in K.base.factors)):
+        if form == "kronecker" and (method == "kronecker" or all(_cheap_pinv(f) for f in structure.union.term(0)[1])):
             return "kronecker"
         if method == "kronecker":
             raise ValueError(
                 f"method='kronecker' needs a (weighted) Kronecker product strategy, but {A!r} is a union of "
                 "several Kronecker products; use method='lsmr' (or 'auto')"
             )
-    if method in ("auto", "marginals"):
-        if _marginals_union(A) is not None:
-            return "marginals"
-        if method == "marginals":
-            raise ValueError(
-                f"method='marginals' needs a strategy in the marginals algebra (weighted Marginals, Residuals, "
-                f"or unions of products of identities and totals), not {A!r}; use method='lsmr' (or 'auto')"
-            )
+    if form == "marginals" or (method == "marginals" and form == "kronecker" and in_marginal_algebra(structure.union)):
+        return "marginals"
+    if method == "marginals":
+        raise ValueError(
+            f"method='marginals' needs a strategy in the marginals algebra (weighted Marginals, Residuals, "
+            f"or unions of products of identities and totals), not {A!r}; use method='lsmr' (or 'auto')"
+        )
     return "lsmr"
 
 
@@ -294,7 +176,7 @@ def _reconstruct_marginals(A: Matrix, y: np.ndarray, union: KronUnion) -> np.nda
     """
     spectrum = trace_spectrum(union)
     mu = spectrum.eigenvalues * float(A.shape[1])
-    keep = mu > SPECTRAL_RCOND * mu.max(initial=0.0)
+    keep = mu > ZERO_RTOL * mu.max(initial=0.0)
     inverse = {tuple(bool(b) for b in row): 1.0 / m for row, m in zip(spectrum.members[keep], mu[keep])}
     return _apply_spectral(A.T @ y, union.sizes, inverse)
 
@@ -346,17 +228,64 @@ def _lsmr(
 
 
 # ====================================================================== public
-def reconstruct(
-    measurement: Measurement,
-    method: str = "auto",
-    *,
-    workload: Matrix | None = None,
-    std_errors: np.ndarray | None = None,
-    x0: np.ndarray | None = None,
-    tol: float = LSMR_TOL,
-    maxiter: int | None = None,
-) -> np.ndarray:
+def _lsmr_options(A: Matrix, noise_std: float, monitor: Matrix | None, std_errors, x0, tol, maxiter):
+    """Validated LSMR settings: ``(monitor, scale, x0, tol, maxiter)``."""
+    k, n = A.shape
+    if not (isinstance(tol, numbers.Real) and math.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be a finite number > 0 (a fraction of a standard error), got {tol!r}")
+    if maxiter is None:
+        maxiter = max(2 * min(k, n), 100)
+    elif isinstance(maxiter, bool) or not isinstance(maxiter, numbers.Integral) or maxiter < 1:
+        raise ValueError(f"maxiter must be a positive integer or None, got {maxiter!r}")
+    if x0 is not None:
+        x0 = np.asarray(x0, dtype=np.float64)
+        if x0.shape != (n,) or not np.all(np.isfinite(x0)):
+            raise ValueError(f"x0 must be a finite vector of length {n:,} (one entry per domain cell), got shape {x0.shape}")
+    monitor = A if monitor is None else monitor
+    if not isinstance(monitor, Matrix) or monitor.shape[1] != n:
+        raise ValueError(f"workload must be an hdmm matrix with {n:,} columns (the strategy's domain)")
+    if std_errors is None:
+        scale = np.full(monitor.shape[0], noise_std)
+    else:
+        scale = np.asarray(std_errors, dtype=np.float64)
+        if scale.shape != (monitor.shape[0],) or np.any(~(scale >= 0)):
+            raise ValueError(
+                f"std_errors must hold one non-negative number per workload query ({monitor.shape[0]:,}), "
+                f"got shape {scale.shape}"
+            )
+    scale = np.where(scale > 0, scale, noise_std)  # a query without noise: judge it by sigma
+    return monitor, scale, x0, float(tol), int(maxiter)
+
+
+def least_squares(A: Matrix, y: np.ndarray, method: str, structure: Structure, *, noise_std: float,
+                  workload: Matrix | None = None, std_errors: np.ndarray | None = None, x0: np.ndarray | None = None,
+                  tol: float = LSMR_TOL, maxiter: int | None = None) -> np.ndarray:
+    r""":math:`\hat x = A^+ y` by a method already resolved by :func:`reconstruction_method`.
+
+    ``structure`` is ``A``'s; ``noise_std`` the standard deviation of one noisy answer (LSMR's
+    default scale for judging convergence). The other parameters are LSMR's (see
+    :func:`reconstruct`).
+    """
+    if method == "kronecker":
+        return structure.kronecker.pinv() @ y
+    if method == "marginals":
+        return _reconstruct_marginals(A, y, structure.union)
+    if method != "lsmr":
+        raise ValueError(f"method must be resolved by reconstruction_method first, got {method!r}")
+    monitor, scale, x0, tol, maxiter = _lsmr_options(A, noise_std, workload, std_errors, x0, tol, maxiter)
+    return _lsmr(A, y, x0, monitor, scale, tol, maxiter)
+
+
+def reconstruct(plan, measurement: Measurement | None = None, method: str | None = None, *,
+                workload: Matrix | None = None, std_errors: np.ndarray | None = None, x0: np.ndarray | None = None,
+                tol: float = LSMR_TOL, maxiter: int | None = None) -> np.ndarray:
     r"""The least-squares estimate :math:`\hat x = A^+ y` of the data vector.
+
+    Called as ``reconstruct(plan, measurement)`` with the :class:`~hdmm.Plan` the measurement
+    was taken under: the plan's reconstruction route and structure are used, and LSMR (if that
+    is the route) is stopped by the plan's workload answers and their standard errors. The
+    earlier form ``reconstruct(measurement, method="auto", workload=..., std_errors=...)``
+    still works and decides the route itself.
 
     When ``A`` does not have full column rank this is the minimum-norm least-squares solution
     (pseudo-inverse semantics). The answers :math:`W\hat x` are still unbiased for every
@@ -366,10 +295,12 @@ def reconstruct(
 
     Parameters
     ----------
+    plan
+        The :class:`~hdmm.Plan` (or, in the earlier form, the :class:`Measurement`).
     measurement
-        Output of :func:`measure`.
+        Output of :func:`hdmm.measure` under ``plan``.
     method
-        ``"kronecker"``: exact for :math:`A = c \bigotimes_i A_i`,
+        Earlier form only. ``"kronecker"``: exact for :math:`A = c \bigotimes_i A_i`,
         :math:`\hat x = c^{-1} (\bigotimes_i A_i^+) y`, one small pseudo-inverse per factor, applied
         axis by axis. ``"marginals"``: exact for strategies in the marginals algebra (weighted
         :class:`~hdmm.Marginals`, :class:`~hdmm.Residuals`, unions of products of identities
@@ -377,10 +308,9 @@ def reconstruct(
         any strategy (e.g. unions of Kronecker products from ``opt_union``). ``"auto"`` (default):
         the exact route when one applies (see :func:`reconstruction_method`), else LSMR.
     workload, std_errors
-        LSMR only: the queries whose answers decide when LSMR has converged (default: the
-        strategy's own answers :math:`A\hat x`), and their noise standard errors (default: the
-        noise standard deviation of one measurement, for every query). :func:`hdmm.run` passes
-        the workload and its standard errors.
+        LSMR only, earlier form: the queries whose answers decide when LSMR has converged
+        (default: the strategy's own answers :math:`A\hat x`), and their noise standard errors
+        (default: the noise standard deviation of one measurement, for every query).
     x0
         LSMR only: a warm start (length ``N``). LSMR keeps the component of ``x0`` in the null
         space of ``A``, so the result is the minimum-norm solution only if ``x0`` lies in the
@@ -403,39 +333,31 @@ def reconstruct(
     Raises
     ------
     ValueError
-        For an unknown method, a method that does not apply to the strategy, or bad LSMR
-        parameters (shapes, non-finite values).
+        For an unknown method, a method that does not apply to the strategy, a measurement
+        taken under another plan, or bad LSMR parameters (shapes, non-finite values).
     """
+    if isinstance(plan, Measurement):  # the earlier form: reconstruct(measurement, method, ...)
+        if measurement is not None and method is None and isinstance(measurement, str):
+            method = measurement
+        A = plan.strategy
+        structure = classify(A)
+        resolved = reconstruction_method(A, method or "auto", structure=structure)
+        return least_squares(A, plan.answers, resolved, structure, noise_std=plan.noise_std, workload=workload,
+                             std_errors=std_errors, x0=x0, tol=tol, maxiter=maxiter)
     if not isinstance(measurement, Measurement):
-        raise TypeError(f"reconstruct needs a Measurement (from measure), got {type(measurement).__name__}")
-    A, y = measurement.strategy, measurement.answers
-    method = reconstruction_method(A, method)
-    if method == "kronecker":
-        return _kronecker_form(A).pinv() @ y
-    if method == "marginals":
-        return _reconstruct_marginals(A, y, _marginals_union(A))
-    k, n = A.shape
-    if not (isinstance(tol, numbers.Real) and math.isfinite(tol) and tol > 0):
-        raise ValueError(f"tol must be a finite number > 0 (a fraction of a standard error), got {tol!r}")
-    if maxiter is None:
-        maxiter = max(2 * min(k, n), 100)
-    elif isinstance(maxiter, bool) or not isinstance(maxiter, numbers.Integral) or maxiter < 1:
-        raise ValueError(f"maxiter must be a positive integer or None, got {maxiter!r}")
-    if x0 is not None:
-        x0 = np.asarray(x0, dtype=np.float64)
-        if x0.shape != (n,) or not np.all(np.isfinite(x0)):
-            raise ValueError(f"x0 must be a finite vector of length {n:,} (one entry per domain cell), got shape {x0.shape}")
-    monitor = A if workload is None else workload
-    if not isinstance(monitor, Matrix) or monitor.shape[1] != n:
-        raise ValueError(f"workload must be an hdmm matrix with {n:,} columns (the strategy's domain)")
-    if std_errors is None:
-        scale = np.full(monitor.shape[0], measurement.noise_std)
-    else:
-        scale = np.asarray(std_errors, dtype=np.float64)
-        if scale.shape != (monitor.shape[0],) or np.any(~(scale >= 0)):
-            raise ValueError(
-                f"std_errors must hold one non-negative number per workload query ({monitor.shape[0]:,}), "
-                f"got shape {scale.shape}"
-            )
-    scale = np.where(scale > 0, scale, measurement.noise_std)  # a query without noise: judge it by sigma
-    return _lsmr(A, y, x0, monitor, scale, float(tol), int(maxiter))
+        raise TypeError(
+            f"reconstruct(plan, measurement) needs a Measurement from hdmm.measure, got {type(measurement).__name__}"
+        )
+    if not hasattr(plan, "structure") or not hasattr(plan, "method"):
+        raise TypeError(f"reconstruct needs a Plan (from hdmm.plan) or a Measurement, got {type(plan).__name__}")
+    if method is not None or workload is not None or std_errors is not None:
+        raise TypeError("with a plan, the method, workload and standard errors are the plan's: pass only "
+                        "x0, tol or maxiter")
+    if measurement.strategy is not plan.strategy or measurement.privacy != plan.privacy:
+        raise ValueError("the measurement was not taken under this plan (another strategy or privacy); "
+                         "reconstruct it with the plan passed to hdmm.measure")
+    std = None if plan.variances is None else np.sqrt(plan.variances)
+    monitor = None if plan.variances is None else plan.workload
+    return least_squares(plan.strategy, measurement.answers, plan.method, plan.structure,
+                         noise_std=measurement.noise_std, workload=monitor, std_errors=std, x0=x0, tol=tol,
+                         maxiter=maxiter)

@@ -5,7 +5,7 @@ r"""End to end: choose a strategy, measure it with noise, reconstruct, answer th
 
 .. math:: \mathrm{se}_i = \sqrt{\mathrm{Var}(z)\,\big(W (A^TA)^+ W^T\big)_{ii}}
 
-(MATH.md section 1; the answers are unbiased because the strategy supports the workload),
+(docs/math.md, section 1; the answers are unbiased because the strategy supports the workload),
 confidence intervals, and everything needed to audit the release: the strategy, which
 optimizer made it, the privacy guarantee, the sensitivity and noise scale, and timings.
 
@@ -28,17 +28,12 @@ import pandas as pd
 from scipy.stats import norm
 
 from .domain import Domain
-from .error import expected_error, noise_variance, per_query_variance
-from .matrix import DenseLimitError, Kronecker, Matrix, VStack, Weighted
-from .mechanism import (
-    Measurement,
-    as_generator,
-    check_data_vector,
-    measure,
-    reconstruct,
-    reconstruction_method,
-)
-from .optimizers import OptimizationResult, optimize
+from .kernel import as_generator, check_data_vector, measure
+from .matrix import Matrix, VStack
+from .mechanism import Measurement, reconstruct
+from .optimizers import OptimizationResult
+from .planning import Plan
+from .planning import plan as make_plan
 from .privacy import Privacy
 
 __all__ = [
@@ -189,46 +184,31 @@ class Release:
 
     Attributes
     ----------
-    workload : Matrix
-        The workload ``W`` (``m x N``).
+    plan : Plan
+        The data-independent plan it was measured under: workload, strategy, privacy,
+        sensitivity, noise scale, structure, reconstruction route and per-query variances.
+    measurement : Measurement
+        The strategy's noisy answers (with the privacy definition, sensitivity and noise scale).
     answers : numpy.ndarray
         The released answers, in the workload's row order: :math:`W\hat x` from the estimate
         (post-processed when ``postprocess`` is set).
-    std_errors : numpy.ndarray
-        Standard error of each unprocessed answer, :math:`\sqrt{\mathrm{Var}(z)\,\mathrm{diag}(W(A^TA)^+W^T)}`;
-        an upper bound when ``variance_exact`` is False.
     estimate : numpy.ndarray
         The data-vector estimate the answers come from (length ``N``).
-    measurement : Measurement
-        The strategy, its noisy answers, the privacy definition, sensitivity and noise scale.
-    optimizer : str
-        Who chose the strategy: the name of the ``hdmm.optimize`` candidate (``"opt_kron"``,
-        ``"opt_union"``, ...) or ``"user"`` for a matrix passed in.
-    method : str
-        The reconstruction method (``"kronecker"``, ``"marginals"`` or ``"lsmr"``).
-    variance_exact : bool
-        True when the standard errors are exact. For a union of Kronecker strategies on a domain
-        too large for the exact formula they are upper bounds (see :func:`run`), and the
-        intervals are conservative.
     postprocess : str or None
         ``None``, ``"nonnegative"`` or ``"integer"`` (see :func:`run`).
     unprocessed_answers, unprocessed_estimate : numpy.ndarray
         :math:`W\hat x` and :math:`\hat x = A^+y` before post-processing (the same arrays as
         ``answers`` and ``estimate`` without it).
     timings : dict of str to float
-        Seconds spent in each step: ``data`` (checking or vectorizing it), ``optimize``
-        (choosing the strategy), ``standard errors``, ``measure``, ``reconstruct``, ``answer``
-        and, when used, ``postprocess``.
+        Seconds spent in each step: ``data`` (checking or vectorizing it), ``plan`` (choosing
+        the strategy, optimization included, and its error), ``measure``, ``reconstruct``,
+        ``answer`` and, when used, ``postprocess``.
     """
 
-    workload: Matrix
-    answers: np.ndarray
-    std_errors: np.ndarray
-    estimate: np.ndarray
+    plan: Plan
     measurement: Measurement
-    optimizer: str
-    method: str
-    variance_exact: bool
+    answers: np.ndarray
+    estimate: np.ndarray
     postprocess: str | None
     unprocessed_answers: np.ndarray
     unprocessed_estimate: np.ndarray
@@ -236,19 +216,64 @@ class Release:
 
     # ------------------------------------------------------------------ provenance
     @property
+    def workload(self) -> Matrix:
+        """The released queries ``W`` (``m x N``), without :func:`hdmm.union` weights."""
+        return self.plan.workload
+
+    @property
+    def std_errors(self) -> np.ndarray:
+        r"""Standard error of each unprocessed answer, :math:`\sqrt{\mathrm{Var}(z)\,\mathrm{diag}(W(A^TA)^+W^T)}`.
+
+        An upper bound when :attr:`variance_exact` is False.
+        """
+        return self.plan.std_errors
+
+    @property
+    def optimizer(self) -> str:
+        """Who chose the strategy: an ``hdmm.optimize`` candidate's name, ``"user"``, or a file's record."""
+        return self.plan.origin
+
+    @property
+    def method(self) -> str:
+        """The reconstruction method (``"kronecker"``, ``"marginals"`` or ``"lsmr"``)."""
+        return self.plan.method
+
+    @property
+    def variance_exact(self) -> bool:
+        """True when the standard errors are exact; else upper bounds and the intervals are conservative."""
+        return self.plan.variance_exact
+
+    @property
     def strategy(self) -> Matrix:
         """The measured strategy ``A``."""
-        return self.measurement.strategy
+        return self.plan.strategy
 
     @property
     def privacy(self) -> Privacy:
         """The privacy definition spent by this release (the whole budget, spent once)."""
-        return self.measurement.privacy
+        return self.plan.privacy
 
     @property
     def privacy_description(self) -> str:
         """A readable statement of the guarantee, e.g. ``"pure DP, epsilon=1"``."""
         return self.privacy.description
+
+    def provenance(self) -> dict[str, Any]:
+        """What every file written from this release records: privacy spent, strategy origin, versions."""
+        return {
+            "privacy": self.privacy.to_dict(),
+            "privacy_description": self.privacy_description,
+            "sensitivity": self.plan.sensitivity,
+            "noise_scale": self.plan.noise_scale,
+            "strategy": repr(self.strategy),
+            "strategy_origin": self.plan.origin,
+            "structure": self.plan.structure.form,
+            "reconstruction": self.method,
+            "expected_rmse": self.rmse,
+            "standard_errors": "exact" if self.variance_exact else "upper bounds",
+            "postprocess": self.postprocess,
+            "hdmm_version": self.plan.version,
+        }
 
     # ------------------------------------------------------------------ error
     @property
@@ -306,8 +331,10 @@ class Release:
 
         Columns: ``table`` (for a workload with named blocks, e.g. the Census tables),
         ``query`` (readable label), ``answer``, ``std_error``, ``lower`` and ``upper`` (the
-        ``level`` confidence interval, see :meth:`intervals`), and ``unprocessed_answer`` when
-        post-processed. ``DataFrame.attrs`` records the level and :attr:`interval_method`.
+        ``level`` confidence interval, see :meth:`intervals`), ``weight`` (each query's
+        :func:`hdmm.union` weight, what it meant to the optimizer; the answer is the query's own
+        count) when the workload has weights, and ``unprocessed_answer`` when post-processed.
+        ``DataFrame.attrs`` records the level, :attr:`interval_method` and :meth:`provenance`.
         """
         lower, upper = self.intervals(level)
         columns: dict[str, Any] = {}
@@ -320,11 +347,14 @@ class Release:
         columns["std_error"] = self.std_errors
         columns["lower"] = lower
         columns["upper"] = upper
+        if self.plan.weights is not None:
+            columns["weight"] = self.plan.weights
         if self.postprocess is not None:
             columns["unprocessed_answer"] = self.unprocessed_answers
         df = pd.DataFrame(columns)
         df.attrs["level"] = level
         df.attrs["interval_method"] = self.interval_method
+        df.attrs["provenance"] = self.provenance()
         return df
 
     def summary(self) -> str:
@@ -378,88 +408,11 @@ def _data_vector(data, domain: Domain | None, n: int) -> np.ndarray:
     return check_data_vector(data, n)
 
 
-def _choose_strategy(W: Matrix, privacy: Privacy, strategy, generator: np.random.Generator) -> tuple[Matrix, str]:
-    if isinstance(strategy, str):
-        if strategy != "auto":
-            raise ValueError(
-                f"strategy must be 'auto', an hdmm matrix or an OptimizationResult, got the string {strategy!r}"
-            )
-        result = optimize(W, privacy, seed=generator)
-        return result.strategy, result.optimizer
-    if isinstance(strategy, OptimizationResult):
-        if strategy.privacy.noise != privacy.noise:
-            warnings.warn(
-                f"the strategy was optimised for {strategy.privacy.noise} noise ({strategy.privacy.description}) "
-                f"but is released with {privacy.noise} noise ({privacy.description}); it is still correct "
-                "and private, but probably not the best strategy: optimise for the privacy definition you use",
-                stacklevel=3,
-            )
-        return strategy.strategy, strategy.optimizer
-    if isinstance(strategy, Matrix):
-        return strategy, "user"
-    raise TypeError(
-        f"strategy must be 'auto', an hdmm matrix or an OptimizationResult, got {type(strategy).__name__}"
-    )
-
-
-def _union_variance_bound(W: Matrix, A: Matrix, privacy: Privacy) -> np.ndarray:
-    r"""Per-query variance upper bounds from the single Kronecker terms of a union strategy.
-
-    Answering query ``i`` from term ``j``'s measurements alone,
-    :math:`w_i (A_j)^+ y_j`, is unbiased when :math:`A_j` supports it, with variance
-    :math:`\mathrm{Var}(z)\,(w_i (A_j^TA_j)^+ w_i^T)` (each term is exact and cheap). Least
-    squares over the whole union is the best linear unbiased estimator (Gauss-Markov: the noise
-    is uncorrelated with equal variances, Laplace or Gaussian), so its variance is at most the
-    smallest of these. ``inf`` where no single term supports the query.
-    """
-    union = A.kron_union()
-    full = noise_variance(A, privacy)
-    best = np.full(W.shape[0], np.inf)
-    for j in range(union.num_terms):
-        weight, factors = union.term(j)
-        term = Weighted(Kronecker(factors), weight)
-        own = noise_variance(term, privacy)
-        if own == 0:
-            continue
-        try:
-            best = np.minimum(best, per_query_variance(W, term, privacy) * (full / own))
-        except DenseLimitError:
-            continue
-    return best
-
-
-def _query_variances(W: Matrix, A: Matrix, privacy: Privacy) -> tuple[np.ndarray, bool]:
-    """Per-query variances and whether they are exact; raises if the strategy does not support ``W``."""
-    try:
-        variances = per_query_variance(W, A, privacy)
-        exact = True
-    except DenseLimitError:
-        variances = _union_variance_bound(W, A, privacy)
-        exact = False
-    bad = ~np.isfinite(variances)
-    if not bad.any():
-        return variances, exact
-    first = int(np.flatnonzero(bad)[0])
-    if exact:
-        reason = expected_error(W, A, privacy).reason
-        raise ValueError(
-            f"the strategy does not support the workload: {int(bad.sum()):,} of {W.shape[0]:,} queries "
-            f"(the first: {W.labels[first]!r}) cannot be answered without bias from it ({reason})"
-        )
-    raise ValueError(
-        f"cannot verify that the strategy {A!r} supports the workload on {W.shape[1]:,} cells: no single "
-        f"Kronecker term of it supports {int(bad.sum()):,} of the {W.shape[0]:,} queries (the first: "
-        f"{W.labels[first]!r}), and the exact least-squares variance needs a dense {W.shape[1]:,}-cell "
-        "pseudo-inverse; use a Kronecker, marginals or residuals strategy, or a union whose every "
-        "workload query is supported by one of its terms (as opt_union builds)"
-    )
-
-
 def run(
     W: Matrix,
     data,
     privacy: Privacy,
-    strategy: str | Matrix | OptimizationResult = "auto",
+    strategy: str | Matrix | OptimizationResult | Plan = "auto",
     domain: Domain | None = None,
     rng: None | int | np.random.Generator = None,
     *,
@@ -469,11 +422,12 @@ def run(
 ) -> Release:
     r"""Release the answers to workload ``W`` on ``data`` under ``privacy`` (the matrix mechanism).
 
-    Steps: pick the strategy ``A``; check that it supports ``W`` (every query has finite
-    variance, :math:`WA^+A = W`) and compute the per-query variances, before touching the data;
-    measure :math:`y = Ax + z` (:func:`~hdmm.mechanism.measure`); reconstruct
-    :math:`\hat x = A^+y` (:func:`~hdmm.mechanism.reconstruct`); answer :math:`W\hat x`;
-    optionally post-process :math:`\hat x`.
+    Steps: check the data; make the data-independent plan (:func:`hdmm.plan`: the strategy,
+    its sensitivity and structure, the check that it supports ``W`` and the per-query
+    variances), all before any noise is drawn; measure :math:`y = Ax + z`
+    (:func:`hdmm.measure`); reconstruct :math:`\hat x = A^+y` (:func:`hdmm.reconstruct`); answer
+    :math:`W\hat x`; optionally post-process :math:`\hat x`. :func:`hdmm.union` weights steer the
+    optimizer only: the release answers the queries themselves.
 
     Parameters
     ----------
@@ -490,7 +444,8 @@ def run(
         ``"auto"`` (default): run :func:`hdmm.optimize` (data independent, so free of privacy
         cost) and use its best strategy. An hdmm matrix: used as given (``optimizer="user"``).
         An :class:`~hdmm.OptimizationResult`: its strategy and optimizer name (a warning if it
-        was optimised for the other kind of noise).
+        was optimised for the other kind of noise). A :class:`~hdmm.Plan` made for this
+        workload and privacy (e.g. loaded with :meth:`hdmm.Plan.load`): used as it is.
     domain
         The :class:`~hdmm.Domain` of the records; required for DataFrame input, checked against
         ``W`` when given.
@@ -551,42 +506,53 @@ def run(
         raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
     if postprocess not in POSTPROCESS_OPTIONS:
         raise ValueError(f"postprocess must be one of {list(POSTPROCESS_OPTIONS)}, got {postprocess!r}")
+    options = dict(reconstruct_options or {})
+    unknown = set(options) - {"x0", "tol", "maxiter"}
+    if unknown:
+        raise TypeError(f"reconstruct_options takes x0, tol and maxiter, got {sorted(unknown)}")
     x = _data_vector(data, domain, W.shape[1])
     generator = as_generator(rng)
     lap("data")
-    A, optimizer = _choose_strategy(W, privacy, strategy, generator)
-    if A.shape[1] != W.shape[1]:
-        raise ValueError(
-            f"the strategy has {A.shape[1]:,} columns but the workload has {W.shape[1]:,}: both must be "
-            "over the same domain"
-        )
-    method = reconstruction_method(A, method)
-    lap("optimize")
-    variances, exact = _query_variances(W, A, privacy)
-    lap("standard errors")
-    measurement = measure(A, x, privacy, generator)
+    if isinstance(strategy, Plan):
+        chosen = _check_plan(strategy, W, privacy, method)
+    else:
+        chosen = make_plan(W, strategy, privacy, method=method, seed=generator)
+    lap("plan")
+    measurement = measure(chosen, x, generator)
     lap("measure")
-    std_errors = np.sqrt(variances)
-    estimate = reconstruct(measurement, method, workload=W, std_errors=std_errors, **dict(reconstruct_options or {}))
+    estimate = reconstruct(chosen, measurement, **options)
     lap("reconstruct")
-    answers = W @ estimate
+    answers = chosen.workload @ estimate
     lap("answer")
     final_estimate, final_answers = estimate, answers
     if postprocess is not None:
         final_estimate = _postprocess(measurement, estimate, postprocess)
-        final_answers = W @ final_estimate
+        final_answers = chosen.workload @ final_estimate
         lap("postprocess")
     return Release(
-        workload=W,
-        answers=final_answers,
-        std_errors=std_errors,
-        estimate=final_estimate,
+        plan=chosen,
         measurement=measurement,
-        optimizer=optimizer,
-        method=method,
-        variance_exact=exact,
+        answers=final_answers,
+        estimate=final_estimate,
         postprocess=postprocess,
         unprocessed_answers=answers,
         unprocessed_estimate=estimate,
         timings=timings,
     )
+
+
+def _check_plan(p: Plan, W: Matrix, privacy: Privacy, method: str) -> Plan:
+    """A plan passed to :func:`run` must be for this workload's domain and this privacy definition."""
+    if p.workload.shape[1] != W.shape[1] or p.queries != W.shape[0]:
+        raise ValueError(
+            f"the plan is for {p.queries:,} queries over {p.cells:,} cells but the workload has "
+            f"{W.shape[0]:,} queries over {W.shape[1]:,} cells: make the plan for this workload"
+        )
+    if p.privacy != privacy:
+        raise ValueError(
+            f"the plan was made for {p.privacy.description} but the release asks for {privacy.description}; "
+            "make a plan for the privacy you spend (hdmm.plan(W, plan.strategy, privacy))"
+        )
+    if method not in ("auto", p.method):
+        raise ValueError(f"the plan reconstructs by {p.method!r}; method={method!r} contradicts it")
+    return p

@@ -33,7 +33,6 @@ from .matrix import (
     Matrix,
     Ones,
     VStack,
-    Weighted,
     _check_dense_size,
     _check_norm,
     _positive_int,
@@ -389,10 +388,35 @@ def product(domain: Domain | Sequence[int], blocks: Mapping[str | int, Matrix], 
 
 
 def union(parts: Sequence[Matrix], weights: Sequence[float] | None = None, names: Sequence[str] | None = None) -> Matrix:
-    """The union ``VStack_j w_j W_j`` of workloads over the same domain (weights default to 1)."""
-    parts = list(parts)
-    if weights is not None:
-        if len(weights) != len(parts):
-            raise ValueError(f"got {len(weights)} weights for {len(parts)} workloads")
-        parts = [p if w == 1 else Weighted(p, w) for p, w in zip(parts, weights)]
-    return VStack(parts, names=names)
+    """The union ``VStack_j w_j W_j`` of workloads over the same domain (weights default to 1).
+
+    A weight says how much a part matters to the optimizer (its error counts ``w_j^2`` times);
+    a release answers the parts' queries themselves (see :func:`unweighted`). Weights must be
+    finite and > 0.
+    """
+    return VStack(list(parts), names=names, weights=weights)
+
+
+def unweighted(W: Matrix) -> tuple[Matrix, np.ndarray | None]:
+    """The queries of a workload without the weights of :func:`union`, and each row's weight.
+
+    Weights steer the optimizer only: a release answers ``W_j x``, not ``w_j W_j x``. Returns
+    ``(queries, row_weights)`` with ``row_weights`` ``None`` when ``W`` carries no union weights
+    (nested unions multiply their weights).
+
+    >>> import hdmm
+    >>> W = hdmm.union([hdmm.Total(3), hdmm.Identity(3)], weights=[2.0, 1.0])
+    >>> Q, w = unweighted(W)
+    >>> Q @ np.ones(3), w
+    (array([3., 1., 1., 1.]), array([2., 1., 1., 1.]))
+    """
+    if not isinstance(W, VStack):
+        return W, None
+    inner = [unweighted(p) for p in W.parts]
+    if W.weights is None and all(w is None for _, w in inner):
+        return W, None
+    outer = W.weights or (1.0,) * len(W.parts)
+    rows = np.concatenate([
+        c * (np.ones(q.shape[0]) if w is None else w) for c, (q, w) in zip(outer, inner)
+    ])
+    return VStack([q for q, _ in inner], names=W.names), rows

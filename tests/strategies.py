@@ -399,7 +399,7 @@ def _compose(draw, kind: str, n: int, depth: int) -> Pair | None:
         parts = draw(st.lists(matrices(n, depth - 1), min_size=1, max_size=3))
         if kind == "vstack":
             return Pair(VStack([p.mat for p in parts]), np.vstack([p.ref for p in parts]))
-        weights = draw(st.lists(st.sampled_from([1.0, 0.5, 2.0, -1.0]), min_size=len(parts), max_size=len(parts)))
+        weights = draw(st.lists(st.sampled_from([1.0, 0.5, 2.0, 3.0]), min_size=len(parts), max_size=len(parts)))
         names = [f"part{j}" for j in range(len(parts))]
         mat = wl.union([p.mat for p in parts], weights=weights, names=names)
         return Pair(mat, np.vstack([w * p.ref for w, p in zip(weights, parts)]))

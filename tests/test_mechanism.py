@@ -17,7 +17,8 @@ import hdmm
 from hdmm import workload as wl
 from hdmm.marginals import Marginals
 from hdmm.matrix import Explicit, Identity, Kronecker, Ones, Product, VStack, Weighted
-from hdmm.mechanism import Measurement, measure, reconstruct, reconstruction_method
+from hdmm import measure
+from hdmm.mechanism import Measurement, reconstruct, reconstruction_method
 from hdmm.optimizers.pidentity import PIdentity
 from hdmm.privacy import ApproxDP, PureDP, ZCDP
 from strategies import SETTINGS, domain_shapes, marginals_on, pinv_matrices, strategies_on

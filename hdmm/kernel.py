@@ -1,0 +1,136 @@
+r"""The private kernel: the one place where data is touched and noise is drawn.
+
+:func:`measure` takes a :class:`~hdmm.Plan` (made without the data) and a data vector
+:math:`x` and returns :math:`y = Ax + z`, with :math:`z` i.i.d. noise calibrated by the plan's
+privacy definition to the strategy's sensitivity (computed when the plan was made):
+Laplace of scale :math:`b = \Delta_1(A)/\epsilon` for pure DP, Gaussian for approximate DP and
+zCDP (docs/math.md, section 1). Everything before it (the plan) and after it
+(reconstruction, answers, post-processing) is data independent or post-processing of
+:math:`y`, which costs no privacy.
+"""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+
+import numpy as np
+
+from .matrix import Matrix
+from .mechanism import Measurement
+from .planning import Plan, strategy_plan
+from .privacy import Privacy
+
+__all__ = ["measure", "as_generator", "check_data_vector"]
+
+
+def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator = None) -> Measurement:
+    r"""Answer the plan's strategy queries on data ``x`` with calibrated noise: :math:`y = Ax + z`.
+
+    Called as ``measure(plan, x, rng=None)``.
+
+    Parameters
+    ----------
+    plan
+        A :class:`~hdmm.Plan` from :func:`hdmm.plan` (or loaded from a file). Its strategy,
+        privacy definition and sensitivity set the noise; nothing is decided here.
+    x
+        The data vector: ``N`` finite, non-negative counts (C order over the domain).
+    rng
+        ``None`` (default) draws the noise from fresh OS entropy, as a real release must. An int
+        seed or a ``numpy.random.Generator`` makes the noise reproducible: for tests and
+        reproducible research only, since anyone who knows the seed can subtract the noise.
+
+    Returns
+    -------
+    Measurement
+
+    Notes
+    -----
+    The earlier form ``measure(A, x, privacy, rng=None)`` with a strategy matrix still works:
+    it makes the strategy-only plan :func:`hdmm.planning.strategy_plan` first.
+
+    Raises
+    ------
+    TypeError
+        If ``plan`` is neither a plan nor a strategy matrix with a privacy definition.
+    ValueError
+        If ``x`` is not a 1-D vector of ``N`` finite, non-negative counts.
+    """
+    if isinstance(plan, Matrix):  # the earlier form measure(A, x, privacy, rng=None)
+        privacy = args[0] if args else None
+        if not isinstance(privacy, Privacy):
+            raise TypeError(
+                "measure(A, x, privacy, rng) needs a privacy definition (PureDP, ApproxDP or ZCDP) as its third "
+                f"argument, got {type(privacy).__name__}; or make a plan with hdmm.plan and call measure(plan, x, rng)"
+            )
+        if len(args) > 2 or (len(args) == 2 and rng is not None):
+            raise TypeError("measure(A, x, privacy, rng) takes at most four arguments")
+        plan, rng = strategy_plan(plan, privacy), (args[1] if len(args) == 2 else rng)
+    elif args:
+        if len(args) > 1 or rng is not None:
+            raise TypeError("measure(plan, x, rng) takes three arguments")
+        rng = args[0]
+    if not isinstance(plan, Plan):
+        raise TypeError(f"measure needs a Plan (from hdmm.plan) or an hdmm matrix strategy and a privacy definition, got {type(plan).__name__}")
+    A = plan.strategy
+    x = check_data_vector(x, A.shape[1])
+    generator = as_generator(rng)
+    if x.sum() == 0:
+        warnings.warn("the data vector is all zeros (no records): the release is pure noise", stacklevel=2)
+    noise = plan.privacy.sample(A.shape[0], plan.sensitivity, generator)
+    return Measurement(A, A @ x + noise, plan.privacy, plan.sensitivity, plan.noise_scale)
+
+
+def as_generator(rng: None | int | np.random.Generator) -> np.random.Generator:
+    """The noise source: fresh OS entropy for ``None``, else a seeded or given generator.
+
+    Seeds make the noise reproducible, and therefore guessable: use them for tests and
+    reproducible research only, never for a real release.
+    """
+    if rng is None:
+        return np.random.default_rng()
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if isinstance(rng, numbers.Integral) and not isinstance(rng, (bool, np.bool_)):
+        return np.random.default_rng(int(rng))
+    raise TypeError(
+        f"rng must be None (fresh OS entropy, for real releases), an int seed or a "
+        f"numpy.random.Generator, got {type(rng).__name__}"
+    )
+
+
+def check_data_vector(x, n: int) -> np.ndarray:
+    """``x`` as a float vector of ``n`` finite, non-negative counts, or a ``ValueError`` saying why not."""
+    try:
+        arr = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"the data vector must be numeric counts, got {type(x).__name__} that numpy cannot read as "
+            f"float ({exc}); pass a numpy array, or a DataFrame of records together with domain=..."
+        ) from None
+    if arr.ndim != 1:
+        raise ValueError(
+            f"the data vector must be 1-D (one count per domain cell), got shape {arr.shape}; flatten "
+            "a data cube with x.ravel() (C order: first attribute most significant)"
+        )
+    if arr.size != n:
+        raise ValueError(
+            f"the data vector has {arr.size:,} entries but the domain has {n:,} cells; build it over "
+            "the same domain as the workload and strategy (Domain.vectorize does this for records)"
+        )
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"the data vector holds {int(bad.sum()):,} NaN or infinite entries (the first at index {i}); "
+            "counts must be finite: fill or drop the missing cells first"
+        )
+    negative = arr < 0
+    if negative.any():
+        i = int(np.flatnonzero(negative)[0])
+        raise ValueError(
+            f"the data vector holds {int(negative.sum()):,} negative entries (e.g. {arr[i]:g} at index {i}); "
+            "it must hold the true, non-negative record counts (not a noisy estimate)"
+        )
+    return arr

@@ -1,0 +1,430 @@
+r"""Release plans: every data-independent decision of a release, made once.
+
+A :class:`Plan` fixes, before any data is seen, everything a release of workload ``W`` under a
+privacy definition needs: the strategy :math:`A`, its sensitivity :math:`\Delta_p(A)` and the
+noise scale it implies, the strategy's structure (:mod:`hdmm.structure`), the reconstruction
+route, and the expected error with one variance per query,
+
+.. math:: \mathrm{Var}(\hat a_i) = \mathrm{Var}(z)\,\big(W (A^TA)^+ W^T\big)_{ii}
+
+(docs/math.md, section 1). None of it depends on the data, so a plan costs no privacy: an
+agency makes it once, saves it (:meth:`Plan.save`), and measures it on many units with
+:func:`hdmm.measure`, then :func:`hdmm.reconstruct`.
+
+Weights given to :func:`hdmm.union` say how much each part of a workload matters to the
+optimizer; a plan answers the queries themselves (:func:`hdmm.workload.unweighted`) and keeps
+the weights only to show them.
+
+>>> import hdmm
+>>> W = hdmm.Prefix(8)
+>>> p = hdmm.plan(W, hdmm.Identity(8), hdmm.PureDP(1.0))
+>>> p.sensitivity, p.method, p.structure.form
+(1.0, 'kronecker', 'kronecker')
+>>> round(p.rmse, 4)
+3.0
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .error import ErrorResult, unit_query_variances
+from .io import FORMAT, VERSION, decode_matrix, encode_matrix, read_archive, write_archive
+from .matrix import DenseLimitError, Kronecker, Matrix, Weighted
+from .mechanism import RECONSTRUCTION_METHODS, reconstruction_method
+from .optimizers import OptimizationResult, optimize
+from .privacy import Privacy
+from .structure import Structure, classify
+from .workload import unweighted
+
+__all__ = ["Plan", "plan", "strategy_plan", "union_variance_bound", "plan_to_json", "plan_from_json"]
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    r"""A data-independent release plan (see the module docstring).
+
+    Attributes
+    ----------
+    workload : Matrix
+        The queries released (``m x N``), without :func:`hdmm.union` weights.
+    strategy : Matrix
+        The strategy ``A`` measured with noise.
+    privacy : Privacy
+        The privacy definition one measurement spends.
+    sensitivity : float
+        :math:`\Delta_p(A)` in the norm of ``privacy``, computed from ``A``.
+    noise_scale : float
+        Laplace scale or Gaussian standard deviation of each noisy strategy answer.
+    structure : Structure
+        The strategy's form and Kronecker union (:func:`hdmm.structure.classify`).
+    method : str
+        Reconstruction route: ``"kronecker"``, ``"marginals"`` or ``"lsmr"``.
+    variances : numpy.ndarray or None
+        Variance of each released answer (``None`` for a plan that only measures a strategy,
+        see :func:`strategy_plan`).
+    variance_exact : bool
+        False when ``variances`` are upper bounds (a union strategy on a domain too large for
+        the exact formula).
+    origin : str
+        Who chose the strategy: an optimizer's name, ``"user"``, or what a strategy file says.
+    weights : numpy.ndarray or None
+        Each query's :func:`hdmm.union` weight (what it meant to the optimizer), if any.
+    seconds : float
+        Time spent making the plan (optimization included).
+    version : str
+        The hdmm version that made the plan.
+    """
+
+    workload: Matrix
+    strategy: Matrix
+    privacy: Privacy
+    sensitivity: float
+    noise_scale: float
+    structure: Structure
+    method: str
+    variances: np.ndarray | None
+    variance_exact: bool
+    origin: str
+    weights: np.ndarray | None = None
+    seconds: float = 0.0
+    version: str = ""
+
+    # ------------------------------------------------------------------ error
+    @property
+    def queries(self) -> int:
+        """Number of released queries."""
+        return self.workload.shape[0]
+
+    @property
+    def cells(self) -> int:
+        """Number of domain cells ``N``."""
+        return self.strategy.shape[1]
+
+    @property
+    def std_errors(self) -> np.ndarray:
+        """Standard error of each released answer (an upper bound unless ``variance_exact``)."""
+        self._need_variances()
+        return np.sqrt(self.variances)
+
+    @property
+    def error(self) -> ErrorResult:
+        """Expected total squared error of the released answers (the sum of ``variances``)."""
+        self._need_variances()
+        return ErrorResult(float(np.sum(self.variances)), measure="total squared error", privacy=self.privacy,
+                           queries=self.queries, structure=self.structure, sensitivity=self.sensitivity)
+
+    @property
+    def rmse(self) -> float:
+        """Expected root mean squared error per released query."""
+        return math.sqrt(float(self.error) / self.queries)
+
+    def _need_variances(self) -> None:
+        if self.variances is None:
+            raise ValueError("this plan only measures a strategy (no workload): make one with hdmm.plan(W, ...)")
+
+    # ------------------------------------------------------------------ files
+    def save(self, path) -> None:
+        """Write the plan to ``path`` (a file name, written as given, or a binary file object).
+
+        The file is hdmm's versioned strategy archive (no pickle): the strategy, the workload,
+        the privacy definition, sensitivity, structure, route, origin and the per-query
+        variances. :func:`hdmm.load_strategy` reads its strategy too.
+        """
+        arrays: dict[str, np.ndarray] = {}
+        header = {"format": FORMAT, "version": VERSION, "kind": "plan", **plan_to_json(self, arrays),
+                  "metadata": {"privacy": self.privacy.to_dict(), "optimizer": self.origin}}
+        write_archive(path, header, arrays)
+
+    @staticmethod
+    def load(path) -> Plan:
+        """Read a plan written by :meth:`save`, validating it against its own strategy.
+
+        The sensitivity, structure and reconstruction route are recomputed from the stored
+        strategy and must match what the file says (a file that does not is refused: the
+        noise scale rests on them); the variances must be one finite, non-negative number per
+        query.
+        """
+        header, arrays = read_archive(path)
+        if header.get("kind") != "plan":
+            raise ValueError(f"{path} holds a strategy, not a plan: make one with hdmm.plan(W, strategy, privacy)")
+        return plan_from_json(header, arrays, source=str(path))
+
+    # ------------------------------------------------------------------ display
+    def summary(self) -> str:
+        """A few readable lines: sizes, privacy, strategy and expected error."""
+        lines = [
+            f"Plan for {self.queries:,} queries over {self.cells:,} cells",
+            f"  privacy: {self.privacy.description} ({self.privacy.noise} noise, sensitivity "
+            f"{self.sensitivity:.6g}, scale {self.noise_scale:.6g})",
+            f"  strategy: {self.strategy!r} ({self.structure.form}) from {self.origin}; reconstructed by {self.method}",
+        ]
+        if self.variances is not None:
+            lines.append(f"  expected RMSE per query: {self.rmse:.6g}" + ("" if self.variance_exact else " (upper bound)"))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        error = "" if self.variances is None else f"; RMSE {self.rmse:.4g}{'' if self.variance_exact else ' (bound)'}"
+        return (f"Plan({self.queries:,} queries; {self.privacy.description}; {self.structure.form} strategy from "
+                f"{self.origin}; {self.method}{error})")
+
+
+# ====================================================================== variances
+def union_variance_bound(W: Matrix, structure: Structure) -> np.ndarray:
+    r"""Per-query variance upper bounds (at unit noise) from the single Kronecker terms of a union strategy.
+
+    Answering query ``i`` from term ``j``'s measurements alone, :math:`w_i (A_j)^+ y_j`, is
+    unbiased when :math:`A_j` supports it, with unit-noise variance
+    :math:`w_i (A_j^TA_j)^+ w_i^T` (exact and cheap per term). Least squares over the whole
+    union is the best linear unbiased estimator (Gauss-Markov: uncorrelated noise of equal
+    variance, Laplace or Gaussian), so its variance is at most the smallest of these. ``inf``
+    where no single term supports the query.
+    """
+    union = structure.union
+    best = np.full(W.shape[0], np.inf)
+    if union is None:
+        return best
+    for j in range(union.num_terms):
+        weight, factors = union.term(j)
+        term = Weighted(Kronecker(factors), weight)
+        try:
+            best = np.minimum(best, unit_query_variances(W, term, classify(term)))
+        except DenseLimitError:
+            continue
+    return best
+
+
+def _unit_variances(W: Matrix, A: Matrix, structure: Structure) -> tuple[np.ndarray, bool]:
+    """Per-query variances at unit noise and whether exact; raises if the strategy does not support ``W``."""
+    try:
+        unit = unit_query_variances(W, A, structure)
+        exact = True
+    except DenseLimitError:
+        unit = union_variance_bound(W, structure)
+        exact = False
+    bad = ~np.isfinite(unit)
+    if not bad.any():
+        return unit, exact
+    first = int(np.flatnonzero(bad)[0])
+    if exact:
+        raise ValueError(
+            f"the strategy does not support the workload: {int(bad.sum()):,} of {W.shape[0]:,} queries "
+            f"(the first: {W.labels[first]!r}) are not in the row space of the strategy, so they cannot be "
+            "answered without bias from it (W A^+ A != W); use a strategy that supports the workload "
+            "(e.g. add the identity or the workload's own queries)"
+        )
+    raise ValueError(
+        f"cannot verify that the strategy {A!r} supports the workload on {W.shape[1]:,} cells: no single "
+        f"Kronecker term of it supports {int(bad.sum()):,} of the {W.shape[0]:,} queries (the first: "
+        f"{W.labels[first]!r}), and the exact least-squares variance needs a dense {W.shape[1]:,}-cell "
+        "pseudo-inverse; use a Kronecker, marginals or residuals strategy, or a union whose every "
+        "workload query is supported by one of its terms (as opt_union builds)"
+    )
+
+
+# ====================================================================== making a plan
+def _choose(W: Matrix, privacy: Privacy, strategy, seed, progress) -> tuple[Matrix, str, Structure | None, float | None]:
+    """The strategy, its origin, and its structure and sensitivity when an optimizer computed them."""
+    if isinstance(strategy, str):
+        if strategy != "auto":
+            raise ValueError(
+                f"strategy must be 'auto', an hdmm matrix or an OptimizationResult, got the string {strategy!r}"
+            )
+        strategy = optimize(W, privacy, seed=seed, progress=progress)
+    if isinstance(strategy, OptimizationResult):
+        if strategy.privacy.noise != privacy.noise:
+            warnings.warn(
+                f"the strategy was optimised for {strategy.privacy.noise} noise ({strategy.privacy.description}) "
+                f"but is released with {privacy.noise} noise ({privacy.description}); it is still correct "
+                "and private, but probably not the best strategy: optimise for the privacy definition you use",
+                stacklevel=4,
+            )
+        error = strategy.error
+        structure = getattr(error, "structure", None)
+        sensitivity = getattr(error, "sensitivity", None)
+        if strategy.privacy.norm != privacy.norm:
+            sensitivity = None
+        return strategy.strategy, strategy.optimizer, structure, sensitivity
+    if isinstance(strategy, Matrix):
+        return strategy, "user", None, None
+    raise TypeError(
+        f"strategy must be 'auto', an hdmm matrix or an OptimizationResult, got {type(strategy).__name__}"
+    )
+
+
+def _check_sensitivity(sensitivity: float, A: Matrix) -> float:
+    if not (math.isfinite(sensitivity) and sensitivity >= 0):
+        raise ValueError(
+            f"the strategy {A!r} has sensitivity {sensitivity!r}, not a finite number: its entries overflow; "
+            "rescale the strategy (it measures the same queries at any scale)"
+        )
+    return float(sensitivity)
+
+
+def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privacy, *, method: str = "auto",
+         origin: str | None = None, seed=None, progress: bool | Callable[[str], None] = False) -> Plan:
+    r"""Make the data-independent plan for releasing workload ``W`` under ``privacy``.
+
+    Parameters
+    ----------
+    W
+        The workload (``m x N``); :func:`hdmm.union` weights steer the optimizer only.
+    strategy
+        ``"auto"``: run :func:`hdmm.optimize` and take its best strategy. An hdmm matrix:
+        measured as given. An :class:`~hdmm.OptimizationResult`: its strategy (a warning if it
+        was optimised for the other kind of noise).
+    privacy
+        :class:`~hdmm.PureDP`, :class:`~hdmm.ApproxDP` or :class:`~hdmm.ZCDP`: what one
+        measurement under the plan spends.
+    method
+        Reconstruction route: ``"auto"`` (exact when the structure allows, else LSMR),
+        ``"kronecker"``, ``"marginals"`` or ``"lsmr"``.
+    origin
+        Who chose the strategy, recorded in the plan (default: the optimizer's name, or
+        ``"user"`` for a matrix).
+    seed
+        Seed of the optimizer's random starts (``strategy="auto"`` only): for reproducible
+        research; a plan holds no noise, so the seed reveals nothing about the data.
+    progress
+        Passed to :func:`hdmm.optimize`.
+
+    Returns
+    -------
+    Plan
+
+    Raises
+    ------
+    ValueError
+        A strategy over another domain, one that does not support the workload (checked here,
+        before any data is touched), a zero strategy, or an unknown ``method``.
+    """
+    if not isinstance(W, Matrix):
+        raise TypeError(f"the workload must be an hdmm matrix, got {type(W).__name__}")
+    if not isinstance(privacy, Privacy):
+        raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
+    if method not in RECONSTRUCTION_METHODS:
+        raise ValueError(f"unknown reconstruction method {method!r}; choose one of {list(RECONSTRUCTION_METHODS)}")
+    start = time.perf_counter()
+    A, chosen_by, structure, sensitivity = _choose(W, privacy, strategy, seed, progress)
+    if A.shape[1] != W.shape[1]:
+        raise ValueError(
+            f"the strategy has {A.shape[1]:,} columns but the workload has {W.shape[1]:,}: both must be "
+            "over the same domain"
+        )
+    if structure is None:
+        structure = classify(A)
+    if sensitivity is None:
+        sensitivity = A.sensitivity(privacy.norm)
+    sensitivity = _check_sensitivity(sensitivity, A)
+    resolved = reconstruction_method(A, method, structure=structure)
+    queries, weights = unweighted(W)
+    unit, exact = _unit_variances(queries, A, structure)
+    return Plan(
+        workload=queries,
+        strategy=A,
+        privacy=privacy,
+        sensitivity=sensitivity,
+        noise_scale=privacy.noise_scale(sensitivity),
+        structure=structure,
+        method=resolved,
+        variances=privacy.noise_variance(sensitivity) * unit,
+        variance_exact=exact,
+        origin=chosen_by if origin is None else str(origin),
+        weights=weights,
+        seconds=time.perf_counter() - start,
+        version=_version(),
+    )
+
+
+def strategy_plan(A: Matrix, privacy: Privacy, *, origin: str = "user") -> Plan:
+    """A plan that only measures strategy ``A`` (no workload, no variances).
+
+    What :func:`hdmm.measure` builds for the earlier form ``measure(A, x, privacy)``; its
+    sensitivity and structure are computed here, once.
+    """
+    if not isinstance(A, Matrix):
+        raise TypeError(f"the strategy must be an hdmm matrix, got {type(A).__name__}")
+    if not isinstance(privacy, Privacy):
+        raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
+    structure = classify(A)
+    sensitivity = _check_sensitivity(A.sensitivity(privacy.norm), A)
+    return Plan(
+        workload=A, strategy=A, privacy=privacy, sensitivity=sensitivity,
+        noise_scale=privacy.noise_scale(sensitivity), structure=structure,
+        method=reconstruction_method(A, "auto", structure=structure), variances=None, variance_exact=True,
+        origin=origin, version=_version(),
+    )
+
+
+# ====================================================================== files
+def plan_to_json(p: Plan, arrays: dict[str, np.ndarray]) -> dict:
+    """The plan as JSON entries (``tree``, ``workload``, ``plan``); its arrays are added to ``arrays``."""
+    arrays["plan_variances"] = np.zeros(0) if p.variances is None else np.asarray(p.variances)
+    if p.weights is not None:
+        arrays["plan_weights"] = np.asarray(p.weights)
+    return {
+        "tree": encode_matrix(p.strategy, arrays),
+        "workload": encode_matrix(p.workload, arrays),
+        "plan": {
+            "privacy": p.privacy.to_dict(),
+            "sensitivity": p.sensitivity,
+            "noise_scale": p.noise_scale,
+            "structure": p.structure.form,
+            "method": p.method,
+            "has_variances": p.variances is not None,
+            "variance_exact": p.variance_exact,
+            "origin": p.origin,
+            "seconds": p.seconds,
+            "version": p.version,
+        },
+    }
+
+
+def plan_from_json(header: dict, arrays: dict[str, np.ndarray], source: str = "the file") -> Plan:
+    """The plan written by :func:`plan_to_json`, validated against its own strategy."""
+    try:
+        info = header["plan"]
+        A = decode_matrix(header["tree"], arrays)
+        W = decode_matrix(header["workload"], arrays)
+        privacy = Privacy.from_dict(info["privacy"])
+        stored = float(info["sensitivity"])
+        has_variances = bool(info["has_variances"])
+        variances = np.asarray(arrays["plan_variances"], dtype=float) if has_variances else None
+        weights = np.asarray(arrays["plan_weights"], dtype=float) if "plan_weights" in arrays else None
+        stated = (str(info["structure"]), str(info["method"]), bool(info["variance_exact"]), str(info["origin"]))
+        seconds, version = float(info.get("seconds", 0.0)), str(info.get("version", ""))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{source} is not a valid hdmm plan file: {exc}") from None
+    if A.shape[1] != W.shape[1]:
+        raise ValueError(f"{source}: the stored strategy and workload are over different domains")
+    structure = classify(A)
+    sensitivity = A.sensitivity(privacy.norm)
+    if not abs(sensitivity - stored) <= 1e-9 * max(abs(sensitivity), 1e-300):
+        raise ValueError(
+            f"{source}: the stored sensitivity {stored!r} is not the strategy's ({sensitivity!r}); the file is "
+            "damaged or was edited: make the plan again"
+        )
+    form, method, exact, origin = stated
+    if form != structure.form or reconstruction_method(A, method, structure=structure) != method:
+        raise ValueError(f"{source}: the stored structure or reconstruction route does not fit the strategy")
+    if variances is not None and (variances.shape != (W.shape[0],) or not np.all(np.isfinite(variances))
+                                  or np.any(variances < 0)):
+        raise ValueError(f"{source}: the stored variances are not one finite, non-negative number per query")
+    if weights is not None and weights.shape != (W.shape[0],):
+        raise ValueError(f"{source}: the stored weights are not one number per query")
+    return Plan(workload=W, strategy=A, privacy=privacy, sensitivity=sensitivity,
+                noise_scale=privacy.noise_scale(sensitivity), structure=structure, method=method,
+                variances=variances, variance_exact=exact, origin=origin, weights=weights, seconds=seconds,
+                version=version)
