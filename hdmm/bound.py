@@ -39,12 +39,13 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
-from .marginals import in_marginal_algebra, trace_spectrum
+from .marginals import trace_spectrum
 from .matrix import Explicit, Identity, Kronecker, Matrix, Ones, Sum, Weighted
 from .privacy import Privacy
 from .slq import trace_sqrt
 from .spectral import blocks
 from .kron_union import KronUnion
+from .structure import ZERO_RTOL, classify
 
 __all__ = ["SVDBound", "svd_bound", "nuclear_norm"]
 
@@ -229,10 +230,6 @@ class _AttributeSplit:
         return self.mult.size + (1 if self.rest[0].size else 0)
 
 
-#: An eigenvalue below this fraction of its Gram's largest is rounding: it counts as zero.
-ZERO_RTOL = 1e-12
-
-
 def _nonzero(values: np.ndarray) -> np.ndarray:
     """Which eigenvalues of one Gram count as non-zero (``ZERO_RTOL``)."""
     return values > ZERO_RTOL * max(values.max(initial=0.0), 1e-300)
@@ -287,7 +284,7 @@ def _shared_base_split(grams: list[np.ndarray], ops: list[Matrix]) -> _Attribute
         a = float(np.mean(np.diagonal(G) - b * np.diagonal(B)))
         rest = G - b * B
         rest[np.diag_indices(n)] -= a
-        if np.abs(rest).max() > 1e-12 * max(np.abs(G).max(), 1e-300):
+        if np.abs(rest).max() > ZERO_RTOL * max(np.abs(G).max(), 1e-300):
             return None
         coefs.append((a, b))
     values = _gram_eigenvalues(ops[base], B)
@@ -534,14 +531,15 @@ def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, pr
     if not isinstance(privacy, Privacy):
         raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
     unit = privacy.noise_variance(1.0)
-    union = W.kron_union()
+    structure = classify(W)
+    union = structure.union if structure.union is not None else W.kron_union()  # the latter says why not
     common = dict(privacy=privacy, queries=W.shape[0])
-    if union.num_terms == 1:
+    if structure.form == "kronecker":
         weight, factors = union.term(0)
         # ||W||_*^2 / N = c^2 prod_i ||W_i||_*^2 / n_i, with no overflow for huge N
         value = weight**2 * math.prod(factor_nuclear_norm(f) ** 2 / f.shape[1] for f in factors)
         return SVDBound(unit * value, True, 0.0, method="Kronecker product of factor bounds", **common)
-    if in_marginal_algebra(union):
+    if structure.form == "marginals":
         spectrum = trace_spectrum(union)
         root = float(np.sum(np.sqrt(spectrum.trace_E * spectrum.tau)))
         return SVDBound(unit * root**2, True, 0.0, method="marginals algebra (E_T basis)", **common)

@@ -286,11 +286,12 @@ def _kronecker_strategy(a_union: KronUnion) -> _KroneckerStrategy:
 def exact_route(W: Matrix, A: Matrix, *, structure: Structure | None = None) -> str:
     """How :func:`expected_error` computes the error of ``A`` on ``W``.
 
-    ``"kronecker"`` or ``"marginals"``: closed forms, at any domain size; ``"general"``: a dense
-    pseudo-inverse of ``A^TA``, for at most a few thousand cells. ``structure`` is ``A``'s
-    (:func:`hdmm.structure.classify`) when known.
+    ``"kronecker"`` or ``"spectral"`` (the marginals algebra): closed forms, at any domain size;
+    ``"dense"``: a dense pseudo-inverse of ``A^TA``, for at most a few thousand cells.
+    ``structure`` is ``A``'s (:func:`hdmm.structure.classify`) when known.
     """
-    return aligned_unions(W, classify(A) if structure is None else structure)[0]
+    form = aligned_unions(W, classify(A) if structure is None else structure)[0]
+    return {"kronecker": "kronecker", "marginals": "spectral"}.get(form, "dense")
 
 
 def _traces(W: Matrix, A: Matrix, structure: Structure) -> _Traces:
