@@ -1,0 +1,189 @@
+"""Release plans: one decision per release, saved and shipped, measured by the private kernel."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import hdmm
+from hdmm import structure as structure_module
+from hdmm.matrix import Matrix
+from hdmm.planning import Plan
+
+DOM = hdmm.Domain(["a", "b", "c"], [8, 4, 2])
+W = hdmm.union(
+    [hdmm.product(DOM, {"a": hdmm.Prefix(8), "b": hdmm.Identity(4)}), hdmm.DimKMarginals(DOM, 2)],
+    weights=[1.0, 0.5],
+)
+X = np.random.default_rng(1).poisson(3.0, DOM.size).astype(float)
+
+
+def _subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+@pytest.fixture
+def counters(monkeypatch):
+    """Count, per matrix object, calls of ``sensitivity`` and of the structure classifier."""
+    sensitivity_calls: dict[int, int] = {}
+    classify_calls: dict[int, int] = {}
+    keep: list = []  # keep counted objects alive so that their ids stay unique
+
+    for cls in [Matrix, *_subclasses(Matrix)]:
+        if "sensitivity" in vars(cls):
+            original = vars(cls)["sensitivity"]
+
+            def counted(self, p=1, _original=original):
+                keep.append(self)
+                sensitivity_calls[id(self)] = sensitivity_calls.get(id(self), 0) + 1
+                return _original(self, p)
+
+            monkeypatch.setattr(cls, "sensitivity", counted)
+
+    original_classify = structure_module.classify
+
+    def counted_classify(A):
+        keep.append(A)
+        classify_calls[id(A)] = classify_calls.get(id(A), 0) + 1
+        return original_classify(A)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("hdmm") and getattr(module, "classify", None) is original_classify:
+            monkeypatch.setattr(module, "classify", counted_classify)
+    return sensitivity_calls, classify_calls
+
+
+def test_auto_run_computes_sensitivity_and_structure_of_its_strategy_once(counters):
+    sensitivity_calls, classify_calls = counters
+    release = hdmm.run(W, X, hdmm.PureDP(1.0), rng=0)
+    A = release.strategy
+    assert sensitivity_calls.get(id(A)) == 1
+    assert classify_calls.get(id(A)) == 1
+
+
+def test_run_with_a_given_strategy_decides_once(counters):
+    sensitivity_calls, classify_calls = counters
+    A = hdmm.Identity(DOM.size)
+    hdmm.run(W, X, hdmm.ZCDP(0.5), strategy=A, rng=0)
+    assert sensitivity_calls.get(id(A)) == 1 and classify_calls.get(id(A)) == 1
+
+
+@pytest.mark.parametrize("privacy", [hdmm.PureDP(1.0), hdmm.ZCDP(0.5)], ids=["laplace", "gaussian"])
+def test_saved_and_loaded_plan_gives_the_same_release_as_run(privacy, tmp_path):
+    p = hdmm.plan(W, "auto", privacy, seed=3)
+    path = tmp_path / "plan.npz"
+    p.save(path)
+    loaded = Plan.load(path)
+    assert loaded.sensitivity == p.sensitivity and loaded.method == p.method
+    assert loaded.structure.form == p.structure.form and loaded.origin == p.origin
+    np.testing.assert_array_equal(loaded.variances, p.variances)
+    assert list(loaded.workload.labels) == list(p.workload.labels)
+    measurement = hdmm.measure(loaded, X, 7)
+    answers = loaded.workload @ hdmm.reconstruct(loaded, measurement)
+    release = hdmm.run(W, X, privacy, strategy=p.strategy, rng=7)
+    np.testing.assert_allclose(answers, release.answers, rtol=1e-12, atol=1e-9)
+    again = hdmm.run(W, X, privacy, strategy=loaded, rng=7)
+    np.testing.assert_array_equal(again.answers, release.answers)
+    # the strategy file reader reads a plan's strategy and origin too
+    A, metadata = hdmm.load_strategy(path)
+    assert A.shape == p.strategy.shape and metadata["optimizer"] == p.origin
+
+
+def test_plan_is_frozen_and_data_independent():
+    p = hdmm.plan(W, hdmm.Identity(DOM.size), hdmm.PureDP(2.0))
+    with pytest.raises(AttributeError):
+        p.sensitivity = 0.5
+    assert p.sensitivity == 1.0 and p.noise_scale == 0.5
+    assert p.structure.form == "kronecker" and p.method == "kronecker"
+    assert np.isclose(float(p.error), hdmm.expected_error(hdmm.workload.unweighted(W)[0], hdmm.Identity(DOM.size),
+                                                          hdmm.PureDP(2.0)))
+    assert "RMSE" in repr(p) and "queries" in p.summary()
+
+
+def test_a_tampered_plan_file_is_refused(tmp_path):
+    p = hdmm.plan(W, hdmm.Identity(DOM.size), hdmm.PureDP(1.0))
+    path = tmp_path / "plan.npz"
+    p.save(path)
+    with np.load(path) as archive:
+        arrays = {k: archive[k] for k in archive.files}
+    import json
+
+    header = json.loads(str(arrays.pop("header")))
+    header["plan"]["sensitivity"] = 0.01  # would make the noise 100 times too small
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, header=np.array(json.dumps(header)), **arrays)
+    with pytest.raises(ValueError, match="sensitivity"):
+        Plan.load(bad)
+    header["plan"]["sensitivity"] = 1.0
+    arrays["plan_variances"] = arrays["plan_variances"][:-1]
+    np.savez(bad, header=np.array(json.dumps(header)), **arrays)
+    with pytest.raises(ValueError, match="variances"):
+        Plan.load(bad)
+    hdmm.save_strategy(hdmm.Identity(4), tmp_path / "strategy.npz")
+    with pytest.raises(ValueError, match="not a plan"):
+        Plan.load(tmp_path / "strategy.npz")
+
+
+def test_a_plan_for_another_workload_or_privacy_is_refused():
+    p = hdmm.plan(W, hdmm.Identity(DOM.size), hdmm.PureDP(1.0))
+    with pytest.raises(ValueError, match="privacy"):
+        hdmm.run(W, X, hdmm.PureDP(2.0), strategy=p)
+    with pytest.raises(ValueError, match="queries"):
+        hdmm.run(hdmm.Identity(DOM.size), X, hdmm.PureDP(1.0), strategy=p)
+    other = hdmm.plan(W, hdmm.Identity(DOM.size), hdmm.PureDP(1.0))
+    with pytest.raises(ValueError, match="not taken under this plan"):
+        hdmm.reconstruct(other, hdmm.measure(p, X, 0))
+
+
+def test_an_unsupported_strategy_is_refused_before_any_noise():
+    with pytest.raises(ValueError, match="does not support"):
+        hdmm.plan(W, hdmm.Kronecker([hdmm.Total(8), hdmm.Identity(4), hdmm.Identity(2)]), hdmm.PureDP(1.0))
+
+
+# ---------------------------------------------------------------------- weights
+@pytest.mark.parametrize("weight", [0.5, 2.0, 10.0])
+def test_weighted_workloads_release_the_queries_themselves(weight):
+    dom = hdmm.Domain(["sex", "age"], [2, 10])
+    parts = [hdmm.product(dom, {"sex": hdmm.Identity(2), "age": hdmm.Prefix(10)}), hdmm.DimKMarginals(dom, 1)]
+    Wt = hdmm.union(parts, weights=[1.0, weight])
+    x = np.random.default_rng(0).poisson(50.0, dom.size).astype(float)
+    truth = np.concatenate([p @ x for p in parts])
+    release = hdmm.run(Wt, x, hdmm.ZCDP(1e6), strategy=hdmm.Identity(dom.size), rng=0)  # almost no noise
+    np.testing.assert_allclose(release.answers, truth, atol=0.05)
+    lower, upper = release.intervals(0.95)
+    assert np.mean((lower <= truth) & (truth <= upper)) > 0.8
+    table = release.table()
+    assert "weight" in table and set(table["weight"]) == {1.0, weight}
+    # the standard errors are those of the queries, not of the weighted rows
+    unweighted = hdmm.union(parts)
+    np.testing.assert_allclose(release.std_errors,
+                               np.sqrt(hdmm.per_query_variance(unweighted, hdmm.Identity(dom.size), hdmm.ZCDP(1e6))))
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_weights_must_be_positive_and_finite(bad):
+    with pytest.raises(ValueError, match="weights must be finite numbers > 0"):
+        hdmm.union([hdmm.Total(3), hdmm.Identity(3)], weights=[1.0, bad])
+
+
+def test_a_json_workload_with_weights_releases_counts(tmp_path):
+    from hdmm.catalog import load_workload
+
+    spec = tmp_path / "w.json"
+    spec.write_text('{"domain": {"a": 3, "b": 2}, "queries": [{"a": "identity"}, {"b": "identity"}], '
+                    '"weights": [1.0, 0.25]}')
+    named = load_workload(str(spec))
+    Wj = named.workload if hasattr(named, "workload") else named[0]
+    x = np.array([1.0, 2, 3, 4, 5, 6])
+    release = hdmm.run(Wj, x, hdmm.ZCDP(1e8), strategy=hdmm.Identity(6), rng=0)
+    np.testing.assert_allclose(release.answers, [3, 7, 11, 9, 12], atol=0.01)
+
+
+def test_the_legacy_measure_and_reconstruct_forms_still_work():
+    A = hdmm.Identity(DOM.size)
+    m = hdmm.measure(A, X, hdmm.PureDP(1.0), rng=0)
+    np.testing.assert_allclose(hdmm.reconstruct(m), m.answers)
