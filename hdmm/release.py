@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 import numbers
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -32,137 +31,16 @@ from .kernel import as_generator, check_data_vector, measure
 from .matrix import Matrix, VStack
 from .mechanism import Measurement, reconstruct
 from .optimizers import OptimizationResult
-from .planning import Plan
+from .planning import Plan, plan_from_json, plan_to_json
+from .postprocess import nonnegative_least_squares, round_to_total
+from .io import FORMAT, VERSION, read_archive, write_archive
 from .planning import plan as make_plan
 from .privacy import Privacy
 
-__all__ = [
-    "Release",
-    "run",
-    "POSTPROCESS_OPTIONS",
-    "nonnegative_least_squares",
-    "project_nonnegative",
-    "round_to_total",
-]
+__all__ = ["Release", "run", "POSTPROCESS_OPTIONS", "table_names"]
 
 #: The values ``run(postprocess=...)`` accepts.
 POSTPROCESS_OPTIONS = (None, "nonnegative", "integer")
-
-
-# ====================================================================== post-processing
-#: Non-negative least squares stops when a step moves the fitted strategy answers by less than
-#: this many noise standard deviations (root mean square over the answers) ...
-NONNEGATIVE_TOL = 1e-3
-
-#: ... or after this many accelerated projected-gradient steps (with a warning).
-NONNEGATIVE_MAXITER = 3000
-
-
-def project_nonnegative(x: np.ndarray, total: float | None = None) -> np.ndarray:
-    r"""The closest non-negative vector with a given total (Euclidean projection).
-
-    Solves :math:`\min_v \|v - x\|_2` subject to :math:`v \ge 0,\ \sum_j v_j = t` with
-    :math:`t = \max(\text{total}, 0)` (``total`` defaults to :math:`\sum_j x_j`). The solution
-    is :math:`v = \max(x - \theta, 0)` for the unique :math:`\theta` giving the total, found by
-    Michelot's algorithm: :math:`\theta = (\sum_{j \in S} x_j - t)/|S|` over the cells
-    :math:`S = \{j: x_j \ge \theta\}` not below it, repeated until :math:`S` stops shrinking
-    (:math:`\theta` only grows, so it ends after a few passes of :math:`O(N)`).
-    """
-    x = np.asarray(x, dtype=np.float64)
-    t = max(float(np.sum(x) if total is None else total), 0.0)
-    if t == 0.0:
-        return np.zeros_like(x)
-    count, kept = x.size, float(np.sum(x))
-    while True:
-        theta = (kept - t) / count
-        above = x >= theta  # never empty: theta is at most the mean of the cells kept
-        if int(above.sum()) == count:
-            return np.maximum(x - theta, 0.0)
-        count, kept = int(above.sum()), float(np.sum(x[above]))
-
-
-def _largest_gram_eigenvalue(A: Matrix, iterations: int = 30) -> float:
-    r"""An estimate of :math:`\|A\|_2^2` by power iteration on :math:`A^TA` (from below, so padded)."""
-    u = np.random.default_rng(0).random(A.shape[1]) + 1.0  # data independent
-    lam = 0.0
-    for _ in range(iterations):
-        u = A.T @ (A @ (u / np.linalg.norm(u)))
-        lam = float(np.linalg.norm(u))
-        if lam == 0.0:
-            break
-    return 1.1 * lam
-
-
-def nonnegative_least_squares(
-    A: Matrix, estimate: np.ndarray, noise_std: float, tol: float = NONNEGATIVE_TOL, maxiter: int = NONNEGATIVE_MAXITER
-) -> np.ndarray:
-    r"""The non-negative data vector with the released total that best fits the measurements.
-
-    .. math:: v = \arg\min_v \|A(v - \hat x)\|_2 \quad \text{s.t.} \quad v \ge 0,\;
-              \textstyle\sum_j v_j = t = \max(\sum_j \hat x_j, 0),
-
-    which is least squares on the noisy answers, :math:`\|Av - y\|^2 = \|A(v - \hat x)\|^2 +
-    \text{const}`, restricted to valid data vectors. Measuring the distance through ``A`` (not
-    cell by cell) moves the well-measured directions, and so the workload answers, far less than
-    a Euclidean projection of :math:`\hat x` would: that one shifts and clips every noisy cell,
-    which biases large aggregates of sparse cells badly. Solved by accelerated projected
-    gradient (FISTA with adaptive restart, step :math:`1/\|A\|_2^2`), projecting onto the
-    constraints with :func:`project_nonnegative`; it stops when one step moves the fitted
-    strategy answers by at most ``tol`` noise standard deviations (root mean square per answer),
-    and warns if ``maxiter`` steps come first.
-    """
-    t = max(float(np.sum(estimate)), 0.0)
-    v = project_nonnegative(estimate, t)
-    L = _largest_gram_eigenvalue(A)
-    if t == 0.0 or L == 0.0:
-        return v
-    target = A @ estimate
-    Av = A @ v
-    f = 0.5 * float(np.sum((Av - target) ** 2))
-    w, Aw, momentum = v, Av, 1.0
-    threshold = tol * noise_std * math.sqrt(A.shape[0])
-    change = math.inf  # stays so if no step ever descends
-    for _ in range(maxiter):
-        step = project_nonnegative(w - (A.T @ (Aw - target)) / L, t)
-        A_step = A @ step
-        f_step = 0.5 * float(np.sum((A_step - target) ** 2))
-        if f_step > f:  # no descent: drop the momentum; if a plain step fails, the step size was too long
-            if w is v:
-                L *= 2.0
-            w, Aw, momentum = v, Av, 1.0
-            continue
-        change = float(np.linalg.norm(A_step - Av))
-        following = (1.0 + math.sqrt(1.0 + 4.0 * momentum**2)) / 2.0
-        beta = (momentum - 1.0) / following
-        w, Aw = step + beta * (step - v), A_step + beta * (A_step - Av)
-        v, Av, f, momentum = step, A_step, f_step, following
-        if change <= threshold:
-            return v
-    warnings.warn(
-        f"non-negative least squares stopped after {maxiter:,} steps with the last step moving the fitted "
-        f"strategy answers by {change / math.sqrt(A.shape[0]) / noise_std:.3g} noise standard deviations "
-        f"(RMS; target {tol:g}); the post-processed answers are valid but not fully optimised",
-        RuntimeWarning,
-        stacklevel=3,
-    )
-    return v
-
-
-def round_to_total(x: np.ndarray) -> np.ndarray:
-    r"""Integers from non-negative ``x`` by largest-remainder rounding, keeping the rounded total.
-
-    Every cell gets :math:`\lfloor x_j \rfloor`; the :math:`\mathrm{round}(\sum_j x_j) - \sum_j
-    \lfloor x_j \rfloor` cells with the largest remainders :math:`x_j - \lfloor x_j \rfloor` get one
-    more. Each cell moves by less than 1 and the total becomes the rounded total.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    if np.any(x < 0):
-        raise ValueError("largest-remainder rounding needs non-negative values; project them first")
-    floor = np.floor(x)
-    missing = int(round(float(np.sum(x)))) - int(np.sum(floor))
-    if missing > 0:
-        floor[np.argpartition(floor - x, missing - 1)[:missing]] += 1.0
-    return floor
 
 
 def _postprocess(measurement: Measurement, estimate: np.ndarray, kind: str) -> np.ndarray:
@@ -274,6 +152,52 @@ class Release:
             "postprocess": self.postprocess,
             "hdmm_version": self.plan.version,
         }
+
+    # ------------------------------------------------------------------ files
+    def save(self, path) -> None:
+        """Write the release to ``path`` (a file name, written as given, or a binary file object).
+
+        One hdmm archive (no pickle) with the plan (strategy, workload, privacy, sensitivity,
+        variances), the noisy measurement, the answers and estimates, the post-processing and
+        :meth:`provenance`. :meth:`load` reads it back.
+        """
+        arrays = {
+            "measurement": self.measurement.answers,
+            "answers": self.answers,
+            "estimate": self.estimate,
+            "unprocessed_answers": self.unprocessed_answers,
+            "unprocessed_estimate": self.unprocessed_estimate,
+        }
+        header = {"format": FORMAT, "version": VERSION, "kind": "release", **plan_to_json(self.plan, arrays),
+                  "release": {"postprocess": self.postprocess, "timings": dict(self.timings)},
+                  "metadata": self.provenance()}
+        write_archive(path, header, arrays)
+
+    @staticmethod
+    def load(path) -> Release:
+        """Read a release written by :meth:`save` (its plan validated as :meth:`hdmm.Plan.load` does)."""
+        header, arrays = read_archive(path)
+        if header.get("kind") != "release":
+            raise ValueError(f"{path} is not an hdmm release file (it holds a {header.get('kind', 'strategy')})")
+        p = plan_from_json(header, arrays, source=str(path))
+        try:
+            info = header["release"]
+            postprocess, timings = info["postprocess"], {str(k): float(v) for k, v in info["timings"].items()}
+            parts = {k: np.asarray(arrays[k], dtype=float) for k in
+                     ("measurement", "answers", "estimate", "unprocessed_answers", "unprocessed_estimate")}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"{path} is not a valid hdmm release file: {exc}") from None
+        if postprocess not in POSTPROCESS_OPTIONS:
+            raise ValueError(f"{path}: unknown post-processing {postprocess!r}")
+        sizes = {"measurement": p.strategy.shape[0], "answers": p.queries, "unprocessed_answers": p.queries,
+                 "estimate": p.cells, "unprocessed_estimate": p.cells}
+        for key, size in sizes.items():
+            if parts[key].shape != (size,):
+                raise ValueError(f"{path}: {key} has shape {parts[key].shape}, expected ({size},)")
+        measurement = Measurement(p.strategy, parts["measurement"], p.privacy, p.sensitivity, p.noise_scale)
+        return Release(plan=p, measurement=measurement, answers=parts["answers"], estimate=parts["estimate"],
+                       postprocess=postprocess, unprocessed_answers=parts["unprocessed_answers"],
+                       unprocessed_estimate=parts["unprocessed_estimate"], timings=timings)
 
     # ------------------------------------------------------------------ error
     @property

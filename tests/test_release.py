@@ -19,13 +19,8 @@ from hdmm.matrix import Explicit, Identity, Kronecker, Ones, VStack
 from hdmm.privacy import ApproxDP, PureDP, ZCDP
 from hdmm.structure import classify
 from hdmm.planning import union_variance_bound
-from hdmm.release import (
-    Release,
-    nonnegative_least_squares,
-    project_nonnegative,
-    round_to_total,
-    run,
-)
+from hdmm.postprocess import nonnegative_least_squares, project_nonnegative, round_to_total
+from hdmm.release import Release, run
 from strategies import SETTINGS
 
 SHAPE = (16, 5, 3)
@@ -177,7 +172,10 @@ def test_nonnegative_least_squares_is_optimal():
     A = Explicit(np.abs(rng.standard_normal((9, 6))))
     xhat = rng.standard_normal(6) + 0.3
     v = nonnegative_least_squares(A, xhat, noise_std=1.0, tol=1e-9)
-    f = lambda u: 0.5 * float(np.sum((A @ (u - xhat)) ** 2))
+
+    def f(u):
+        return 0.5 * float(np.sum((A @ (u - xhat)) ** 2))
+
     ref = minimize(f, np.full(6, max(xhat.sum(), 0) / 6), method="SLSQP", bounds=[(0, None)] * 6,
                    constraints=[{"type": "eq", "fun": lambda u: u.sum() - max(xhat.sum(), 0)}], options={"ftol": 1e-14})
     assert np.all(v >= 0) and v.sum() == pytest.approx(max(xhat.sum(), 0))
@@ -278,3 +276,23 @@ def test_sf1_smoke():
     assert totals.method == "kronecker" and totals.rmse < identity.rmse
     assert totals.estimate.min() >= 0
     assert abs(totals.answers[0] - x.sum()) < 10 * totals.std_errors[0] + 1
+
+
+def test_a_release_saves_and_loads_with_its_provenance(tmp_path):
+    release = run(W_SMALL, X_SMALL, ZCDP(0.5), strategy=hdmm.Identity(W_SMALL.shape[1]), rng=1,
+                  postprocess="nonnegative")
+    path = tmp_path / "release.npz"
+    release.save(path)
+    back = Release.load(path)
+    np.testing.assert_array_equal(back.answers, release.answers)
+    np.testing.assert_array_equal(back.std_errors, release.std_errors)
+    np.testing.assert_array_equal(back.measurement.answers, release.measurement.answers)
+    assert back.privacy == release.privacy and back.postprocess == "nonnegative"
+    assert back.table().equals(release.table())
+    provenance = release.provenance()
+    assert provenance["privacy"] == {"type": "ZCDP", "rho": 0.5} and provenance["strategy_origin"] == "user"
+    assert provenance["hdmm_version"] == hdmm.__version__
+    assert release.table().attrs["provenance"] == provenance
+    with pytest.raises(ValueError, match="not an hdmm release"):
+        hdmm.plan(W_SMALL, hdmm.Identity(W_SMALL.shape[1]), ZCDP(0.5)).save(tmp_path / "p.npz") or Release.load(
+            tmp_path / "p.npz")
