@@ -822,7 +822,7 @@ class VStack(Matrix):
     """A union of queries: the rows of several matrices with the same number of columns.
 
     ``names`` (optional, one per block) prefix the blocks' query labels, e.g. ``"P12: "``.
-    ``weights`` (optional, one finite number > 0 per block) say how much each block matters:
+    ``weights`` (optional, one finite number >= 0 per block) say how much each block matters:
     the matrix is then ``VStack_j w_j B_j`` (what an optimizer minimises the error of), and
     :attr:`parts` keeps the unweighted blocks ``B_j`` (the queries a release answers).
     """
@@ -838,11 +838,11 @@ class VStack(Matrix):
             weights = [float(w) for w in weights]
             if len(weights) != len(blocks):
                 raise ValueError(f"got {len(weights)} weights for {len(blocks)} workloads")
-            bad = [w for w in weights if not (math.isfinite(w) and w > 0)]
+            bad = [w for w in weights if not (math.isfinite(w) and w >= 0)]
             if bad:
                 raise ValueError(
-                    f"workload weights must be finite numbers > 0 (how much each part matters to the optimizer), "
-                    f"got {bad[0]!r}; drop a part that does not matter instead of giving it weight 0"
+                    f"workload weights must be finite numbers >= 0 (how much each part matters to the optimizer), "
+                    f"got {bad[0]!r}; a weight is not a coefficient: to count a query negatively, negate the part"
                 )
             self.weights = tuple(weights)
             blocks = [b if w == 1 else Weighted(b, w) for b, w in zip(blocks, weights)]

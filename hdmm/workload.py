@@ -392,7 +392,8 @@ def union(parts: Sequence[Matrix], weights: Sequence[float] | None = None, names
 
     A weight says how much a part matters to the optimizer (its error counts ``w_j^2`` times);
     a release answers the parts' queries themselves (see :func:`unweighted`). Weights must be
-    finite and > 0.
+    finite and >= 0 (weight 0: the optimizer ignores the part; a release still answers it if the
+    strategy supports it).
     """
     return VStack(list(parts), names=names, weights=weights)
 

@@ -164,9 +164,9 @@ def test_weighted_workloads_release_the_queries_themselves(weight):
                                np.sqrt(hdmm.per_query_variance(unweighted, hdmm.Identity(dom.size), hdmm.ZCDP(1e6))))
 
 
-@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
-def test_weights_must_be_positive_and_finite(bad):
-    with pytest.raises(ValueError, match="weights must be finite numbers > 0"):
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_weights_must_be_non_negative_and_finite(bad):
+    with pytest.raises(ValueError, match="weights must be finite numbers >= 0"):
         hdmm.union([hdmm.Total(3), hdmm.Identity(3)], weights=[1.0, bad])
 
 
@@ -187,3 +187,10 @@ def test_the_legacy_measure_and_reconstruct_forms_still_work():
     A = hdmm.Identity(DOM.size)
     m = hdmm.measure(A, X, hdmm.PureDP(1.0), rng=0)
     np.testing.assert_allclose(hdmm.reconstruct(m), m.answers)
+
+
+def test_a_zero_weight_part_is_still_answered_as_counts():
+    dom = hdmm.Domain(["a"], [4])
+    Wz = hdmm.union([hdmm.Identity(4), hdmm.Total(4)], weights=[1.0, 0.0])
+    release = hdmm.run(Wz, np.array([1.0, 2, 3, 4]), hdmm.ZCDP(1e8), strategy=hdmm.Identity(dom.size), rng=0)
+    assert abs(release.answers[-1] - 10.0) < 0.01 and release.std_errors[-1] > 0
