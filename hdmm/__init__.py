@@ -49,6 +49,7 @@ from .privacy import ZCDP, ApproxDP, Privacy, PureDP
 from .planning import Plan, plan
 from .release import Release, run
 from .kron_union import KronUnion
+from . import catalog  # named workloads and JSON workload files: hdmm.catalog.load_workload(...)
 from . import strategies  # the baselines, as a namespace: hdmm.strategies.hb(64), ...
 from .workload import (
     AllRange,
@@ -122,6 +123,7 @@ __all__ = [
     "rmse",
     "run",
     "save_strategy",
+    "catalog",
     "strategies",
     "svd_bound",
     "union",

@@ -69,8 +69,6 @@ def test_named_workloads():
         named_workload("sf2")
 
 
-@pytest.mark.xfail(reason="needs `from . import catalog` in hdmm/__init__.py (issue 11, defect 7); remove this mark "
-                   "once it is there", strict=False)
 def test_catalog_is_reachable_from_the_package():
     # In a fresh interpreter: other tests import hdmm.catalog, which sets the attribute as a side effect.
     done = subprocess.run([sys.executable, "-c", "import hdmm; print(len(hdmm.catalog.WORKLOADS))"],
