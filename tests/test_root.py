@@ -126,7 +126,7 @@ def test_the_floor_of_a_singular_gram_is_tuned_to_the_workload():
 @pytest.mark.parametrize("make", [hdmm.Prefix, hdmm.AllRange])
 def test_gaussian_opt0_beyond_the_convex_program_is_near_the_bound_on_large_ranges(make):
     W = make(4096)
-    A = hdmm.opt0(W, noise="gaussian")
+    A = hdmm.opt0(W, hdmm.ZCDP(1))
     assert isinstance(A, hdmm.SquareRootStrategy) and isinstance(A.basis, SineBasis)
     bound = hdmm.svd_bound(W, hdmm.ZCDP(0.5))
     err = hdmm.expected_error(W, A, hdmm.ZCDP(0.5))
@@ -136,13 +136,13 @@ def test_gaussian_opt0_beyond_the_convex_program_is_near_the_bound_on_large_rang
 def test_gaussian_factor_uses_a_dense_eigensolver_between_the_limits(monkeypatch):
     monkeypatch.setattr(kron, "CONVEX_MAX_N", 16)
     W = hdmm.WidthKRange(64, 8)
-    A = hdmm.opt0(W, noise="gaussian")
+    A = hdmm.opt0(W, hdmm.ZCDP(1))
     assert isinstance(A, hdmm.SquareRootStrategy) and isinstance(A.basis, DenseBasis)
     convex = hdmm.optimizers.convex.solve_convex(W.gram().dense())
     ratio = hdmm.expected_error(W, A, hdmm.ZCDP(1)) / hdmm.expected_error(W, convex.strategy, hdmm.ZCDP(1))
     assert 1.0 - 1e-9 <= ratio < 1.05
     monkeypatch.setattr(kron, "ROOT_DENSE_MAX_N", 32)
-    beyond = hdmm.opt0(W, noise="gaussian")  # the Gram's pinching in a sine basis stands in for it
+    beyond = hdmm.opt0(W, hdmm.ZCDP(1))  # the Gram's pinching in a sine basis stands in for it
     assert isinstance(beyond, hdmm.SquareRootStrategy) and isinstance(beyond.basis, SineBasis)
     ratio = hdmm.expected_error(W, beyond, hdmm.ZCDP(1)) / hdmm.expected_error(W, convex.strategy, hdmm.ZCDP(1))
     assert 1.0 - 1e-9 <= ratio < 1.05
@@ -182,11 +182,11 @@ def test_gaussian_factor_in_a_sine_basis_beyond_the_dense_limit(name, monkeypatc
     n = 96
     W = UNIONS[name](n)
     G = W.gram()
-    assert G.spectrum() is None and kron.factor_method(G, 2) == "sine basis"
+    assert G.spectrum() is None and kron.factor_method(G, hdmm.ZCDP(1)) == "sine basis"
     root = hdmm.SquareRootStrategy.in_sine_basis(G)
-    found = kron.factor_candidates(G, 2, None, 1, np.random.default_rng(0))
+    found = kron.factor_candidates(G, hdmm.ZCDP(1), None, 1, np.random.default_rng(0))
     assert [type(A) for A in found] == [hdmm.SquareRootStrategy, hdmm.PIdentity]
-    A = hdmm.opt0(W, noise="gaussian", seed=0)
+    A = hdmm.opt0(W, hdmm.ZCDP(1), seed=0)
     privacy = hdmm.ZCDP(1)
     # the reported errors are the dense ones, and the best candidate is kept
     Ad, Wd = A.dense(), W.dense()
@@ -259,7 +259,7 @@ def test_large_local_workloads_get_a_block_diagonal_candidate(monkeypatch, tmp_p
     G = W.gram()
     rng = np.random.default_rng(0)
     for norm, privacy in ((1, hdmm.PureDP(1)), (2, hdmm.ZCDP(1))):
-        candidates = kron.factor_candidates(G, norm, None, 1, rng)
+        candidates = kron.factor_candidates(G, privacy, None, 1, rng)
         A = candidates[-1]
         # under Laplace noise the blocks replace a whole-domain p-Identity; the convex optimum stays
         assert len(candidates) == norm and isinstance(A, hdmm.BlockDiagonal) and A.copies == 4
@@ -268,14 +268,14 @@ def test_large_local_workloads_get_a_block_diagonal_candidate(monkeypatch, tmp_p
         exact = np.trace(np.linalg.solve(dense.T @ dense, G.dense())) * A.sensitivity(norm) ** 2
         assert float(hdmm.expected_error(W, A, privacy)) == pytest.approx(
             exact * privacy.noise_scale(1.0) ** 2 * (2 if norm == 1 else 1), rel=1e-8)
-        best = hdmm.opt0(W, noise="laplace" if norm == 1 else "gaussian", seed=0)
+        best = hdmm.opt0(W, privacy, seed=0)
         assert hdmm.expected_error(W, best, privacy) <= hdmm.expected_error(W, A, privacy) * (1 + 1e-9)
         path = tmp_path / f"{norm}.npz"
         hdmm.save_strategy(A, path)
         loaded, _ = hdmm.load_strategy(path)
         np.testing.assert_allclose(loaded.dense(), dense)
     # a global workload folds densely: no block-diagonal candidate
-    assert len(kron.factor_candidates(hdmm.Prefix(512).gram(), 1, None, 1, rng)) == 1
+    assert len(kron.factor_candidates(hdmm.Prefix(512).gram(), hdmm.PureDP(1), None, 1, rng)) == 1
 
 
 @pytest.mark.parametrize("W", [hdmm.Prefix(40), hdmm.WidthKRange(40, 6), hdmm.AllRange(12)], ids=repr)
@@ -350,7 +350,7 @@ def test_a_domain_without_a_good_divisor_gets_blocks_and_a_tail(monkeypatch, tmp
     monkeypatch.setattr(kron, "TILE_BLOCK_N", 128)
     assert kron._tiling(509) == (127, 4, 1)  # 509 is prime
     W = hdmm.WidthKRange(509, 3)
-    (A,) = kron.factor_candidates(W.gram(), 1, None, 1, np.random.default_rng(0))
+    (A,) = kron.factor_candidates(W.gram(), hdmm.PureDP(1), None, 1, np.random.default_rng(0))
     assert isinstance(A, hdmm.BlockDiagonal) and (A.copies, A.tail) == (4, 1)
     dense = A.dense()
     exact = np.trace(np.linalg.solve(dense.T @ dense, W.gram().dense())) * A.sensitivity(1) ** 2

@@ -1,4 +1,4 @@
-r"""The optimal strategy under Gaussian noise: a convex program (MATH.md section 4, Yuan et al. 2016).
+r"""The optimal strategy under Gaussian noise: a convex program (docs/math.md, section 4; Yuan et al. 2016).
 
 Under Gaussian noise (:math:`(\epsilon, \delta)`-DP or zCDP) a strategy ``A`` answers a workload
 with Gram :math:`V = W^TW` with total squared error
@@ -58,7 +58,7 @@ feasible ``X``. Maximising over the scale of ``y`` gives the scale-free bound
 .. math:: h(y) = \max_{c > 0} g(c\,y)
           = \frac{\big(\sum_j \sqrt{\mu_j(Y^{1/2} V Y^{1/2})}\big)^2}{\sum_i y_i} \le \min F,
 
-and :math:`h(\mathbf 1) = (\sum_j \sqrt{\mu_j(V)})^2 / n` is exactly the SVD bound (MATH.md
+and :math:`h(\mathbf 1) = (\sum_j \sqrt{\mu_j(V)})^2 / n` is exactly the SVD bound (docs/math.md,
 section 5), so the dual bound at the optimum is never below it. At the optimum
 :math:`y_i = M_{ii} = -\lambda_i`; the solver evaluates ``h`` at :math:`y = \mathrm{diag}(M)`
 of every iterate (and at :math:`-\lambda`, one Newton step ahead, when the gap is nearly

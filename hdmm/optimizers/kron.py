@@ -1,4 +1,4 @@
-r"""OPT_(x): one Kronecker strategy for a union of Kronecker workloads (MATH.md section 3).
+r"""OPT_(x): one Kronecker strategy for a union of Kronecker workloads (docs/math.md, section 4).
 
 For :math:`A = \bigotimes_i A_i` and :math:`W = \mathrm{VStack}_j c_j \bigotimes_i W_i^{(j)}`
 the error is a sum of products of per-attribute traces,
@@ -9,6 +9,10 @@ Fixing every factor but ``i`` leaves an OPT_0 problem on the effective Gram
 :math:`\sum_j c_j^2 \big(\prod_{l \ne i} t_l^{(j)}\big) G_i^{(j)}`; cycling over the attributes
 never increases the objective (a factor is only replaced by a better one), and stops when a
 full cycle improves it by less than ``tol``.
+
+The functions here take the privacy definition (:class:`~hdmm.privacy.PureDP`,
+:class:`~hdmm.privacy.ApproxDP` or :class:`~hdmm.privacy.ZCDP`); only its kind of noise matters
+(its sensitivity norm, ``privacy.norm``, is what the p-Identity algebra needs), never its level.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import numpy as np
 from ..block_diagonal import BlockDiagonal, fold, is_local
 from ..kron_union import KronUnion
 from ..matrix import Identity, Kronecker, Matrix, Ones, Sum, Weighted
+from ..privacy import Privacy
 from .convex import ConvexProgress, solve_convex
 from .pidentity import PIdentity, default_p, default_restarts, optimize_pidentity
 from .root import SquareRootStrategy
@@ -31,8 +36,9 @@ __all__ = ["factor_method", "optimize_factor", "factor_candidates", "opt_kron_un
 CONVEX_MAX_N = 2048
 
 #: Under Gaussian noise, larger attributes get the square-root strategy: with a fast eigenbasis
-#: at any size, else from a dense eigensolver up to this size (7 s at 4096), else in the sine
-#: basis that best diagonalises the Gram (``SquareRootStrategy.in_sine_basis``).
+#: at any size, else from a dense eigensolver up to this size (a dense eigendecomposition costs
+#: O(n^3)), else in the sine basis that best diagonalises the Gram
+#: (``SquareRootStrategy.in_sine_basis``).
 ROOT_DENSE_MAX_N = 4096
 
 #: Beyond this many values a block-diagonal candidate joins the search: the same strategy on
@@ -41,17 +47,17 @@ ROOT_DENSE_MAX_N = 4096
 TILE_BLOCK_N = 2048
 
 
-def factor_method(G: Matrix, norm: int) -> str:
+def factor_method(G: Matrix, privacy: Privacy) -> str:
     """How :func:`optimize_factor` optimizes Gram ``G``: ``"convex"``, ``"square root"``, ``"sine basis"`` or ``"p-identity"``.
 
     Gaussian noise: the convex program's global optimum (:mod:`.convex`) on up to
-    ``CONVEX_MAX_N`` values; beyond, the square-root strategy (:mod:`.root`, within about 2% of
-    the SVD bound on range workloads), of ``G`` itself when it has a closed-form spectrum or at
+    ``CONVEX_MAX_N`` values; beyond, the square-root strategy (:mod:`.root`, close to the SVD
+    bound on range workloads), of ``G`` itself when it has a closed-form spectrum or at
     most ``ROOT_DENSE_MAX_N`` values, else of its pinching in a sine basis. Laplace noise:
     p-Identity.
     """
     n = G.shape[0]
-    if norm == 1:
+    if privacy.noise == "laplace":
         return "p-identity"
     if n <= CONVEX_MAX_N:
         return "convex"
@@ -60,13 +66,15 @@ def factor_method(G: Matrix, norm: int) -> str:
     return "sine basis"
 
 
-def _pidentity(G: Matrix, norm: int, p: int | None, restarts: int | None, rng: np.random.Generator,
+def _pidentity(G: Matrix, privacy: Privacy, p: int | None, restarts: int | None, rng: np.random.Generator,
                warm: Matrix | None) -> tuple[PIdentity, float]:
     """The p-Identity strategy for ``G`` and its error at unit noise (``warm`` seeds a start).
 
     ``p`` and ``restarts`` default to :func:`.pidentity.default_p` and
-    :func:`.pidentity.default_restarts` of ``G``'s size.
+    :func:`.pidentity.default_restarts` of ``G``'s size. The columns are normalised in the
+    sensitivity norm of ``privacy``.
     """
+    norm = privacy.norm
     p = default_p(G.shape[0]) if p is None else p
     restarts = default_restarts(G.shape[0]) if restarts is None else restarts
     T, value = optimize_pidentity(G, p, norm, restarts, rng,
@@ -74,7 +82,7 @@ def _pidentity(G: Matrix, norm: int, p: int | None, restarts: int | None, rng: n
     return PIdentity(T, norm), value
 
 
-def optimize_factor(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.random.Generator,
+def optimize_factor(G: Matrix, privacy: Privacy, p: int | None, restarts: int, rng: np.random.Generator,
                     warm: Matrix | None = None, progress: Callable[[str], None] | None = None) -> Matrix:
     """The best one-attribute strategy found for Gram ``G``, by :func:`factor_method`.
 
@@ -82,7 +90,7 @@ def optimize_factor(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.
     previous :class:`PIdentity`) seeds one of its starts. ``progress`` receives a line per
     Newton step of the convex program (the long runs: minutes for singular Grams of 2048 values).
     """
-    method = factor_method(G, norm)
+    method = factor_method(G, privacy)
     if method == "convex":
         callback = None if progress is None else _convex_reporter(G.shape[0], progress)
         return solve_convex(G.dense(), callback=callback).strategy
@@ -90,7 +98,7 @@ def optimize_factor(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.
         return SquareRootStrategy.for_gram(G)
     if method == "sine basis":
         return SquareRootStrategy.in_sine_basis(G)
-    return _pidentity(G, norm, p, restarts, rng, warm)[0]
+    return _pidentity(G, privacy, p, restarts, rng, warm)[0]
 
 
 def _convex_reporter(n: int, progress: Callable[[str], None]) -> Callable[[ConvexProgress], None]:
@@ -116,7 +124,7 @@ def _tiling(n: int) -> tuple[int, int, int]:
     return m, copies, n - copies * m
 
 
-def _block_candidate(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.random.Generator,
+def _block_candidate(G: Matrix, privacy: Privacy, p: int | None, restarts: int, rng: np.random.Generator,
                      warm: Matrix | None) -> BlockDiagonal | None:
     """The block-diagonal strategy for a local ``G`` beyond ``TILE_BLOCK_N`` values, else ``None``."""
     n = G.shape[0]
@@ -128,14 +136,14 @@ def _block_candidate(G: Matrix, norm: int, p: int | None, restarts: int, rng: np
     F = fold(G, m)
     if not F.is_sparse:
         return None
-    if norm == 2:
+    if privacy.noise == "gaussian":
         block = SquareRootStrategy.for_gram(F)
     else:
-        block = optimize_factor(F, norm, p, restarts, rng, warm.block if isinstance(warm, BlockDiagonal) else None)
+        block = optimize_factor(F, privacy, p, restarts, rng, warm.block if isinstance(warm, BlockDiagonal) else None)
     return BlockDiagonal(block, copies, tail)
 
 
-def factor_candidates(G: Matrix, norm: int, p: int | None, restarts: int, rng: np.random.Generator,
+def factor_candidates(G: Matrix, privacy: Privacy, p: int | None, restarts: int, rng: np.random.Generator,
                       warm: Matrix | None = None, progress: Callable[[str], None] | None = None) -> list[Matrix]:
     """Strategies for Gram ``G`` worth comparing: :func:`optimize_factor`'s, a block-diagonal one, p-Identity.
 
@@ -145,20 +153,19 @@ def factor_candidates(G: Matrix, norm: int, p: int | None, restarts: int, rng: n
     optimized on it (the square-root strategy under Gaussian noise, :func:`optimize_factor`
     under Laplace) and repeated along the diagonal, with identity cells for any tail. It then
     replaces a p-Identity over the whole domain, whose ``default_p`` rows cannot cover a long
-    domain at the scale of a local workload (width-32 ranges on 4096 and 8192 values: RMSE 7.29
-    and 7.67 against 6.41 in blocks, under Laplace noise); a convex or square-root strategy over
-    the whole domain stays a candidate. A square-root strategy in a borrowed sine basis
+    domain at the scale of a local workload; a convex or square-root strategy over the whole
+    domain stays a candidate. A square-root strategy in a borrowed sine basis
     (``"sine basis"``) rests on an approximation of ``G`` that may miss what matters to the
     error (prefixes of a shuffled domain), so without a block candidate p-Identity joins it.
     The caller keeps whichever candidate has the least exact error; ``progress`` is passed to
     :func:`optimize_factor`.
     """
-    method = factor_method(G, norm)
-    block = _block_candidate(G, norm, p, restarts, rng, warm)
+    method = factor_method(G, privacy)
+    block = _block_candidate(G, privacy, p, restarts, rng, warm)
     found = [] if method == "p-identity" and block is not None else [
-        optimize_factor(G, norm, p, restarts, rng, warm, progress)]
+        optimize_factor(G, privacy, p, restarts, rng, warm, progress)]
     if method == "sine basis" and block is None:
-        found.append(_pidentity(G, norm, p, restarts, rng, warm)[0])
+        found.append(_pidentity(G, privacy, p, restarts, rng, warm)[0])
     return found + ([] if block is None else [block])
 
 
@@ -180,10 +187,15 @@ def _total_supports(factors: list[Matrix]) -> bool:
 
 
 def opt_kron_union(
-    union: KronUnion, norm: int, p: int | None = None, restarts: int | None = None, rng: np.random.Generator | None = None,
-    max_rounds: int = 30, tol: float = 1e-4, progress: Callable[[str], None] | None = None,
+    union: KronUnion, privacy: Privacy, p: int | None = None, restarts: int | None = None,
+    rng: np.random.Generator | None = None, max_rounds: int = 30, tol: float = 1e-4,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[Kronecker, float]:
-    """Cycle per-attribute OPT_0 on effective Grams; returns the strategy and its unit-noise error."""
+    """Cycle per-attribute OPT_0 on effective Grams; returns the strategy and its unit-noise error.
+
+    The strategy has sensitivity 1 in the norm of ``privacy``; the error is the workload's
+    expected total squared error under unit noise variance (``privacy.unit_noise()``).
+    """
     rng = np.random.default_rng() if rng is None else rng
     d = union.dim
     w2 = union.weights**2
@@ -205,7 +217,8 @@ def opt_kron_union(
             others = np.prod(np.delete(union.gather(traces), i, axis=1), axis=1) * w2
             coef = np.bincount(union.index[:, i], weights=others, minlength=len(grams[i]))
             G_eff = Sum([Weighted(G, c) for G, c in zip(grams[i], coef) if c > 0])
-            candidates = factor_candidates(G_eff, norm, p, restarts if round_ == 0 else 1, rng, strategy[i], progress)
+            candidates = factor_candidates(G_eff, privacy, p, restarts if round_ == 0 else 1, rng, strategy[i],
+                                           progress)
             candidates.append(Identity(union.sizes[i]))
             used = [f for f, c in zip(union.factors[i], coef) if c > 0]
             if _total_supports(used):

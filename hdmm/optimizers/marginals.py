@@ -1,4 +1,4 @@
-r"""OPT_M (weighted marginals) and the optimal residual strategy (MATH.md section 3).
+r"""OPT_M (weighted marginals) and the optimal residual strategy (docs/math.md, sections 3 and 4).
 
 Both strategies have Grams in the marginals algebra, :math:`X = \sum_T \mu_T E_T`, so the error
 of *any* union-of-Kronecker workload under them is exact and cheap:
@@ -18,11 +18,10 @@ objective :math:`D^2 \sum_T \tau_T/\lambda_T`. With :math:`r = \tau/\lambda^2`,
 :math:`\partial \lambda\text{-part}/\partial\theta_S = -2\theta_S (Z^T r)_S`. Under Gaussian noise
 the objective is convex in :math:`u = \theta^2`, and L-BFGS-B on :math:`\theta \ge 0` reaches
 its optimum. Under Laplace noise it has many local optima, and weights are searched as
-:math:`\theta = v^2` over unconstrained ``v`` instead: from the same 32 starts the best optimum
-found is better (Adult all marginals 1.241 against 1.227 times below Identity in total squared
-error, CPS all marginals 1.274 against 1.239, CPS 2-way 15.38 against 14.90) and was never
-worse on the benchmark workloads, although single starts can end worse. A step that loses
-support has infinite objective and is refused by the line search. The objective costs only
+:math:`\theta = v^2` over unconstrained ``v`` instead, because from the same starts the best
+optimum found that way is better on the benchmark workloads (single starts can end worse; the
+figures are in ``benchmarks/results/tuning-notes-optimizers.md``). A step that loses support
+has infinite objective and is refused by the line search. The objective costs only
 ``O(nnz(Z))``, so small problems get at least ``MIN_STARTS`` starts.
 
 **Residuals (Gaussian).** Measuring :math:`\sqrt{\lambda_T} R_T` with :math:`R_T^TR_T = E_T`
@@ -33,6 +32,9 @@ gives :math:`D_2^2 = \sum_T \lambda_T \mathrm{tr}(E_T)` (normalised) and error
 workloads (ResidualPlanner, Xiao et al. 2023), and the best residual strategy for any other.
 Only subsets with :math:`\tau_T > 0` (the downward closure of the workload's marginals) are
 enumerated.
+
+The optimizers take the privacy definition; only its kind of noise matters (its sensitivity norm
+``privacy.norm`` enters the objective), never its level.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from ..kron_union import KronUnion
 from ..marginals import Marginals, Residuals, as_domain, subset_keys, trace_spectrum
 from ..domain import Domain
 from ..matrix import Kronecker, Matrix, Weighted
+from ..privacy import Privacy
 
 __all__ = ["MarginalsProblem", "optimize_marginal_weights", "opt_marginals_strategy", "residual_strategy"]
 
@@ -57,8 +60,8 @@ CHEAP_NNZ = 100_000
 #: Starts of a problem that is not cheap, by default.
 STARTS = 3
 
-#: Fewest starts for a cheap problem (about 0.4 s on 5 attributes; with 32 starts the Adult
-#: 2-way optimum found varied from 15.8 to 16.4 times below Identity between seeds, with 128 not).
+#: Fewest starts for a cheap problem: enough that the best optimum found no longer depends on the
+#: seed on the benchmark workloads, where the starts of a cheap problem cost well under a second.
 MIN_STARTS = 128
 
 #: Above this many attributes, OPT_M's candidates are the workload's downward closure and the
@@ -159,7 +162,11 @@ class MarginalsProblem:
         return out
 
     def objective(self, theta: np.ndarray, norm: int) -> tuple[float, np.ndarray]:
-        r"""Error (at unit noise) of weights ``theta`` and its gradient in ``theta``."""
+        r"""Error (at unit noise) of weights ``theta`` and its gradient in ``theta``.
+
+        ``norm`` is the sensitivity norm (``privacy.norm``): the strategy's sensitivity is
+        :math:`\sum_S \theta_S` (1, Laplace) or :math:`(\sum_S \theta_S^2)^{1/2}` (2, Gaussian).
+        """
         lam = self.Z @ theta**2
         live = self.tau > 0
         if np.any(lam[live] <= 0):
@@ -175,9 +182,10 @@ class MarginalsProblem:
         return s2 * F, 2.0 * theta * F + s2 * dF
 
 
-def _descend(problem: MarginalsProblem, norm: int, theta0: np.ndarray) -> tuple[np.ndarray, float]:
+def _descend(problem: MarginalsProblem, privacy: Privacy, theta0: np.ndarray) -> tuple[np.ndarray, float]:
     """One local search of the OPT_M objective from ``theta0``; returns ``(theta, objective)``,
     ``theta`` scaled to sensitivity 1 (the objective does not depend on the scale)."""
+    norm = privacy.norm
     if norm == 1:
         def squared(v: np.ndarray) -> tuple[float, np.ndarray]:
             value, gradient = problem.objective(v * v, norm)
@@ -191,7 +199,7 @@ def _descend(problem: MarginalsProblem, norm: int, theta0: np.ndarray) -> tuple[
     return result.x / np.sqrt(result.x @ result.x), float(result.fun)
 
 
-def optimize_marginal_weights(problem: MarginalsProblem, norm: int, restarts: int | None,
+def optimize_marginal_weights(problem: MarginalsProblem, privacy: Privacy, restarts: int | None,
                               rng: np.random.Generator) -> tuple[np.ndarray, float]:
     """Minimise the OPT_M objective over ``theta >= 0``; returns ``(theta, objective)``.
 
@@ -207,19 +215,26 @@ def optimize_marginal_weights(problem: MarginalsProblem, norm: int, restarts: in
     full[np.argmax(problem.members.sum(axis=1))] = 1.0
     candidates = ([np.ones(k), full] + [rng.random(k) for _ in range(starts - 2)])[:starts]
     candidates.append(np.where(problem.tau > 0, 1.0, full))
-    return min((_descend(problem, norm, theta0) for theta0 in candidates), key=lambda run: run[1])
+    return min((_descend(problem, privacy, theta0) for theta0 in candidates), key=lambda run: run[1])
 
 
-def opt_marginals_strategy(W: Matrix, norm: int, restarts: int, rng: np.random.Generator) -> tuple[Marginals, float]:
-    """OPT_M for workload ``W``: the weighted-marginals strategy and its unit-noise error."""
-    union = W.kron_union()
+def opt_marginals_strategy(W: Matrix, privacy: Privacy, restarts: int | None, rng: np.random.Generator,
+                           union: KronUnion | None = None) -> tuple[Marginals, float]:
+    """OPT_M for workload ``W``: the weighted-marginals strategy and its unit-noise error.
+
+    The strategy has sensitivity 1 in the norm of ``privacy``; ``union`` is ``W.kron_union()``
+    when the caller has it already.
+    """
+    union = W.kron_union() if union is None else union
+    norm = privacy.norm
     problem = MarginalsProblem(union)
-    theta, value = optimize_marginal_weights(problem, norm, restarts, rng)
+    theta, value = optimize_marginal_weights(problem, privacy, restarts, rng)
     if norm == 1 and problem.members.shape[0] > problem.closure.shape[0] + 1:
         # Laplace's local optima: also solve on the closure and the cube alone (the candidates
         # beyond ALL_SUBSETS_MAX_DIM attributes), then search all candidates from there
         small = MarginalsProblem(union, _closure_and_cube(problem.closure))
-        warm, warm_value = _descend(problem, norm, problem.embed(small, optimize_marginal_weights(small, norm, restarts, rng)[0]))
+        small_theta = optimize_marginal_weights(small, privacy, restarts, rng)[0]
+        warm, warm_value = _descend(problem, privacy, problem.embed(small, small_theta))
         if warm_value < value:
             theta, value = warm, warm_value
     # drop negligible marginals (they only make the strategy ill-conditioned) if the error holds
@@ -235,13 +250,14 @@ def opt_marginals_strategy(W: Matrix, norm: int, restarts: int, rng: np.random.G
     return strategy, value
 
 
-def residual_strategy(W: Matrix) -> tuple[Residuals, float]:
+def residual_strategy(W: Matrix, union: KronUnion | None = None) -> tuple[Residuals, float]:
     r"""The optimal residual strategy under Gaussian noise and its unit-noise error.
 
     :math:`\lambda_T \propto \sqrt{\tau_T / \mathrm{tr}(E_T)}` on the workload's subsets,
     scaled to L2 sensitivity 1; the error is :math:`(\sum_T \sqrt{\tau_T\,\mathrm{tr}(E_T)})^2`.
+    ``union`` is ``W.kron_union()`` when the caller has it already.
     """
-    union = W.kron_union()
+    union = W.kron_union() if union is None else union
     spectrum = trace_spectrum(union)
     trace_E = spectrum.trace_E
     live = (spectrum.tau > 0) & (trace_E > 0)

@@ -1,4 +1,4 @@
-r"""OPT_0: p-Identity strategies for one attribute (MATH.md section 3).
+r"""OPT_0: p-Identity strategies for one attribute (docs/math.md, section 4).
 
 A p-Identity strategy adds ``p`` non-negative query rows ``T`` to the identity and rescales
 every column to unit norm:
@@ -65,10 +65,9 @@ MAXITER = 1000
 
 #: Beyond ``SMALL_N`` values an iteration costs milliseconds, and the search stops once the
 #: last ``WINDOW`` iterations gained less than ``WINDOW_TOL`` of the objective (relative);
-#: smaller domains always run ``MAXITER`` iterations, which are cheap there. 0.3% rather than
-#: 0.2% takes Prefix(1024) from about 1.2 to 0.9 s (one BLAS thread, the other core busy) for
-#: a ratio to Identity of 3.350 against 3.349 (published 3.34); n = 2048 ... 8192 still reach
-#: 4.218, 5.273 and 6.505 (published 4.18, 5.25, 6.40).
+#: smaller domains always run ``MAXITER`` iterations, which are cheap there. The tolerance trades
+#: a little time for a negligible loss of error on large prefix workloads, which still reach the
+#: published p-Identity ratios.
 SMALL_N = 512
 WINDOW = 100
 WINDOW_TOL = 3e-3
@@ -343,10 +342,8 @@ def _projected_lbfgs(problem: _Problem, T0: np.ndarray, maxiter: int, ftol: floa
 def default_restarts(n: int) -> int:
     """Starts of a multi-start search when none is given: 8 up to ``SMALL_N`` values, 3 beyond.
 
-    On small attributes a start costs milliseconds, and more of them pay: OPT_(x) with 8
-    starts against 3 takes SF1's RMSE from 7.30 to 7.28 (the tutorial seed publishes 7.28),
-    SF1+ from 9.95 to 9.93 and 3-D ranges on 64^3 from 86.5 to 86.0 (and 29 to 7 s, from a
-    better first round).
+    On small attributes a start costs milliseconds, and more of them lower OPT_(x)'s error on
+    the multi-attribute benchmarks (and can shorten the search, from a better first round).
     """
     return 8 if n <= SMALL_N else 3
 
@@ -355,8 +352,8 @@ def default_p(n: int) -> int:
     """Number of extra rows used when none is given: ``n/8`` up to 64 rows, and 128 beyond 1024 values.
 
     ``n/8`` rather than ``n/16`` on small domains: the extra rows are nearly free there and
-    reach the published prefix ratios (1.80 at n=128, 2.18 at 256). From n=2048 on, 64 rows
-    fall short of them (4.18 at 2048, 6.40 at 8192) and 128 rows reach them.
+    reach the published prefix ratios. From n=2048 on, 64 rows fall short of them and 128 rows
+    reach them.
     """
     return int(min(max(1, n // 8), 64 if n <= 1024 else 128))
 
@@ -402,8 +399,8 @@ def optimize_pidentity(
     Under Laplace noise ``T = 0`` is a strict local minimum: the sensitivity
     :math:`1 + \max_j \sum_i T_{ij}` grows to first order in ``T`` while the trace falls only to
     second order. A secant step that clips every entry to zero therefore ends a search at the
-    identity even where small extra rows pay (``I + J`` on 115 values: 1.19x below the
-    identity's error with one total row of weight 0.19). When the best run ends at ``T = 0``,
+    identity even where small extra rows pay (``I + J``: the identity with one total row of small
+    weight beats the identity). When the best run ends at ``T = 0``,
     the first start is run again cautiously (no step more than halves an entry, apart from the
     smallest, see ``CAUTIOUS_MIN``) and kept if it is better.
     """

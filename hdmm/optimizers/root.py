@@ -11,15 +11,15 @@ has Gram :math:`X = A^TA = S R S` with a unit diagonal (L2 sensitivity exactly 1
           = \sum_k \lambda_k^{-1/2}\, (S^{-1}q_k)^T V (S^{-1}q_k).
 
 When :math:`R` has a constant diagonal this is :math:`(\sum_k \sqrt{\lambda_k})^2 / n`, the SVD
-bound (MATH.md section 5), so no strategy does better. In general ``X`` is the Lagrangian
-minimiser of the convex program (MATH.md section 4) at unit dual weights, rescaled to be
-feasible: the convex solver's first iterate. On prefix, all-range and width-32 range workloads
-(n = 512 ... 2048) it is within 0.3-2% of the SVD bound in RMSE, against 0.2-1.4% for the
-certified optimum, so it is the Gaussian strategy of choice where the convex program's
-:math:`O(n^3)` Newton iterations are too slow, and a fast one whenever ``Q`` has a fast
-transform (:mod:`hdmm.spectral`: prefix and all-range Grams, at any ``n``). A Gram without one
-and too large for a dense eigensolver borrows a sine basis: the square-root strategy of its
-pinching in that basis (:meth:`SquareRootStrategy.in_sine_basis`).
+bound (docs/math.md, section 5), so no strategy does better. In general ``X`` is the Lagrangian
+minimiser of the convex program (docs/math.md, section 4) at unit dual weights, rescaled to be
+feasible: the convex solver's first iterate. On prefix, all-range and range workloads it comes
+close to the SVD bound, nearly as close as the certified optimum (figures in
+``benchmarks/results/tuning-notes-optimizers.md``), so it is the Gaussian strategy of choice
+where the convex program's :math:`O(n^3)` Newton iterations are too slow, and a fast one
+whenever ``Q`` has a fast transform (:mod:`hdmm.spectral`: prefix and all-range Grams, at any
+``n``). A Gram without one and too large for a dense eigensolver borrows a sine basis: the
+square-root strategy of its pinching in that basis (:meth:`SquareRootStrategy.in_sine_basis`).
 
 Everything goes through the basis: :math:`Ax = \lambda^{1/4} \circ Q^T(s \circ x)`,
 :math:`A^{-1} = S^{-1} Q \Lambda^{-1/4}`, :math:`\mathrm{diag}(R)` is one cosine transform for
@@ -30,8 +30,8 @@ memory per column): never an ``n x n`` matrix with a fast basis.
 Singular Grams. Eigenvalues below ``SINGULAR_TOL`` of the largest are raised to a floor
 :math:`\theta`, so ``X`` is positive definite and the strategy supports every workload. The
 floor matters: the rescaling ``S`` mixes the null space of ``V`` into its range, so a tiny
-:math:`\theta` (the convex solver's :math:`10^{-8}` of the mean eigenvalue) costs 3-4 times the
-optimum on width-k ranges, while :math:`10^{-4}`-:math:`10^{-3}` of the mean comes within 1-3% of
+:math:`\theta` (the convex solver's :math:`10^{-8}` of the mean eigenvalue) costs several times the
+optimum on width-k ranges, while :math:`10^{-4}`-:math:`10^{-3}` of the mean comes close to
 it. :meth:`SquareRootStrategy.for_gram` picks :math:`\theta` by a golden-section search on
 :math:`\log\theta` against the workload; without a workload the floor is ``THETA`` times the
 mean eigenvalue.
@@ -120,8 +120,7 @@ class SquareRootStrategy(Matrix):
         (refused above ``FACTOR_DENSE_LIMIT`` entries) and decomposed by a dense eigensolver,
         ``O(n^3)``. A singular ``G`` gets the floor minimising ``tr(X^{-1} G)`` (module
         docstring) over ``LOG_THETA_RANGE``, found in ``THETA_STEPS + 2`` evaluations; a Gram of
-        very low rank may want a floor below the range (a single total: 0.07% more error than
-        the optimum at the lower end).
+        very low rank (a single total) may want a floor slightly below the range.
         """
         spectrum = G.spectrum()
         if spectrum is None:
@@ -138,8 +137,8 @@ class SquareRootStrategy(Matrix):
         :math:`\|G\|_F^2`) stands in for ``G``: the strategy is :math:`\tilde V`'s square-root
         strategy, its floor tuned and its error computed against ``G`` itself. Every product
         stays :math:`O(n \log n)` per vector. Unions of prefixes, ranges and the identity keep
-        over 98% and land within 0.5% of the convex optimum in RMSE (n = 1024); a Gram far from
-        both bases (the prefixes of a shuffled domain) keeps under half and does badly, so
+        nearly all of it and land close to the convex optimum; a Gram far from both bases (the
+        prefixes of a shuffled domain) keeps under half and does badly, so
         callers compare the result with another strategy
         (:func:`hdmm.optimizers.kron.factor_candidates`).
         """

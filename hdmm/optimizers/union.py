@@ -1,4 +1,4 @@
-r"""OPT_+: a union of Kronecker strategies, one per group of workload terms (MATH.md section 3).
+r"""OPT_+: a union of Kronecker strategies, one per group of workload terms (docs/math.md, section 4).
 
 Each group ``g`` of the workload's Kronecker terms gets its own OPT_(x) strategy :math:`A_g`
 (sensitivity 1, error :math:`e_g` on its group), and the strategies are stacked with weights
@@ -19,18 +19,23 @@ import numpy as np
 
 from ..kron_union import KronUnion
 from ..matrix import Matrix, VStack, Weighted
+from ..privacy import Privacy
 from .kron import opt_kron_union
 
 __all__ = ["budget_split", "check_groups", "opt_union_groups", "default_groups", "GROUP_RESTARTS"]
 
 #: p-Identity starts per attribute in each group's OPT_(x) by default: fewer than OPT_(x) alone
 #: makes on small attributes (:func:`.pidentity.default_restarts`), as the groups multiply the
-#: cost (SF1's 12 tables: 14 s with 8 starts, for a bound 2.8x above OPT_(x)'s error).
+#: cost.
 GROUP_RESTARTS = 3
 
 
 def budget_split(errors: Sequence[float], norm: int) -> tuple[np.ndarray, float]:
-    """Optimal group weights for the unit-noise group errors ``e_g``, and the resulting bound."""
+    """Optimal group weights for the unit-noise group errors ``e_g``, and the resulting bound.
+
+    ``norm`` is the sensitivity norm of the stack (``privacy.norm``): 1 (Laplace) or 2
+    (Gaussian); see the module docstring.
+    """
     e = np.asarray(errors, dtype=float)
     if norm == 1:
         w = np.cbrt(e)
@@ -76,10 +81,14 @@ def check_groups(groups: Sequence[Sequence[int]], num_terms: int) -> list[np.nda
 
 
 def opt_union_groups(
-    union: KronUnion, groups: Sequence[np.ndarray], norm: int, p: int | None = None, restarts: int | None = None,
-    rng: np.random.Generator | None = None, progress: Callable[[str], None] | None = None,
+    union: KronUnion, groups: Sequence[np.ndarray], privacy: Privacy, p: int | None = None,
+    restarts: int | None = None, rng: np.random.Generator | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[Matrix, float]:
     """OPT_(x) per group, stacked with the optimal budget split; returns the strategy and the bound.
+
+    The strategy has sensitivity 1 in the norm of ``privacy``; the bound is an upper bound on
+    its error at unit noise variance (``privacy.unit_noise()``).
 
     Terms of weight zero need no measurement and are left out (a group of only such terms too).
     Each group's OPT_(x) makes ``restarts`` p-Identity starts per attribute, ``GROUP_RESTARTS``
@@ -94,10 +103,10 @@ def opt_union_groups(
     parts, errors = [], []
     for k, terms in enumerate(groups):
         sub = KronUnion(union.factors, union.index[terms], union.weights[terms])
-        A, e = opt_kron_union(sub, norm, p, restarts, rng, progress=progress)
+        A, e = opt_kron_union(sub, privacy, p, restarts, rng, progress=progress)
         parts.append(A)
         errors.append(e)
         if progress is not None:
             progress(f"OPT_+ group {k + 1}/{len(groups)}: error {e:.6g}")
-    weights, bound = budget_split(errors, norm)
+    weights, bound = budget_split(errors, privacy.norm)
     return VStack([Weighted(A, w) for A, w in zip(parts, weights)]), bound

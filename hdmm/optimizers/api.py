@@ -1,0 +1,283 @@
+"""The public optimizers and :func:`optimize`, which runs every registered optimizer that applies and keeps the best.
+
+Every optimizer takes the workload, the privacy definition (:class:`~hdmm.privacy.PureDP`,
+:class:`~hdmm.privacy.ApproxDP` or :class:`~hdmm.privacy.ZCDP`) and ``seed=`` (for reproducible
+research; without a seed the random starts come from fresh OS entropy), and returns an implicit
+strategy matrix normalised to sensitivity 1 in the norm of the privacy's noise (L1 for Laplace,
+L2 for Gaussian) that supports the workload. Only the kind of noise matters: the strategy does
+not depend on :math:`\\epsilon`, :math:`\\delta` or :math:`\\rho`. Without a privacy definition
+the optimizers plan for Laplace noise (``opt_residual``: Gaussian noise), as before.
+
+``noise="laplace" | "gaussian"`` (or that string as the second argument) is a deprecated alias
+for ``hdmm.PureDP(...)`` / a Gaussian privacy definition; it warns with a
+:class:`DeprecationWarning` and will be removed.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from ..bound import SVDBound, svd_bound
+from ..error import ErrorResult
+from ..matrix import Matrix
+from ..privacy import ZCDP, Privacy, PureDP
+from .kron import opt_kron_union
+from .marginals import opt_marginals_strategy, residual_strategy
+from .registry import REGISTRY, Problem, union_candidate
+from .union import check_groups, default_groups, opt_union_groups
+
+__all__ = ["opt0", "opt_kron", "opt_union", "opt_marginals", "opt_residual", "optimize", "OptimizationResult"]
+
+#: The privacy definition each deprecated ``noise`` string stands for (the level does not matter).
+_NOISE = {"laplace": PureDP(1.0).unit_noise(), "gaussian": ZCDP(0.5)}
+
+#: The replacement each deprecation warning names, per noise string.
+_EXAMPLE = {"laplace": "hdmm.PureDP(1.0)", "gaussian": "hdmm.ZCDP(0.5) or hdmm.ApproxDP(1.0, 1e-6)"}
+
+
+def _privacy(caller: str, privacy: Privacy | str | None, noise: str | None, default: str = "laplace") -> Privacy:
+    """The privacy definition an optimizer plans for, from its ``privacy`` and deprecated ``noise`` arguments."""
+    if isinstance(privacy, str):  # the old positional noise argument
+        if noise is not None:
+            raise TypeError(f"{caller} got the noise twice ({privacy!r} and noise={noise!r}); pass the privacy "
+                            "definition only")
+        privacy, noise = None, privacy
+    if noise is not None:
+        if privacy is not None:
+            raise TypeError(f"{caller} takes privacy or the deprecated noise={noise!r}, not both; pass the privacy "
+                            "definition only")
+        if noise not in _NOISE:
+            raise ValueError(f"noise must be 'laplace' or 'gaussian', got {noise!r}; better, pass the privacy "
+                             f"definition, e.g. {caller}(W, hdmm.PureDP(1.0))")
+        warnings.warn(f"{caller}(W, noise={noise!r}) is deprecated: pass the privacy definition instead, e.g. "
+                      f"{caller}(W, {_EXAMPLE[noise]})", DeprecationWarning, stacklevel=3)
+        return _NOISE[noise]
+    if privacy is None:
+        return _NOISE[default]
+    if not isinstance(privacy, Privacy):
+        raise TypeError(f"{caller}'s second argument is the privacy definition (hdmm.PureDP, hdmm.ApproxDP or "
+                        f"hdmm.ZCDP), got {type(privacy).__name__}; pass other settings by keyword")
+    return privacy
+
+
+def _rng(seed) -> np.random.Generator:
+    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+
+
+def _check(W: Matrix, p: int | None = None, restarts: int | None = None) -> None:
+    """Validate the arguments every optimizer shares: the workload, ``p`` and ``restarts``."""
+    if not isinstance(W, Matrix):
+        raise TypeError(f"the workload must be an hdmm matrix, got {type(W).__name__}")
+    if not W.sensitivity(2) > 0:
+        raise ValueError("the workload is zero (no query has a nonzero coefficient): every strategy answers it "
+                         "with no error, so there is nothing to optimize")
+    for name, value, least in (("p", p, 0), ("restarts", restarts, 1)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+
+
+def opt0(W: Matrix, privacy: Privacy | None = None, p: int | None = None, restarts: int = 1, seed=None,
+         progress: Callable[[str], None] | None = None, *, noise: str | None = None) -> Matrix:
+    """OPT_0: the best strategy for a one-attribute (or small explicit) workload.
+
+    Laplace noise (:class:`~hdmm.privacy.PureDP`, the default): a p-Identity strategy with ``p``
+    extra queries (default ``n/8`` up to 64, 128 beyond 1024 values;
+    :func:`~hdmm.optimizers.pidentity.default_p`), by projected L-BFGS from a dyadic hierarchy;
+    ``restarts > 1`` adds a block-partition start and random starts
+    (:func:`~hdmm.optimizers.pidentity.optimize_pidentity`). Gaussian noise
+    (:class:`~hdmm.privacy.ApproxDP`, :class:`~hdmm.privacy.ZCDP`): the global optimum of the
+    convex program (:func:`hdmm.optimizers.convex.solve_convex`) up to 2048 values; beyond, the
+    square-root strategy (:class:`~hdmm.optimizers.root.SquareRootStrategy`, close to the SVD
+    bound on range workloads) when the Gram has a closed-form spectrum (prefixes, all ranges) or
+    up to 4096 values, else the square-root strategy of the Gram's pinching in a sine basis
+    (:meth:`~hdmm.optimizers.root.SquareRootStrategy.in_sine_basis`), compared with p-Identity
+    with L2-normalised columns. Beyond 2048 values, a local workload (its Gram folded onto
+    blocks is sparse) is also measured in blocks of at most 2048 values
+    (:mod:`hdmm.block_diagonal`), in place of a whole-domain p-Identity
+    (:func:`~hdmm.optimizers.kron.factor_candidates`). The best candidate by exact error is
+    returned, the identity itself when nothing beats it. Multi-attribute workloads are treated
+    as one attribute over the whole domain; use :func:`opt_kron` for them. ``p`` and
+    ``restarts`` shape the p-Identity searches only (so under Gaussian noise they matter only
+    where p-Identity is a candidate). ``progress`` (e.g. ``print``) receives a line per Newton
+    step of the convex program. ``noise`` is the deprecated alias (module docstring).
+    """
+    privacy = _privacy("opt0", privacy, noise)
+    _check(W, p, restarts)
+    union = W.kron_union()
+    if union.dim != 1:
+        union = union.align((W.shape[1],))
+    A, _ = opt_kron_union(union, privacy, p, restarts, _rng(seed), max_rounds=1, progress=progress)
+    return A.factors[0]
+
+
+def opt_kron(W: Matrix, privacy: Privacy | None = None, p: int | None = None, restarts: int | None = None,
+             seed=None, progress: Callable[[str], None] | None = None, *, noise: str | None = None) -> Matrix:
+    """OPT_(x): one Kronecker strategy for a union of Kronecker workloads (see :mod:`.kron`).
+
+    ``privacy``: the privacy definition planned for (default: Laplace noise). ``restarts``:
+    p-Identity starts per attribute in the first round (default
+    :func:`~hdmm.optimizers.pidentity.default_restarts`: 8 up to 512 values, 3 beyond).
+    ``noise`` is the deprecated alias (module docstring).
+    """
+    privacy = _privacy("opt_kron", privacy, noise)
+    _check(W, p, restarts)
+    A, _ = opt_kron_union(W.kron_union(), privacy, p, restarts, _rng(seed), progress=progress)
+    return A
+
+
+def opt_union(W: Matrix, privacy: Privacy | None = None, groups: Sequence[Sequence[int]] | None = None,
+              p: int | None = None, restarts: int | None = None, seed=None,
+              progress: Callable[[str], None] | None = None, *, noise: str | None = None) -> Matrix:
+    """OPT_+: a union of Kronecker strategies, one per group of workload terms (see :mod:`.union`).
+
+    ``privacy``: the privacy definition planned for (default: Laplace noise). ``groups`` lists
+    term indices of ``W.kron_union()``, each term in exactly one group. By default: one group per
+    top-level block of a union (e.g. per Census table), else one per Kronecker term; but as
+    separate groups cannot share measurements (on marginal workloads one group per marginal is
+    often several times worse than the identity), the OPT_(x) strategy of all terms together is
+    returned instead when its error is smaller (OPT_+'s exact error where affordable, else its
+    upper bound; see :data:`~hdmm.optimizers.registry.UNION_EXACT_MAX_N`), both at unit noise.
+    ``noise`` is the deprecated alias (module docstring).
+    """
+    privacy = _privacy("opt_union", privacy, noise)
+    _check(W, p, restarts)
+    union = W.kron_union()
+    rng = _rng(seed)
+    if groups is not None:
+        return opt_union_groups(union, check_groups(groups, union.num_terms), privacy, p, restarts, rng, progress)[0]
+    groups = default_groups(W, union)
+    A, bound = opt_union_groups(union, groups, privacy, p, restarts, rng, progress)
+    if len(groups) == 1:
+        return A
+    K, value = opt_kron_union(union, privacy, p, restarts, rng, progress=progress)
+    unit = Problem(W, privacy.unit_noise())
+    return K if value < unit.total_error(union_candidate(unit, A, bound)) else A
+
+
+def opt_marginals(W: Matrix, privacy: Privacy | None = None, restarts: int | None = None, seed=None, *,
+                  noise: str | None = None) -> Matrix:
+    """OPT_M: weighted marginals (see :mod:`.marginals`); any union of Kronecker workloads.
+
+    ``privacy``: the privacy definition planned for (default: Laplace noise). ``noise`` is the
+    deprecated alias (module docstring).
+    """
+    privacy = _privacy("opt_marginals", privacy, noise)
+    _check(W, restarts=restarts)
+    A, _ = opt_marginals_strategy(W, privacy, restarts, _rng(seed))
+    return A
+
+
+def opt_residual(W: Matrix, privacy: Privacy | None = None, seed=None, *, noise: str | None = None) -> Matrix:
+    """The optimal residual strategy for Gaussian noise (closed form; the SVD bound on marginals).
+
+    ``privacy`` must be Gaussian (:class:`~hdmm.privacy.ApproxDP` or :class:`~hdmm.privacy.ZCDP`;
+    the default). Deterministic: there are no random starts, and ``seed`` is accepted only so
+    that every optimizer takes the same keywords. Residual strategies are calibrated to L2
+    sensitivity; under Laplace noise use :func:`opt_marginals` or :func:`opt_kron`. ``noise`` is
+    the deprecated alias (module docstring).
+    """
+    privacy = _privacy("opt_residual", privacy, noise, default="gaussian")
+    _check(W)
+    if privacy.noise != "gaussian":
+        raise ValueError("residual strategies are optimal for Gaussian noise only; under Laplace noise use "
+                         "opt_marginals or opt_kron")
+    return residual_strategy(W)[0]
+
+
+@dataclass(frozen=True)
+class OptimizationResult:
+    """The outcome of :func:`optimize`.
+
+    Attributes
+    ----------
+    strategy : Matrix
+        The best strategy found.
+    optimizer : str
+        Which optimizer produced it.
+    error : ErrorResult
+        Its expected total squared error under ``privacy``: ``hdmm.error.expected_error(W,
+        strategy, privacy)`` as computed during the search (OPT_+'s upper bound instead when that
+        error is not exact on a large domain; see ``report``).
+    privacy : Privacy
+    bound : SVDBound
+        The SVD lower bound for the workload, under ``privacy``.
+    report : pandas.DataFrame
+        One row per candidate: total squared error, whether it is exact, seconds, RMSE, and
+        the ratio of its total squared error to the bound's.
+    """
+
+    strategy: Matrix
+    optimizer: str
+    error: ErrorResult
+    privacy: Privacy
+    bound: SVDBound
+    report: pd.DataFrame = field(repr=False)
+
+    @property
+    def rmse(self) -> float:
+        return float(np.sqrt(self.error / self.error.queries))
+
+
+def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=None,
+             optimizers: Sequence[str] | None = None, progress: bool | Callable[[str], None] = False) -> OptimizationResult:
+    """Run every registered optimizer that applies to ``W`` under ``privacy`` and keep the best strategy.
+
+    The candidates (:data:`~hdmm.optimizers.registry.REGISTRY`): ``identity`` (reference),
+    ``opt_kron`` (OPT_(x)), ``opt_marginals`` (OPT_M), ``opt_union`` (OPT_+, when the workload
+    has several Kronecker terms; its exact error up to
+    :data:`~hdmm.optimizers.registry.UNION_EXACT_MAX_N` cells or when a closed form applies,
+    else the upper bound of :mod:`.union`, marked ``exact=False`` in the report), and
+    ``residual`` (Gaussian noise only). Each candidate's error is computed once, under
+    ``privacy``; the best one's is the result's ``error``. ``optimizers`` names a subset of them
+    (one name or a list). ``restarts``: random starts per optimizer; by default p-Identity makes
+    8 per attribute of up to 512 values and 3 beyond in OPT_(x)
+    (:func:`~hdmm.optimizers.pidentity.default_restarts`), 3 in each OPT_+ group
+    (:data:`~hdmm.optimizers.union.GROUP_RESTARTS`), and OPT_M 3, or 128 on cheap problems
+    (:mod:`.marginals`). Deterministic given ``seed``. ``progress=True`` shows a progress bar
+    over the candidates (with each optimizer's own steps, such as OPT_(x)'s rounds, as its
+    status); a callable receives those status lines instead. The SVD bound (:func:`hdmm.bound.svd_bound`)
+    is computed once, for the report's ratios.
+    """
+    _check(W, restarts=restarts)
+    if not isinstance(privacy, Privacy):
+        raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
+    bar = None
+    say = (lambda line: bar.set_postfix_str(line)) if progress is True else (progress or None)
+    problem = Problem(W, privacy, restarts, _rng(seed), say)
+    available = [name for name, optimizer in REGISTRY.items() if optimizer.applies(problem)]
+    if isinstance(optimizers, str):
+        optimizers = [optimizers]
+    if optimizers is not None and len(optimizers) == 0:
+        raise ValueError(f"optimizers is empty: name at least one of {available}, or pass None for all")
+    chosen = available if optimizers is None else [o for o in optimizers if o in available]
+    unknown = [] if optimizers is None else [o for o in optimizers if o not in available]
+    if unknown:
+        raise ValueError(f"optimizers {unknown} do not apply here; available: {available}")
+    bar = tqdm(chosen, desc="optimize", unit="optimizer", disable=progress is not True)
+    rows, best, best_error = [], None, None
+    for name in bar:
+        bar.set_description(f"optimize: {name}")
+        start = time.perf_counter()
+        candidate = REGISTRY[name].run(problem)
+        error = problem.total_error(candidate)
+        seconds = time.perf_counter() - start
+        rows.append({"optimizer": name, "total squared error": error, "exact": candidate.exact, "seconds": seconds})
+        if say:
+            say(f"{name}: total squared error {error:.6g} ({seconds:.2f} s)")
+        if best is None or error < best_error:
+            best, best_error = (name, candidate), error
+    bound = svd_bound(W, privacy, seed=0)
+    report = pd.DataFrame(rows)
+    report["rmse"] = np.sqrt(report["total squared error"] / W.shape[0])
+    report["ratio to SVD bound"] = report["total squared error"] / bound.value
+    name, candidate = best
+    return OptimizationResult(candidate.strategy, name, problem.error_result(candidate), privacy, bound, report)

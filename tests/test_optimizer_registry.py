@@ -1,0 +1,180 @@
+"""The optimizers' protocol and registry, the privacy argument every optimizer takes, and its deprecated alias."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import warnings
+
+import numpy as np
+import pytest
+
+import hdmm
+import hdmm.optimizers.api as api
+import hdmm.optimizers.registry as registry
+from hdmm.optimizers import REGISTRY, Candidate, OptimizationResult, Optimizer, Problem
+
+LAPLACE, GAUSS = hdmm.PureDP(1.0), hdmm.ZCDP(0.5)
+PUBLIC = (hdmm.opt0, hdmm.opt_kron, hdmm.opt_union, hdmm.opt_marginals, hdmm.opt_residual)
+
+
+def two_terms():
+    dom = hdmm.Domain(["a", "b"], [4, 5])
+    return hdmm.union([hdmm.product(dom, {"a": hdmm.Prefix(4)}), hdmm.product(dom, {"b": hdmm.Identity(5)})])
+
+
+def test_the_registry_holds_the_five_optimizers_in_the_order_optimize_runs_them():
+    assert list(REGISTRY) == ["identity", "opt_kron", "opt_marginals", "opt_union", "residual"]
+    assert all(isinstance(o, Optimizer) and o.name == name and o.summary for name, o in REGISTRY.items())
+
+
+@pytest.mark.parametrize("privacy", [LAPLACE, GAUSS, hdmm.ApproxDP(1.0, 1e-6)])
+def test_applies_needs_several_terms_for_opt_union_and_gaussian_noise_for_residual(privacy):
+    single = Problem(hdmm.Prefix(8), privacy)
+    several = Problem(two_terms(), privacy)
+    gaussian = privacy.noise == "gaussian"
+    assert [n for n, o in REGISTRY.items() if o.applies(single)] == (
+        ["identity", "opt_kron", "opt_marginals"] + (["residual"] if gaussian else []))
+    assert REGISTRY["opt_union"].applies(several) and REGISTRY["residual"].applies(several) == gaussian
+
+
+@pytest.mark.parametrize("privacy", [LAPLACE, hdmm.PureDP(0.1), GAUSS, hdmm.ApproxDP(2.0, 1e-9)])
+def test_each_run_returns_a_candidate_with_its_unit_noise_error(privacy):
+    W = two_terms()
+    problem = Problem(W, privacy, rng=np.random.default_rng(0))
+    unit = privacy.unit_noise()
+    for name, optimizer in REGISTRY.items():
+        if not optimizer.applies(problem):
+            continue
+        candidate = optimizer.run(problem)
+        assert isinstance(candidate, Candidate) and candidate.exact
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            candidate.exact = False
+        assert candidate.strategy.sensitivity(privacy.norm) == pytest.approx(1.0)
+        exact = float(hdmm.expected_error(W, candidate.strategy, unit))
+        assert candidate.unit_error == pytest.approx(exact, rel=1e-12), name
+        assert problem.total_error(candidate) == float(problem.expected_error(candidate.strategy))
+
+
+def test_the_error_of_each_strategy_is_computed_once_and_the_winners_is_the_result(monkeypatch):
+    calls = []
+    original = registry.expected_error
+
+    def counting(W, A, privacy, **kwargs):
+        result = original(W, A, privacy, **kwargs)
+        calls.append((A, result))
+        return result
+
+    bounds = []
+    original_bound = api.svd_bound
+    monkeypatch.setattr(registry, "expected_error", counting)
+    monkeypatch.setattr(api, "svd_bound", lambda *a, **k: bounds.append(1) or original_bound(*a, **k))
+    privacy = hdmm.ApproxDP(1.0, 1e-6)
+    result = hdmm.optimize(two_terms(), privacy, seed=0)
+    assert len(bounds) == 1
+    assert len(calls) == len(result.report) == 5
+    assert len({id(A) for A, _ in calls}) == len(calls)
+    (winner_error,) = [error for A, error in calls if A is result.strategy]
+    assert result.error is winner_error and result.error.privacy == privacy
+    assert float(result.error) == result.report["total squared error"].min()
+
+
+def test_an_optimization_result_is_frozen():
+    result = hdmm.optimize(hdmm.Prefix(8), LAPLACE, seed=0)
+    assert isinstance(result, OptimizationResult) and dataclasses.is_dataclass(result)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.optimizer = "other"
+    assert list(result.report.columns) == ["optimizer", "total squared error", "exact", "seconds", "rmse",
+                                           "ratio to SVD bound"]
+
+
+def test_an_inexact_candidate_is_reported_at_its_bound():
+    W = two_terms()
+    problem = Problem(W, hdmm.PureDP(0.5))
+    candidate = Candidate(hdmm.Identity(20), 3.0, False)
+    assert problem.total_error(candidate) == problem.privacy.noise_variance(1.0) * 3.0
+    error = problem.error_result(candidate)
+    assert float(error) == problem.total_error(candidate) and error.queries == W.shape[0]
+
+
+def test_a_registered_optimizer_joins_optimize(monkeypatch):
+    def total_and_cells(problem):
+        n = problem.workload.shape[1]
+        return problem.candidate(hdmm.VStack([0.5 * hdmm.Total(n), 0.5 * hdmm.Identity(n)]))
+
+    extra = Optimizer("total_and_cells", total_and_cells, summary="a total and the cells")
+    monkeypatch.setitem(REGISTRY, extra.name, extra)
+    result = hdmm.optimize(hdmm.Prefix(8), LAPLACE, seed=0, optimizers=["identity", "total_and_cells"])
+    assert list(result.report["optimizer"]) == ["identity", "total_and_cells"]
+    with pytest.raises(ValueError, match="registered already"):
+        registry.register(extra)
+    with pytest.raises(TypeError, match="Optimizer"):
+        registry.register(total_and_cells)
+
+
+# ------------------------------------------------------------------ privacy as the second argument
+def test_every_public_optimizer_takes_the_privacy_second_and_no_norm_or_noise_is_threaded():
+    for f in PUBLIC:
+        parameters = list(inspect.signature(f).parameters.values())
+        assert parameters[1].name == "privacy"
+        assert parameters[-1].name == "noise" and parameters[-1].kind is inspect.Parameter.KEYWORD_ONLY
+    assert list(inspect.signature(hdmm.optimize).parameters)[1] == "privacy"
+    from hdmm.optimizers import kron, marginals, union
+
+    drivers = [kron.factor_method, kron.optimize_factor, kron.factor_candidates, kron.opt_kron_union,
+               union.opt_union_groups, marginals.opt_marginals_strategy, marginals.optimize_marginal_weights]
+    for f in drivers:
+        names = list(inspect.signature(f).parameters)
+        assert "privacy" in names and "norm" not in names and "noise" not in names, f.__name__
+
+
+@pytest.mark.parametrize("noise, privacy", [("laplace", LAPLACE), ("gaussian", GAUSS)])
+def test_the_noise_string_is_a_deprecated_alias_with_the_same_strategy(noise, privacy):
+    W = two_terms()
+    for f in PUBLIC:
+        if f is hdmm.opt_residual and noise == "laplace":
+            continue
+        with pytest.warns(DeprecationWarning, match=rf"{f.__name__}\(W, noise='{noise}'\) is deprecated.*hdmm\."):
+            old = f(W, noise=noise, seed=3)
+        with pytest.warns(DeprecationWarning, match="is deprecated"):
+            positional = f(W, noise, seed=3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            new = f(W, privacy, seed=3)
+        errors = {float(hdmm.expected_error(W, A, privacy)) for A in (old, positional, new)}
+        assert len(errors) == 1, f.__name__
+
+
+def test_without_privacy_the_optimizers_plan_for_laplace_noise_and_residuals_for_gaussian():
+    W = two_terms()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for f in PUBLIC[:-1]:
+            A = f(W, seed=0)
+            assert A.sensitivity(1) == pytest.approx(1.0)
+            assert float(hdmm.expected_error(W, A, LAPLACE)) == float(
+                hdmm.expected_error(W, f(W, LAPLACE, seed=0), LAPLACE))
+        assert hdmm.opt_residual(W).sensitivity(2) == pytest.approx(1.0)
+
+
+def test_bad_privacy_arguments_name_the_fix():
+    W = hdmm.Prefix(8)
+    with pytest.raises(TypeError, match="privacy definition"):
+        hdmm.opt0(W, 4)  # the old positional p
+    with pytest.raises(TypeError, match="not both"):
+        hdmm.opt_kron(W, LAPLACE, noise="laplace")
+    with pytest.raises(ValueError, match="noise must be 'laplace' or 'gaussian'.*hdmm.PureDP"):
+        hdmm.opt_marginals(W, noise="gauss")
+    with pytest.raises(ValueError, match="Gaussian noise only"):
+        hdmm.opt_residual(hdmm.AllMarginals((2, 3)), hdmm.PureDP(2.0))
+    with pytest.raises(TypeError, match="PureDP, ApproxDP or ZCDP"):
+        hdmm.optimize(W, "laplace")
+
+
+def test_the_submodules_are_not_shadowed_by_functions():
+    assert callable(hdmm.optimizers.optimize)
+    assert importlib.import_module("hdmm.optimizers.api").optimize is hdmm.optimizers.optimize
+    assert importlib.import_module("hdmm.optimizers.registry").REGISTRY is REGISTRY
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("hdmm.optimizers.optimize")
