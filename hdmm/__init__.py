@@ -51,6 +51,7 @@ from .release import Release, run
 from .kron_union import KronUnion
 from . import catalog  # named workloads and JSON workload files: hdmm.catalog.load_workload(...)
 from . import strategies  # the baselines, as a namespace: hdmm.strategies.hb(64), ...
+from .version import HDMM_VERSION
 from .workload import (
     AllRange,
     IdentityTotal,
@@ -63,7 +64,7 @@ from .workload import (
     union,
 )
 
-__version__ = "0.1.0"
+__version__ = HDMM_VERSION
 
 __all__ = [
     "AllMarginals",

@@ -26,17 +26,9 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
-from .matrix import (
-    FACTOR_DENSE_LIMIT,
-    SUPPORT_TOL,
-    Explicit,
-    Identity,
-    KronVector,
-    Matrix,
-    _check_dense_size,
-    _check_width,
-    _positive_int,
-)
+from .matrix import FACTOR_DENSE_LIMIT, SUPPORT_TOL, Explicit, Identity, KronVector, Matrix
+from .matrix import cheap_pinv
+from .validation import check_dense_size, check_width, positive_int
 from .spectral import ROW_WALK, blocks, unit_columns
 
 __all__ = ["BlockDiagonal", "fold", "is_local"]
@@ -54,7 +46,7 @@ def is_local(G: Matrix, m: int) -> bool:
     workload, whose fold is dense, is recognised without folding it.
     """
     n = G.shape[0]
-    m = _positive_int(m, "block size m")
+    m = positive_int(m, "block size m")
     start = (n // m // 2) * m
     column = (G @ unit_columns(n, slice(start, start + 1)))[start: start + m, 0]
     return np.count_nonzero(column) <= SPARSE_DENSITY * m
@@ -75,7 +67,7 @@ def fold(G: Matrix, m: int) -> Explicit:
         When ``G`` is not square or smaller than one block.
     """
     n = G.shape[0]
-    m = _positive_int(m, "block size m")
+    m = positive_int(m, "block size m")
     if G.shape != (n, n) or n < m:
         raise ValueError(f"cannot fold a {G.shape[0]} x {G.shape[1]} matrix into blocks of {m}: "
                          "it must be square and at least one block long")
@@ -108,7 +100,7 @@ class BlockDiagonal(Matrix):
         if not isinstance(block, Matrix):
             raise TypeError(f"block must be an hdmm matrix, got {type(block).__name__}")
         self.block = block
-        self.copies = _positive_int(copies, "copies")
+        self.copies = positive_int(copies, "copies")
         if not isinstance(tail, (int, np.integer)) or isinstance(tail, bool) or tail < 0:
             raise ValueError(f"tail must be a non-negative integer, got {tail!r}")
         self.tail = int(tail)
@@ -117,9 +109,7 @@ class BlockDiagonal(Matrix):
     @property
     def fast_pinv(self) -> bool:
         """Whether the block's pseudo-inverse is cheap (structural, or small enough to form densely)."""
-        from .mechanism import _cheap_pinv
-
-        return _cheap_pinv(self.block)
+        return cheap_pinv(self.block)
 
     def _blocks(self, X: np.ndarray, width: int) -> np.ndarray:
         """The first ``B width`` rows of ``X`` as ``width x (B k)``: one column per (block, column) pair."""
@@ -160,7 +150,7 @@ class BlockDiagonal(Matrix):
 
     def gram_pinv_trace(self, f):
         r""":math:`\mathrm{tr}(X_m^+\,\mathrm{fold}_m(f^Tf))` plus the tail's diagonal; supported when the fold lies in ``A_m``'s row space."""
-        _check_width(f, self)
+        check_width(f, self)
         Xp, projector = self.block._gram_inverse
         G = f.gram()
         F = fold(G, self.block.shape[1]).dense()
@@ -176,12 +166,12 @@ class BlockDiagonal(Matrix):
         (:func:`hdmm.spectral.blocks`), in ``O(n + m^2)`` memory per block; more queries (all
         ranges) go through ``f.quadratic_diag`` of the dense block-diagonal inverse Gram.
         """
-        _check_width(f, self)
+        check_width(f, self)
         Xp, projector = self.block._gram_inverse
         residual_projector = np.eye(projector.shape[0]) - projector
         rows, n = f.shape
         if rows > ROW_WALK * n:
-            _check_dense_size(n, n, "per-query variances of a block-diagonal strategy", FACTOR_DENSE_LIMIT)
+            check_dense_size(n, n, "per-query variances of a block-diagonal strategy", FACTOR_DENSE_LIMIT)
             eye, tail = np.eye(self.copies), np.eye(self.tail)
             norms = f.quadratic_diag(np.eye(n))
             residual = f.quadratic_diag(scipy.linalg.block_diag(np.kron(eye, residual_projector), 0 * tail))

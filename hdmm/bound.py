@@ -44,7 +44,7 @@ from .matrix import Explicit, Identity, Kronecker, Matrix, Ones, Sum, Weighted
 from .privacy import Privacy
 from .slq import trace_sqrt
 from .spectral import blocks
-from .kron_union import KronUnion
+from .kron_union import KronUnion, kron_union
 from .structure import ZERO_RTOL, classify
 
 __all__ = ["SVDBound", "svd_bound", "nuclear_norm"]
@@ -532,7 +532,7 @@ def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, pr
         raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
     unit = privacy.noise_variance(1.0)
     structure = classify(W)
-    union = structure.union if structure.union is not None else W.kron_union()  # the latter says why not
+    union = structure.union if structure.union is not None else kron_union(W)  # the latter says why not
     common = dict(privacy=privacy, queries=W.shape[0])
     if structure.form == "kronecker":
         weight, factors = union.term(0)

@@ -17,6 +17,7 @@ is one ``np.prod`` over a ``(terms, d)`` array, even for ~166,000 marginals.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -24,9 +25,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .matrix import Identity, Kronecker, Matrix, Ones, Weighted
+from .matrix import Identity, Kronecker, Matrix, Ones, VStack, Weighted
 
-__all__ = ["KronUnion", "FactorMismatchError"]
+__all__ = ["KronUnion", "FactorMismatchError", "kron_union"]
 
 
 class FactorMismatchError(ValueError):
@@ -228,3 +229,38 @@ class KronUnion:
 
     def __repr__(self) -> str:
         return f"KronUnion({self.num_terms} terms over sizes {self.sizes})"
+
+
+# ====================================================================== normal form
+@functools.singledispatch
+def kron_union(M: Matrix) -> KronUnion:
+    """Matrix ``M`` as a union of weighted Kronecker products (its normal form).
+
+    A matrix without Kronecker structure of its own is one term with one factor. Kronecker
+    products, weighted matrices and stacked unions are taken apart; modules defining matrices
+    with a union structure of their own register it (``kron_union.register``). Raises
+    :class:`FactorMismatchError` when the terms of a stack cannot be lined up attribute by
+    attribute.
+
+    >>> from hdmm.matrix import Identity, Kronecker, Ones
+    >>> kron_union(Kronecker([Identity(2), 3.0 * Ones(1, 4)]))
+    KronUnion(1 terms over sizes (2, 4))
+    """
+    if not isinstance(M, Matrix):
+        raise TypeError(f"expected an hdmm matrix, got {type(M).__name__}")
+    return KronUnion.single([M])
+
+
+@kron_union.register
+def _kronecker_normal_form(M: Kronecker) -> KronUnion:
+    return KronUnion.single(M.factors)
+
+
+@kron_union.register
+def _stack_normal_form(M: VStack) -> KronUnion:
+    return KronUnion.concatenate([kron_union(b) for b in M.blocks])
+
+
+@kron_union.register
+def _weighted_normal_form(M: Weighted) -> KronUnion:
+    return kron_union(M.base).scale(M.weight)

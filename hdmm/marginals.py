@@ -31,8 +31,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .domain import Domain
-from .matrix import Identity, Kronecker, KronVector, Matrix, Ones, Product, Weighted, _check_dense_size, _check_norm
-from .kron_union import KronUnion
+from .matrix import Identity, Kronecker, KronVector, Matrix, Ones, Product, Weighted
+from .validation import check_dense_size, check_norm
+from .kron_union import KronUnion, kron_union
 
 __all__ = [
     "SubsetProducts",
@@ -284,11 +285,8 @@ class SubsetProducts(Matrix):
             out += self.weights[row] * self._term(row)._rmatmat(Y[self.offsets[row] : self.offsets[row + 1]])
         return out
 
-    def kron_union(self):
-        return KronUnion(self.factors, self.members.astype(np.intp), self.weights)
-
     def column_norm_powers(self, p):
-        _check_norm(p)
+        check_norm(p)
         per = [[f.column_norm_powers(p).to_array() for f in fs] for fs in self.factors]
         terms = [
             (float(w**p), tuple(per[i][int(m)] for i, m in enumerate(row)))
@@ -342,7 +340,7 @@ class Marginals(SubsetProducts):
         return _MarginalsGram(self)
 
     def column_norm_powers(self, p):
-        _check_norm(p)
+        check_norm(p)
         ones = tuple(np.broadcast_to(1.0, n) for n in self.domain.shape)
         return KronVector(self.domain.shape, [(float(np.sum(self.weights**p)), ones)])
 
@@ -417,7 +415,7 @@ class Helmert(Matrix):
         return after - np.arange(self.n, dtype=float)[:, None] * c
 
     def column_norm_powers(self, p):
-        _check_norm(p)
+        check_norm(p)
         if p == 2:
             return KronVector.from_array(np.full(self.n, 1.0 - 1.0 / self.n))
         c = np.zeros(self.n)
@@ -429,7 +427,7 @@ class Helmert(Matrix):
         return self.T
 
     def dense(self, max_entries=None):
-        _check_dense_size(*self.shape, "dense() of a Helmert basis", max_entries)
+        check_dense_size(*self.shape, "dense() of a Helmert basis", max_entries)
         return helmert(self.n)
 
     def describe(self, row, name=None, values=None):
@@ -456,7 +454,7 @@ class Residuals(SubsetProducts):
     def column_norm_powers(self, p):
         if p == 1:
             return super().column_norm_powers(p)
-        _check_norm(p)
+        check_norm(p)
         sizes = np.array(self.domain.shape, dtype=float)
         trace_E = np.prod(np.where(self.members, (sizes - 1) / sizes, 1.0 / sizes), axis=1)
         ones = tuple(np.broadcast_to(1.0, n) for n in self.domain.shape)
@@ -503,3 +501,8 @@ def AllMarginals(domain: Domain | Sequence[int], max_size: int | None = None) ->
     members = np.vstack([_subsets_of_size(d, k) for k in range(max_size + 1)])
     return Marginals.from_members(domain, members, np.ones(members.shape[0]))
 
+
+@kron_union.register
+def _subset_products_normal_form(M: SubsetProducts) -> KronUnion:
+    """One term per attribute subset, sharing each attribute's two factors."""
+    return KronUnion(M.factors, M.members.astype(np.intp), M.weights)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import numbers
 from functools import cached_property, reduce
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import scipy.linalg
@@ -34,6 +34,8 @@ import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator
 
 from .spectral import Spectrum
+from .labels import LabelSequence, describe_row, value_label
+from .validation import DENSE_LIMIT, DenseLimitError, check_dense_size, check_norm, check_width, positive_int
 
 __all__ = [
     "DENSE_LIMIT",
@@ -50,11 +52,13 @@ __all__ = [
     "Product",
     "Transpose",
     "LabelSequence",
+    "cheap_pinv",
 ]
 
-#: Largest number of entries ``dense()`` and the dense fall-backs will materialise
-#: (2**25 entries = 256 MiB of float64).
-DENSE_LIMIT = 2**25
+
+#: Largest factor (in entries, rows x columns) whose pseudo-inverse counts as cheap to form
+#: densely; identities, totals, diagonals and other structural pseudo-inverses are cheap at any size.
+CHEAP_PINV_ENTRIES = 2**24
 
 #: Largest one-attribute Gram a strategy factor inverts densely (8192 x 8192).
 FACTOR_DENSE_LIMIT = 2**26
@@ -67,54 +71,18 @@ SUPPORT_TOL = 1e-8
 PINV_RCOND = 1e-10
 
 
+def cheap_pinv(f: Matrix) -> bool:
+    """Whether the pseudo-inverse of ``f`` is structural, or small enough to form densely."""
+    return f.fast_pinv or f.shape[0] * f.shape[1] <= CHEAP_PINV_ENTRIES
+
+
 def gram_pinv(X: np.ndarray) -> np.ndarray:
     """Pseudo-inverse of a symmetric positive semi-definite Gram, rounding noise cut at ``PINV_RCOND``."""
     return np.linalg.pinv(X, rcond=PINV_RCOND, hermitian=True)
 
 
-class DenseLimitError(ValueError):
-    """Raised when an operation would materialise a matrix larger than allowed."""
-
-
-def _check_dense_size(rows: int, cols: int, what: str, limit: int | None = None) -> None:
-    limit = DENSE_LIMIT if limit is None else limit
-    if rows * cols > limit:
-        raise DenseLimitError(
-            f"{what} would form a dense {rows:,} x {cols:,} matrix ({rows * cols:,} entries), "
-            f"above the limit of {limit:,} entries. Use the implicit operations "
-            "(@, gram(), trace(), sensitivity(), to_linear_operator()) instead, or raise the "
-            "limit explicitly (e.g. dense(max_entries=...)) if you have the memory."
-        )
-
-
 def _is_scalar(value: object) -> bool:
     return isinstance(value, numbers.Number) or (isinstance(value, np.ndarray) and value.ndim == 0)
-
-
-class LabelSequence(Sequence):
-    """A lazy, read-only sequence of query labels: label ``i`` is computed when asked for."""
-
-    def __init__(self, length: int, label: Callable[[int], str]):
-        self._length = int(length)
-        self._label = label
-
-    def __len__(self) -> int:
-        return self._length
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self._label(i) for i in range(*index.indices(self._length))]
-        i = int(index)
-        if i < 0:
-            i += self._length
-        if not 0 <= i < self._length:
-            raise IndexError(f"query index {index} out of range for {self._length} queries")
-        return self._label(i)
-
-    def __repr__(self) -> str:
-        head = ", ".join(repr(self[i]) for i in range(min(3, self._length)))
-        more = ", ..." if self._length > 3 else ""
-        return f"LabelSequence([{head}{more}], length={self._length})"
 
 
 class Matrix:
@@ -215,7 +183,7 @@ class Matrix:
         Returned as a :class:`KronVector` (a sum of Kronecker products of short vectors), so
         that a Kronecker strategy over a huge domain never forms a length-``N`` vector.
         """
-        _check_norm(p)
+        check_norm(p)
         A = self.dense()
         return KronVector.from_array((np.abs(A) ** p).sum(axis=0))
 
@@ -224,7 +192,7 @@ class Matrix:
 
         ``p = 1`` calibrates Laplace noise (pure DP), ``p = 2`` Gaussian noise.
         """
-        _check_norm(p)
+        check_norm(p)
         return float(self.column_norm_powers(p).max() ** (1.0 / p))
 
     def _check_square(self, what: str) -> None:
@@ -307,7 +275,7 @@ class Matrix:
     def dense(self, max_entries: int | None = None) -> np.ndarray:
         """The matrix as a dense numpy array; refuses above ``max_entries`` (default ``DENSE_LIMIT``)."""
         m, n = self.shape
-        _check_dense_size(m, n, f"dense() of a {type(self).__name__}", max_entries)
+        check_dense_size(m, n, f"dense() of a {type(self).__name__}", max_entries)
         return self._matmat(np.eye(n))
 
     def to_linear_operator(self) -> LinearOperator:
@@ -322,10 +290,10 @@ class Matrix:
         )
 
     def kron_union(self):
-        """This matrix as a union of weighted Kronecker products (see :mod:`hdmm.kron_union`)."""
-        from .kron_union import KronUnion
+        """This matrix as a union of weighted Kronecker products: :func:`hdmm.kron_union.kron_union`."""
+        from .kron_union import kron_union  # the normal form lives with KronUnion
 
-        return KronUnion.single([self])
+        return kron_union(self)
 
     # ------------------------------------------------------------------ labels
     def describe(self, row: int, name: str | None = None, values: Sequence | None = None) -> str | None:
@@ -347,17 +315,6 @@ class Matrix:
     def _key(self):
         """A hashable key: equal keys mean equal matrices (used to share work)."""
         return id(self)
-
-
-def _check_width(f: Matrix, A: Matrix) -> None:
-    """Refuse a workload factor ``f`` whose cells are not the strategy factor ``A``'s."""
-    if f.shape[1] != A.shape[1]:
-        raise ValueError(f"the workload has {f.shape[1]:,} cells but the strategy has {A.shape[1]:,}")
-
-
-def _check_norm(p: int) -> None:
-    if p not in (1, 2):
-        raise ValueError(f"sensitivity norm p must be 1 (Laplace) or 2 (Gaussian), got {p!r}")
 
 
 # ====================================================================== Kronecker vectors
@@ -401,7 +358,7 @@ class KronVector:
         return float(sum(w * math.prod(float(np.sum(v)) for v in vs) for w, vs in self.terms))
 
     def to_array(self) -> np.ndarray:
-        _check_dense_size(self.size, 1, "expanding a Kronecker-structured vector", 2**28)
+        check_dense_size(self.size, 1, "expanding a Kronecker-structured vector", 2**28)
         out = np.zeros(self.size)
         for w, vs in self.terms:
             out += w * reduce(np.kron, vs)
@@ -426,7 +383,7 @@ class KronVector:
             return float(coefs.sum())
         first, rest = keep[0], keep[1:]
         rest_size = math.prod(self.sizes[a] for a in rest)
-        _check_dense_size(rest_size, len(self.terms), "the maximum of a Kronecker-structured vector", 2**28)
+        check_dense_size(rest_size, len(self.terms), "the maximum of a Kronecker-structured vector", 2**28)
         tails = np.stack([reduce(np.kron, [vs[a] for a in rest], np.ones(1)) for _, vs in self.terms])
         heads = np.stack([vs[first] for _, vs in self.terms]) * coefs[:, None]  # (terms, n_first)
         best = -np.inf
@@ -475,7 +432,7 @@ class Explicit(Matrix):
         return Explicit(self.matrix.T @ self.matrix)
 
     def column_norm_powers(self, p):
-        _check_norm(p)
+        check_norm(p)
         if self.is_sparse:
             col = np.asarray(abs(self.matrix).power(p).sum(axis=0)).ravel()
         else:
@@ -496,7 +453,7 @@ class Explicit(Matrix):
         return np.einsum("ij,ij->i", AX, self.matrix)
 
     def dense(self, max_entries=None):
-        _check_dense_size(*self.shape, "dense() of an Explicit matrix", max_entries)
+        check_dense_size(*self.shape, "dense() of an Explicit matrix", max_entries)
         return self.matrix.toarray() if self.is_sparse else self.matrix.copy()
 
     def describe(self, row, name=None, values=None):
@@ -504,36 +461,11 @@ class Explicit(Matrix):
             label = self.row_labels[row]
             return label if name is None else f"{name}: {label}"
         r = self.matrix[[row]].toarray()[0] if self.is_sparse else self.matrix[row]
-        return _describe_row(r, name, values)
+        return describe_row(r, name, values)
 
     def __repr__(self):
         kind = "sparse" if self.is_sparse else "dense"
         return f"Explicit({kind}, shape={self.shape})"
-
-
-def _value_label(values: Sequence | None, i: int) -> str:
-    return str(i if values is None else values[i])
-
-
-def _describe_row(row: np.ndarray, name: str | None, values: Sequence | None) -> str | None:
-    """Label a one-attribute query row: a total, a single value, a range or a set of values."""
-    name = name or "value"
-    support = np.flatnonzero(row)
-    if support.size == 0:
-        return f"{name}: empty query"
-    if not np.all(row[support] == 1):
-        return f"{name}: weighted query"
-    if support.size == row.size:
-        return None
-    if support.size == 1:
-        return f"{name}={_value_label(values, support[0])}"
-    lo, hi = int(support[0]), int(support[-1]) + 1
-    if hi - lo == support.size:
-        if values is None:
-            return f"{name} in [{lo}, {hi})"
-        return f"{name} in {_value_label(values, lo)}..{_value_label(values, hi - 1)}"
-    shown = ", ".join(_value_label(values, i) for i in support[:6])
-    return f"{name} in {{{shown}{', ...' if support.size > 6 else ''}}}"
 
 
 class Identity(Matrix):
@@ -542,7 +474,7 @@ class Identity(Matrix):
     fast_pinv = True
 
     def __init__(self, n: int):
-        self.n = _positive_int(n, "n")
+        self.n = positive_int(n, "n")
         self.shape = (self.n, self.n)
 
     def _matmat(self, X):
@@ -558,11 +490,11 @@ class Identity(Matrix):
         return self
 
     def column_norm_powers(self, p):
-        _check_norm(p)
+        check_norm(p)
         return KronVector.from_array(np.broadcast_to(1.0, self.n))
 
     def sensitivity(self, p=1):
-        _check_norm(p)
+        check_norm(p)
         return 1.0
 
     def diag(self):
@@ -585,11 +517,11 @@ class Identity(Matrix):
         return norms, np.zeros(norms.size, dtype=bool), norms > 0
 
     def dense(self, max_entries=None):
-        _check_dense_size(self.n, self.n, "dense() of an Identity", max_entries)
+        check_dense_size(self.n, self.n, "dense() of an Identity", max_entries)
         return np.eye(self.n)
 
     def describe(self, row, name=None, values=None):
-        label = _value_label(values, row)
+        label = value_label(values, row)
         return label if name is None else f"{name}={label}"
 
     def __repr__(self):
@@ -605,7 +537,7 @@ class Ones(Matrix):
     fast_pinv = True
 
     def __init__(self, m: int, n: int):
-        self.shape = (_positive_int(m, "m"), _positive_int(n, "n"))
+        self.shape = (positive_int(m, "m"), positive_int(n, "n"))
 
     def _matmat(self, X):
         return np.repeat(X.sum(axis=0, keepdims=True), self.shape[0], axis=0)
@@ -622,11 +554,11 @@ class Ones(Matrix):
         return Ones(n, n) if m == 1 else Weighted(Ones(n, n), float(m))
 
     def column_norm_powers(self, p):
-        _check_norm(p)
+        check_norm(p)
         return KronVector.from_array(np.broadcast_to(float(self.shape[0]), self.shape[1]))
 
     def sensitivity(self, p=1):
-        _check_norm(p)
+        check_norm(p)
         return float(self.shape[0]) ** (1.0 / p)
 
     def diag(self):
@@ -645,7 +577,7 @@ class Ones(Matrix):
         return np.full(self.shape[0], float(np.sum(X)))
 
     def dense(self, max_entries=None):
-        _check_dense_size(*self.shape, "dense() of Ones", max_entries)
+        check_dense_size(*self.shape, "dense() of Ones", max_entries)
         return np.ones(self.shape)
 
     def describe(self, row, name=None, values=None):
@@ -683,7 +615,7 @@ class Diagonal(Matrix):
         return Diagonal(self.d**2)
 
     def column_norm_powers(self, p):
-        _check_norm(p)
+        check_norm(p)
         return KronVector.from_array(np.abs(self.d) ** p)
 
     def diag(self):
@@ -699,7 +631,7 @@ class Diagonal(Matrix):
         return self.d**2 * np.diagonal(X)
 
     def dense(self, max_entries=None):
-        _check_dense_size(*self.shape, "dense() of a Diagonal", max_entries)
+        check_dense_size(*self.shape, "dense() of a Diagonal", max_entries)
         return np.diag(self.d)
 
 
@@ -795,13 +727,8 @@ class Kronecker(Matrix):
         return Kronecker([f.pinv() for f in self.factors])
 
     def dense(self, max_entries=None):
-        _check_dense_size(*self.shape, "dense() of a Kronecker product", max_entries)
+        check_dense_size(*self.shape, "dense() of a Kronecker product", max_entries)
         return reduce(np.kron, [f.dense() for f in self.factors])
-
-    def kron_union(self):
-        from .kron_union import KronUnion
-
-        return KronUnion.single(self.factors)
 
     def describe(self, row, name=None, values=None):
         idx = np.unravel_index(row, tuple(f.shape[0] for f in self.factors))
@@ -878,13 +805,8 @@ class VStack(Matrix):
         return np.concatenate([b.quadratic_diag(X) for b in self.blocks])
 
     def dense(self, max_entries=None):
-        _check_dense_size(*self.shape, "dense() of a union", max_entries)
+        check_dense_size(*self.shape, "dense() of a union", max_entries)
         return np.vstack([b.dense() for b in self.blocks])
-
-    def kron_union(self):
-        from .kron_union import KronUnion
-
-        return KronUnion.concatenate([b.kron_union() for b in self.blocks])
 
     def _locate(self, row: int) -> tuple[int, int]:
         k = int(np.searchsorted(self.offsets, row, side="right")) - 1
@@ -951,9 +873,6 @@ class Weighted(Matrix):
     def dense(self, max_entries=None):
         return self.weight * self.base.dense(max_entries)
 
-    def kron_union(self):
-        return self.base.kron_union().scale(self.weight)
-
     def describe(self, row, name=None, values=None):
         return self.base.describe(row, name, values)
 
@@ -1012,7 +931,7 @@ class Sum(Matrix):
         return None if total is None else total.shifted(shift)
 
     def dense(self, max_entries=None):
-        _check_dense_size(*self.shape, "dense() of a sum", max_entries)
+        check_dense_size(*self.shape, "dense() of a sum", max_entries)
         return sum(t.dense() for t in self.terms)
 
     def __repr__(self):
@@ -1102,8 +1021,5 @@ def _multiply(left: Matrix, right: Matrix) -> Matrix:
     return Product(left, right)
 
 
-def _positive_int(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (numbers.Integral,)) or int(value) < 1:
-        raise ValueError(f"{what} must be a positive integer, got {value!r}")
-    return int(value)
-
+# Earlier private names, kept until every module imports the public ones from hdmm.validation.
+_check_dense_size, _check_norm, _check_width = check_dense_size, check_norm, check_width

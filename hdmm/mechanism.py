@@ -35,7 +35,7 @@ from scipy.sparse.linalg import lsmr
 
 from .kron_union import KronUnion
 from .marginals import trace_spectrum
-from .matrix import Matrix
+from .matrix import Matrix, cheap_pinv
 from .privacy import Privacy
 from .structure import ZERO_RTOL, Structure, classify, in_marginal_algebra
 
@@ -43,10 +43,6 @@ __all__ = ["Measurement", "reconstruct", "reconstruction_method", "RECONSTRUCTIO
 
 #: The reconstruction methods :func:`reconstruct` accepts.
 RECONSTRUCTION_METHODS = ("auto", "kronecker", "marginals", "lsmr")
-
-#: Largest Kronecker factor (in entries, rows x columns) that ``"auto"`` pseudo-inverts densely;
-#: identities, totals and diagonals are inverted structurally at any size.
-EXACT_FACTOR_ENTRIES = 2**24
 
 #: LSMR stops when doubling the iterations moves no monitored answer by more than this many
 #: standard errors.
@@ -98,11 +94,6 @@ class Measurement:
 
 
 # ====================================================================== exact routes
-def _cheap_pinv(f: Matrix) -> bool:
-    """Whether ``"auto"`` pseudo-inverts this Kronecker factor: structural, or small enough to do densely."""
-    return f.fast_pinv or f.shape[0] * f.shape[1] <= EXACT_FACTOR_ENTRIES
-
-
 def reconstruction_method(A: Matrix, method: str = "auto", *, structure: Structure | None = None) -> str:
     """The reconstruction method :func:`reconstruct` uses for strategy ``A``.
 
@@ -123,7 +114,7 @@ def reconstruction_method(A: Matrix, method: str = "auto", *, structure: Structu
     structure = classify(A) if structure is None else structure
     form = structure.form
     if method in ("auto", "kronecker"):
-        if form == "kronecker" and (method == "kronecker" or all(_cheap_pinv(f) for f in structure.union.term(0)[1])):
+        if form == "kronecker" and (method == "kronecker" or all(cheap_pinv(f) for f in structure.union.term(0)[1])):
             return "kronecker"
         if method == "kronecker":
             raise ValueError(

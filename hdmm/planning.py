@@ -41,15 +41,10 @@ from .mechanism import RECONSTRUCTION_METHODS, reconstruction_method
 from .optimizers import OptimizationResult, optimize
 from .privacy import Privacy
 from .structure import Structure, classify
+from .version import HDMM_VERSION
 from .workload import unweighted
 
 __all__ = ["Plan", "plan", "strategy_plan", "union_variance_bound", "plan_to_json", "plan_from_json"]
-
-
-def _version() -> str:
-    from . import __version__
-
-    return __version__
 
 
 @dataclass(frozen=True, eq=False)
@@ -344,7 +339,7 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
         origin=chosen_by if origin is None else str(origin),
         weights=weights,
         seconds=time.perf_counter() - start,
-        version=_version(),
+        version=HDMM_VERSION,
     )
 
 
@@ -364,7 +359,7 @@ def strategy_plan(A: Matrix, privacy: Privacy, *, origin: str = "user") -> Plan:
         workload=A, strategy=A, privacy=privacy, sensitivity=sensitivity,
         noise_scale=privacy.noise_scale(sensitivity), structure=structure,
         method=reconstruction_method(A, "auto", structure=structure), variances=None, variance_exact=True,
-        origin=origin, version=_version(),
+        origin=origin, version=HDMM_VERSION,
     )
 
 

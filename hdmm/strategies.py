@@ -42,6 +42,7 @@ import scipy.sparse as sp
 
 from .domain import Domain
 from .error import expected_error
+from .kron_union import kron_union
 from .marginals import Marginals, as_domain
 from .matrix import DENSE_LIMIT, Explicit, Identity, Kronecker, Matrix, Ones, Weighted
 from .privacy import Privacy, PureDP
@@ -525,7 +526,7 @@ def _union_cuboids(domain: Domain, workload: Matrix) -> tuple[np.ndarray, np.nda
     A marginal listed more than once counts once, with weight :math:`\sqrt{\sum w^2}` (the
     same Gram, so the same error under any strategy).
     """
-    union = workload.kron_union()
+    union = kron_union(workload)
     if union.sizes != domain.shape:
         raise ValueError(f"the workload's attributes have sizes {union.sizes}, not the domain's {domain.shape}")
     members = np.zeros((union.num_terms, len(domain)), dtype=bool)

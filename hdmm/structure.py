@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kron_union import FactorMismatchError, KronUnion
+from .kron_union import FactorMismatchError, KronUnion, kron_union
 from .marginals import Helmert
 from .matrix import Identity, Kronecker, Matrix, Ones, Weighted
 
@@ -127,7 +127,7 @@ def classify(A: Matrix) -> Structure:
     if not isinstance(A, Matrix):
         raise TypeError(f"expected an hdmm matrix, got {type(A).__name__}")
     try:
-        union = A.kron_union()
+        union = kron_union(A)
     except FactorMismatchError:
         return Structure("general", None)
     if union.num_terms == 1:
@@ -150,7 +150,7 @@ def aligned_unions(W: Matrix, structure: Structure) -> tuple[str, KronUnion | No
         return "general", None, None
     a_union = structure.union
     try:
-        w_union = W.kron_union()
+        w_union = kron_union(W)
         if w_union.sizes != a_union.sizes:
             sizes = KronUnion.common_sizes([w_union, a_union])
             w_union, aligned = w_union.align(sizes), a_union.align(sizes)

@@ -25,19 +25,9 @@ import scipy.sparse as sp
 
 from .domain import Domain
 from .marginals import AllMarginals, DimKMarginals, Marginal, Marginals, as_domain
-from .matrix import (
-    Explicit,
-    Identity,
-    Kronecker,
-    KronVector,
-    Matrix,
-    Ones,
-    VStack,
-    _check_dense_size,
-    _check_norm,
-    _positive_int,
-    _value_label,
-)
+from .matrix import Explicit, Identity, Kronecker, KronVector, Matrix, Ones, VStack
+from .labels import value_label
+from .validation import check_dense_size, check_norm, positive_int
 from .spectral import Spectrum
 
 #: ``Ranges.gram()`` is a sparse matrix while the ranges' squared lengths sum to at most this
@@ -80,10 +70,10 @@ def _range_label(lo: int, hi: int, n: int, name: str | None, values: Sequence | 
     if lo == 0 and hi == n:
         return None
     if hi - lo == 1:
-        return f"{name}={_value_label(values, lo)}"
+        return f"{name}={value_label(values, lo)}"
     if values is None:
         return f"{name} in [{lo}, {hi})"
-    return f"{name} in {_value_label(values, lo)}..{_value_label(values, hi - 1)}"
+    return f"{name} in {value_label(values, lo)}..{value_label(values, hi - 1)}"
 
 
 class Ranges(Matrix):
@@ -94,7 +84,7 @@ class Ranges(Matrix):
     """
 
     def __init__(self, n: int, intervals: Sequence[tuple[int, int]] | np.ndarray):
-        self.n = _positive_int(n, "n")
+        self.n = positive_int(n, "n")
         bounds = np.asarray(intervals, dtype=np.int64).reshape(-1, 2)
         if bounds.shape[0] == 0:
             raise ValueError("Ranges needs at least one interval")
@@ -130,7 +120,7 @@ class Ranges(Matrix):
     def sparse(self) -> sp.csr_array:
         """The 0/1 query matrix as a scipy sparse array."""
         lengths = self.hi - self.lo
-        _check_dense_size(int(lengths.sum()), 1, "the sparse form of these ranges", 2**27)
+        check_dense_size(int(lengths.sum()), 1, "the sparse form of these ranges", 2**27)
         rows = np.repeat(np.arange(self.shape[0]), lengths)
         cols = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths) + np.repeat(self.lo, lengths)
         return sp.csr_array((np.ones(rows.size), (rows, cols)), shape=self.shape)
@@ -152,7 +142,7 @@ class Ranges(Matrix):
         return np.cumsum(diff[:-1])
 
     def column_norm_powers(self, p):
-        _check_norm(p)
+        check_norm(p)
         return KronVector.from_array(self._coverage())
 
     def quadratic_diag(self, X):
@@ -163,7 +153,7 @@ class Ranges(Matrix):
         return C[hi, hi] - C[lo, hi] - C[hi, lo] + C[lo, lo]
 
     def dense(self, max_entries=None):
-        _check_dense_size(*self.shape, f"dense() of {type(self).__name__}", max_entries)
+        check_dense_size(*self.shape, f"dense() of {type(self).__name__}", max_entries)
         out = np.zeros(self.shape)
         cols = np.arange(self.n)
         for r, (a, b) in enumerate(zip(self.lo, self.hi)):
@@ -181,7 +171,7 @@ class _SymmetricStructured(Matrix):
     """A symmetric ``n x n`` matrix with a closed-form entry formula and an O(n) product."""
 
     def __init__(self, n: int):
-        self.n = _positive_int(n, "n")
+        self.n = positive_int(n, "n")
         self.shape = (self.n, self.n)
 
     def _rmatmat(self, Y):
@@ -215,7 +205,7 @@ class RangesGram(_SymmetricStructured):
 
     def dense(self, max_entries=None):
         n = self.n
-        _check_dense_size(n, n, "dense() of a RangesGram", max_entries)
+        check_dense_size(n, n, "dense() of a RangesGram", max_entries)
         counts = np.zeros((n + 1, n + 1))
         np.add.at(counts, (self.ranges.lo, self.ranges.hi), 1.0)
         # corner[a, b] = #{r : lo_r <= a, hi_r >= b}; G_ij = corner[i, j + 1] for i <= j
@@ -244,7 +234,7 @@ class PrefixGram(_SymmetricStructured):
         return Spectrum.sine(self.n, "prefix")
 
     def dense(self, max_entries=None):
-        _check_dense_size(self.n, self.n, "dense() of a PrefixGram", max_entries)
+        check_dense_size(self.n, self.n, "dense() of a PrefixGram", max_entries)
         i = np.arange(self.n)
         return (self.n - np.maximum.outer(i, i)).astype(float)
 
@@ -271,7 +261,7 @@ class AllRangeGram(_SymmetricStructured):
         return Spectrum.sine(self.n, "allrange")
 
     def dense(self, max_entries=None):
-        _check_dense_size(self.n, self.n, "dense() of an AllRangeGram", max_entries)
+        check_dense_size(self.n, self.n, "dense() of an AllRangeGram", max_entries)
         i = np.arange(self.n)
         return ((np.minimum.outer(i, i) + 1) * (self.n - np.maximum.outer(i, i))).astype(float)
 
@@ -280,7 +270,7 @@ class Prefix(Ranges):
     """The ``n`` prefix queries ``[0, b)``, ``b = 1..n`` (the empirical CDF)."""
 
     def __init__(self, n: int):
-        n = _positive_int(n, "n")
+        n = positive_int(n, "n")
         hi = np.arange(1, n + 1)
         super().__init__(n, np.column_stack([np.zeros(n, dtype=np.int64), hi]))
 
@@ -304,7 +294,7 @@ class AllRange(Ranges):
     """
 
     def __init__(self, n: int):
-        self.n = _positive_int(n, "n")
+        self.n = positive_int(n, "n")
         self.shape = (self.n * (self.n + 1) // 2, self.n)
 
     @cached_property
@@ -330,8 +320,8 @@ class AllRange(Ranges):
 
 def WidthKRange(n: int, k: int) -> Ranges:
     """All ``n - k + 1`` ranges of exactly ``k`` consecutive values (sliding windows)."""
-    n = _positive_int(n, "n")
-    k = _positive_int(k, "k")
+    n = positive_int(n, "n")
+    k = positive_int(k, "k")
     if k > n:
         raise ValueError(f"window width k={k} is larger than the attribute size n={n}")
     lo = np.arange(n - k + 1)
