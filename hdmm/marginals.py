@@ -47,7 +47,6 @@ __all__ = [
     "TraceSpectrum",
     "trace_spectrum",
     "factor_traces",
-    "in_marginal_algebra",
 ]
 
 #: Largest number of (term, subset) pairs the spectrum enumeration will generate.
@@ -112,7 +111,7 @@ class TraceSpectrum:
     def eigenvalues(self) -> np.ndarray:
         r""":math:`\mu_T / N = \tau_T / \mathrm{tr}(E_T)`: the normalised eigenvalue on each ``E_T``.
 
-        Meaningful only for Grams in the marginals algebra (:func:`in_marginal_algebra`).
+        Meaningful only for Grams in the marginals algebra (:func:`hdmm.structure.in_marginal_algebra`).
         """
         trace_E = self.trace_E
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -186,29 +185,6 @@ def trace_spectrum(union: KronUnion, with_terms: bool = False):
     if with_terms:
         return spectrum, (term_ids, inverse, values)
     return spectrum
-
-
-def in_marginal_algebra(union: KronUnion) -> bool:
-    r"""Whether every factor Gram of the union has the form :math:`aI + bJ`.
-
-    Then the union's Gram is diagonal in the :math:`E_T` basis.
-    """
-
-    def is_aI_bJ(f: Matrix) -> bool:
-        if isinstance(f, (Identity, Ones, Helmert)):
-            return True
-        if isinstance(f, Weighted):
-            return is_aI_bJ(f.base)
-        n = f.shape[1]
-        if n * n > 2**24:
-            return False
-        G = f.gram().dense()
-        if n == 1:
-            return True
-        a, b = G[0, 0] - G[0, 1], G[0, 1]
-        return bool(np.allclose(G, a * np.eye(n) + b, rtol=1e-10, atol=1e-12 * max(1.0, abs(G).max())))
-
-    return all(is_aI_bJ(f) for fs in union.factors for f in fs)
 
 
 # ====================================================================== subset-indexed products

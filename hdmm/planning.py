@@ -44,7 +44,7 @@ from .structure import Structure, classify
 from .version import HDMM_VERSION
 from .workload import unweighted
 
-__all__ = ["Plan", "plan", "strategy_plan", "union_variance_bound", "plan_to_json", "plan_from_json"]
+__all__ = ["Plan", "plan", "check_inputs", "strategy_plan", "union_variance_bound", "plan_to_json", "plan_from_json"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -268,6 +268,16 @@ def _check_sensitivity(sensitivity: float, A: Matrix) -> float:
     return float(sensitivity)
 
 
+def check_inputs(W: Matrix, privacy: Privacy, method: str = "auto") -> None:
+    """Refuse a workload that is not an hdmm matrix, an unknown privacy definition or reconstruction method."""
+    if not isinstance(W, Matrix):
+        raise TypeError(f"the workload must be an hdmm matrix, got {type(W).__name__}")
+    if not isinstance(privacy, Privacy):
+        raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
+    if method not in RECONSTRUCTION_METHODS:
+        raise ValueError(f"unknown reconstruction method {method!r}; choose one of {list(RECONSTRUCTION_METHODS)}")
+
+
 def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privacy, *, method: str = "auto",
          origin: str | None = None, seed=None, progress: bool | Callable[[str], None] = False) -> Plan:
     r"""Make the data-independent plan for releasing workload ``W`` under ``privacy``.
@@ -305,12 +315,7 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
         A strategy over another domain, one that does not support the workload (checked here,
         before any data is touched), a zero strategy, or an unknown ``method``.
     """
-    if not isinstance(W, Matrix):
-        raise TypeError(f"the workload must be an hdmm matrix, got {type(W).__name__}")
-    if not isinstance(privacy, Privacy):
-        raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
-    if method not in RECONSTRUCTION_METHODS:
-        raise ValueError(f"unknown reconstruction method {method!r}; choose one of {list(RECONSTRUCTION_METHODS)}")
+    check_inputs(W, privacy, method)
     start = time.perf_counter()
     A, chosen_by, structure, sensitivity = _choose(W, privacy, strategy, seed, progress)
     if A.shape[1] != W.shape[1]:

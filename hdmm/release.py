@@ -31,7 +31,7 @@ from .kernel import as_generator, check_data_vector, measure
 from .matrix import Matrix, VStack
 from .mechanism import Measurement, reconstruct
 from .optimizers import OptimizationResult
-from .planning import Plan, plan_from_json, plan_to_json
+from .planning import Plan, check_inputs, plan_from_json, plan_to_json
 from .postprocess import nonnegative_least_squares, round_to_total
 from .io import FORMAT, VERSION, read_archive, write_archive
 from .planning import plan as make_plan
@@ -424,10 +424,7 @@ def run(
         timings[name] = now - clock
         clock = now
 
-    if not isinstance(W, Matrix):
-        raise TypeError(f"the workload must be an hdmm matrix, got {type(W).__name__}")
-    if not isinstance(privacy, Privacy):
-        raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
+    check_inputs(W, privacy, method)
     if postprocess not in POSTPROCESS_OPTIONS:
         raise ValueError(f"postprocess must be one of {list(POSTPROCESS_OPTIONS)}, got {postprocess!r}")
     options = dict(reconstruct_options or {})
