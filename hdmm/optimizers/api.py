@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from ..bound import SVDBound, svd_bound
 from ..error import ErrorResult
+from ..kron_union import kron_union
 from ..matrix import Matrix
 from ..privacy import ZCDP, Privacy, PureDP
 from .kron import opt_kron_union
@@ -112,7 +113,7 @@ def opt0(W: Matrix, privacy: Privacy | None = None, p: int | None = None, restar
     """
     privacy = _privacy("opt0", privacy, noise)
     _check(W, p, restarts)
-    union = W.kron_union()
+    union = kron_union(W)
     if union.dim != 1:
         union = union.align((W.shape[1],))
     A, _ = opt_kron_union(union, privacy, p, restarts, _rng(seed), max_rounds=1, progress=progress)
@@ -130,7 +131,7 @@ def opt_kron(W: Matrix, privacy: Privacy | None = None, p: int | None = None, re
     """
     privacy = _privacy("opt_kron", privacy, noise)
     _check(W, p, restarts)
-    A, _ = opt_kron_union(W.kron_union(), privacy, p, restarts, _rng(seed), progress=progress)
+    A, _ = opt_kron_union(kron_union(W), privacy, p, restarts, _rng(seed), progress=progress)
     return A
 
 
@@ -140,7 +141,7 @@ def opt_union(W: Matrix, privacy: Privacy | None = None, groups: Sequence[Sequen
     """OPT_+: a union of Kronecker strategies, one per group of workload terms (see :mod:`.union`).
 
     ``privacy``: the privacy definition planned for (default: Laplace noise). ``groups`` lists
-    term indices of ``W.kron_union()``, each term in exactly one group. By default: one group per
+    term indices of ``hdmm.kron_union.kron_union(W)``, each term in exactly one group. By default: one group per
     top-level block of a union (e.g. per Census table), else one per Kronecker term; but as
     separate groups cannot share measurements (on marginal workloads one group per marginal is
     often several times worse than the identity), the OPT_(x) strategy of all terms together is
@@ -150,7 +151,7 @@ def opt_union(W: Matrix, privacy: Privacy | None = None, groups: Sequence[Sequen
     """
     privacy = _privacy("opt_union", privacy, noise)
     _check(W, p, restarts)
-    union = W.kron_union()
+    union = kron_union(W)
     rng = _rng(seed)
     if groups is not None:
         return opt_union_groups(union, check_groups(groups, union.num_terms), privacy, p, restarts, rng, progress)[0]

@@ -45,7 +45,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import Bounds, minimize
 
-from ..kron_union import KronUnion
+from ..kron_union import KronUnion, kron_union
 from ..marginals import Marginals, Residuals, as_domain, subset_keys, trace_spectrum
 from ..domain import Domain
 from ..matrix import Kronecker, Matrix, Weighted
@@ -222,10 +222,10 @@ def opt_marginals_strategy(W: Matrix, privacy: Privacy, restarts: int | None, rn
                            union: KronUnion | None = None) -> tuple[Marginals, float]:
     """OPT_M for workload ``W``: the weighted-marginals strategy and its unit-noise error.
 
-    The strategy has sensitivity 1 in the norm of ``privacy``; ``union`` is ``W.kron_union()``
+    The strategy has sensitivity 1 in the norm of ``privacy``; ``union`` is ``kron_union(W)``
     when the caller has it already.
     """
-    union = W.kron_union() if union is None else union
+    union = kron_union(W) if union is None else union
     norm = privacy.norm
     problem = MarginalsProblem(union)
     theta, value = optimize_marginal_weights(problem, privacy, restarts, rng)
@@ -255,9 +255,9 @@ def residual_strategy(W: Matrix, union: KronUnion | None = None) -> tuple[Residu
 
     :math:`\lambda_T \propto \sqrt{\tau_T / \mathrm{tr}(E_T)}` on the workload's subsets,
     scaled to L2 sensitivity 1; the error is :math:`(\sum_T \sqrt{\tau_T\,\mathrm{tr}(E_T)})^2`.
-    ``union`` is ``W.kron_union()`` when the caller has it already.
+    ``union`` is ``kron_union(W)`` when the caller has it already.
     """
-    union = W.kron_union() if union is None else union
+    union = kron_union(W) if union is None else union
     spectrum = trace_spectrum(union)
     trace_E = spectrum.trace_E
     live = (spectrum.tau > 0) & (trace_E > 0)

@@ -47,7 +47,8 @@ import scipy.sparse as sp
 from scipy.linalg.lapack import dpotrf, dpotri, dtrtri
 from threadpoolctl import threadpool_limits
 
-from ..matrix import Explicit, Identity, KronVector, Matrix, _check_norm
+from ..matrix import Explicit, Identity, KronVector, Matrix
+from ..validation import check_norm
 
 __all__ = ["PIdentity", "pidentity_objective", "optimize_pidentity", "default_p", "default_restarts",
            "hierarchical_start"]
@@ -440,7 +441,7 @@ class PIdentity(Matrix):
     """
 
     def __init__(self, T: np.ndarray, norm: int = 1):
-        _check_norm(norm)
+        check_norm(norm)
         T = np.asarray(T, dtype=float)
         if T.ndim != 2 or not np.all(np.isfinite(T)) or np.any(T < 0):
             raise ValueError("T must be a finite, non-negative 2-D array (p x n)")
@@ -458,7 +459,7 @@ class PIdentity(Matrix):
         return (Y[:n] + self.params.T @ Y[n:]) / self.d[:, None]
 
     def column_norm_powers(self, p):
-        _check_norm(p)
+        check_norm(p)
         T = self.params
         return KronVector.from_array((1.0 + (T**p).sum(axis=0)) / self.d**p)
 

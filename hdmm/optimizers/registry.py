@@ -37,7 +37,7 @@ from typing import Callable
 import numpy as np
 
 from ..error import ErrorResult, exact_route, expected_error
-from ..kron_union import KronUnion
+from ..kron_union import KronUnion, kron_union
 from ..matrix import Identity, Matrix
 from ..privacy import Privacy
 from .kron import opt_kron_union
@@ -100,7 +100,7 @@ class Problem:
     @cached_property
     def union(self) -> KronUnion:
         """The workload as a union of Kronecker products (computed once)."""
-        return self.workload.kron_union()
+        return kron_union(self.workload)
 
     @cached_property
     def unit_variance(self) -> float:

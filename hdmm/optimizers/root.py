@@ -44,8 +44,9 @@ from functools import cached_property
 
 import numpy as np
 
-from ..matrix import FACTOR_DENSE_LIMIT, KronVector, Matrix, _check_dense_size, _check_norm, _check_width
+from ..matrix import FACTOR_DENSE_LIMIT, KronVector, Matrix
 from ..spectral import ROW_WALK, SineBasis, Spectrum, blocks, pinch, unit_columns
+from ..validation import check_dense_size, check_norm, check_width
 from .convex import SINGULAR_TOL
 
 __all__ = ["SquareRootStrategy"]
@@ -179,7 +180,7 @@ class SquareRootStrategy(Matrix):
 
     def column_norm_powers(self, p):
         """Squared L2 column norms: :math:`s_j^2 R_{jj}` (1 up to rounding; one diagonal). L1: a walk over the rows of ``Q``."""
-        _check_norm(p)
+        check_norm(p)
         if p == 2:
             return KronVector.from_array(self.scale**2 * self._root_diag)
         out = np.empty(self.shape[1])
@@ -189,7 +190,7 @@ class SquareRootStrategy(Matrix):
 
     def gram_pinv_trace(self, f):
         """``(tr(X^{-1} f^T f), True)``: ``X`` is positive definite, so every workload is supported."""
-        _check_width(f, self)
+        check_width(f, self)
         return self.gram_pinv_trace_of_gram(f.gram()), True
 
     def gram_pinv_trace_of_gram(self, G: Matrix) -> float:
@@ -219,7 +220,7 @@ class SquareRootStrategy(Matrix):
         in ``O(n)`` memory; more queries (all ranges) go through the inverse Gram and
         ``f.quadratic_diag``.
         """
-        _check_width(f, self)
+        check_width(f, self)
         m, n = f.shape
         if m > ROW_WALK * n:
             Xinv, identity = self._gram_inverse
@@ -237,7 +238,7 @@ class SquareRootStrategy(Matrix):
     def _gram_inverse(self):
         r"""``(X^{-1}, I)`` densely: :math:`X^{-1} = S^{-1} Q \Lambda^{-1/2} Q^T S^{-1}` (refused above ``FACTOR_DENSE_LIMIT``)."""
         n = self.shape[1]
-        _check_dense_size(n, n, "the inverse Gram of a square-root strategy", FACTOR_DENSE_LIMIT)
+        check_dense_size(n, n, "the inverse Gram of a square-root strategy", FACTOR_DENSE_LIMIT)
         inner = self.basis.apply(self.basis.apply_transpose(np.eye(n)) / np.sqrt(self.values)[:, None])
         unscale = 1.0 / self.scale
         inner *= unscale[:, None]

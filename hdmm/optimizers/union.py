@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..kron_union import KronUnion
+from ..kron_union import KronUnion, kron_union
 from ..matrix import Matrix, VStack, Weighted
 from ..privacy import Privacy
 from .kron import opt_kron_union
@@ -50,7 +50,7 @@ def default_groups(W: Matrix, union: KronUnion) -> list[np.ndarray]:
     """Term groups: one per top-level block of a union (e.g. one per Census table), else per term."""
     blocks = getattr(W, "blocks", None)
     if blocks is not None and len(blocks) > 1:
-        sizes = [b.kron_union().num_terms for b in blocks]
+        sizes = [kron_union(b).num_terms for b in blocks]
         if sum(sizes) == union.num_terms:
             edges = np.cumsum([0] + sizes)
             return [np.arange(a, b) for a, b in zip(edges[:-1], edges[1:])]
@@ -68,7 +68,7 @@ def check_groups(groups: Sequence[Sequence[int]], num_terms: int) -> list[np.nda
             raise ValueError(f"group {k} lists a term more than once: {group!r}")
         if g.min() < 0 or g.max() >= num_terms:
             raise ValueError(f"group {k} names term {int(g.min() if g.min() < 0 else g.max())}; the workload's "
-                             f"terms are 0 ... {num_terms - 1} (see W.kron_union())")
+                             f"terms are 0 ... {num_terms - 1} (see hdmm.kron_union.kron_union(W))")
         np.add.at(seen, g, 1)
         checked.append(g.astype(np.intp))
     if np.any(seen > 1):
