@@ -35,7 +35,7 @@ from scipy.sparse.linalg import LinearOperator
 
 from .spectral import Spectrum
 from .labels import LabelSequence, describe_row, value_label
-from .validation import DENSE_LIMIT, DenseLimitError, check_dense_size, check_norm, check_width, positive_int
+from .validation import DENSE_LIMIT, DenseLimitError, check_dense_size, check_norm, positive_int
 
 __all__ = [
     "DENSE_LIMIT",
@@ -288,12 +288,6 @@ class Matrix:
             matmat=lambda X: self._matmat(np.asarray(X, dtype=float)),
             rmatmat=lambda Y: self._rmatmat(np.asarray(Y, dtype=float)),
         )
-
-    def kron_union(self):
-        """This matrix as a union of weighted Kronecker products: :func:`hdmm.kron_union.kron_union`."""
-        from .kron_union import kron_union  # the normal form lives with KronUnion
-
-        return kron_union(self)
 
     # ------------------------------------------------------------------ labels
     def describe(self, row: int, name: str | None = None, values: Sequence | None = None) -> str | None:
@@ -1019,7 +1013,3 @@ def _multiply(left: Matrix, right: Matrix) -> Matrix:
         if left.shape[0] * right.shape[1] <= DENSE_LIMIT:
             return Explicit(np.asarray(left.matrix @ right.matrix))
     return Product(left, right)
-
-
-# Earlier private names, kept until every module imports the public ones from hdmm.validation.
-_check_dense_size, _check_norm, _check_width = check_dense_size, check_norm, check_width

@@ -262,14 +262,14 @@ def test_dense_refuses_above_the_limit():
 
 
 def test_dense_limit_is_adjustable_and_implicit_ops_still_work():
-    I = Identity(10**5)
+    eye = Identity(10**5)
     with pytest.raises(DenseLimitError):
         Identity(100).dense(max_entries=99)
     assert Identity(10).dense(max_entries=100).shape == (10, 10)
     x = np.arange(10**5, dtype=float)
-    np.testing.assert_array_equal(I @ x, x)
-    assert I.trace() == 10**5
-    assert I.sensitivity(1) == 1.0
+    np.testing.assert_array_equal(eye @ x, x)
+    assert eye.trace() == 10**5
+    assert eye.sensitivity(1) == 1.0
     K = Kronecker([wl.Prefix(1000), wl.Prefix(1000)])
     assert K.shape[0] * K.shape[1] > DENSE_LIMIT
     v = K @ np.ones(10**6)
