@@ -101,7 +101,7 @@ def one_d(max_n: int, names: list[str]) -> pd.DataFrame:
                                                        / W.shape[0]))
                 row["method"] = "convex program"
             else:
-                A = hdmm.opt0(W, noise=noise, seed=0)
+                A = hdmm.opt0(W, privacy, seed=0)
                 row["method"] = method_name(A)
             row["seconds"] = time.perf_counter() - start
             row["HDMM"] = _rmse(W, A, privacy)
@@ -203,7 +203,7 @@ def unions(n: int = 8192) -> pd.DataFrame:
     for name, make in UNIONS_1D.items():
         W = make(n)
         start = time.perf_counter()
-        A = hdmm.opt0(W, noise="gaussian", seed=0)
+        A = hdmm.opt0(W, privacy, seed=0)
         seconds = time.perf_counter() - start
         start = time.perf_counter()
         T, _ = optimize_pidentity(W.gram(), default_p(n), 2, 1, np.random.default_rng(0))

@@ -2,7 +2,11 @@
 
 Answer large sets of linear counting queries under differential privacy with the least error:
 describe a workload implicitly (Kronecker products, unions, marginals), compute the exact
-expected error of a strategy and the SVD lower bound, without any ``N x N`` matrix.
+expected error of a strategy and the SVD lower bound, without any ``N x N`` matrix; plan a
+release once (:func:`plan`), measure it on data (:func:`measure`, the only step that touches
+data and draws noise) and reconstruct (:func:`reconstruct`), or do all of it with :func:`run`.
+The composite matrix classes (``VStack``, ``Weighted``, ``Sum``, ``Product``, ``Transpose``)
+live in :mod:`hdmm.matrix`.
 
 >>> import hdmm
 >>> dom = hdmm.Domain(["sex", "age"], [2, 115])
@@ -28,11 +32,6 @@ from .matrix import (
     Kronecker,
     Matrix,
     Ones,
-    Product,
-    Sum,
-    Transpose,
-    VStack,
-    Weighted,
 )
 from .optimizers import (
     OptimizationResult,
@@ -48,7 +47,6 @@ from .optimizers import (
 from .privacy import ZCDP, ApproxDP, Privacy, PureDP
 from .planning import Plan, plan
 from .release import Release, run
-from .kron_union import KronUnion
 from . import catalog  # named workloads and JSON workload files: hdmm.catalog.load_workload(...)
 from . import strategies  # the baselines, as a namespace: hdmm.strategies.hb(64), ...
 from .version import HDMM_VERSION
@@ -79,7 +77,6 @@ __all__ = [
     "Explicit",
     "Identity",
     "IdentityTotal",
-    "KronUnion",
     "Kronecker",
     "Marginal",
     "Marginals",
@@ -92,18 +89,13 @@ __all__ = [
     "Predicates",
     "Prefix",
     "Privacy",
-    "Product",
     "PureDP",
     "Ranges",
     "Release",
     "Residuals",
     "SVDBound",
     "SquareRootStrategy",
-    "Sum",
     "Total",
-    "Transpose",
-    "VStack",
-    "Weighted",
     "WidthKRange",
     "ZCDP",
     "expected_error",

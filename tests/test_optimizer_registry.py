@@ -86,7 +86,7 @@ def test_an_optimization_result_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.optimizer = "other"
     assert list(result.report.columns) == ["optimizer", "total squared error", "exact", "seconds", "rmse",
-                                           "ratio to SVD bound"]
+                                           "RMSE / SVD bound RMSE"]
 
 
 def test_an_inexact_candidate_is_reported_at_its_bound():
@@ -101,7 +101,7 @@ def test_an_inexact_candidate_is_reported_at_its_bound():
 def test_a_registered_optimizer_joins_optimize(monkeypatch):
     def total_and_cells(problem):
         n = problem.workload.shape[1]
-        return problem.candidate(hdmm.VStack([0.5 * hdmm.Total(n), 0.5 * hdmm.Identity(n)]))
+        return problem.candidate(hdmm.matrix.VStack([0.5 * hdmm.Total(n), 0.5 * hdmm.Identity(n)]))
 
     extra = Optimizer("total_and_cells", total_and_cells, summary="a total and the cells")
     monkeypatch.setitem(REGISTRY, extra.name, extra)

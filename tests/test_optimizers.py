@@ -220,7 +220,7 @@ def test_optimize_picks_the_best_candidate_and_round_trips(privacy, tmp_path):
     assert set(report["optimizer"]) >= {"identity", "opt_kron", "opt_marginals", "opt_union"}
     assert float(result.error) == pytest.approx(report["total squared error"].min())
     assert float(result.error) <= float(hdmm.expected_error(W, hdmm.Identity(dom.size), privacy))
-    assert (report["ratio to SVD bound"] >= 1 - 1e-9).all()
+    assert (report["RMSE / SVD bound RMSE"] >= 1 - 1e-9).all()
     again = hdmm.optimize(W, privacy, seed=0)
     np.testing.assert_allclose(again.report["total squared error"], report["total squared error"])
     path = tmp_path / "strategy.npz"

@@ -85,7 +85,7 @@ def test_small_extra_rows_are_kept_where_a_secant_step_would_clip_to_zero(p):
     from scipy.optimize import minimize_scalar
 
     n = 115
-    W = hdmm.VStack([hdmm.Identity(n), hdmm.Total(n)])
+    W = hdmm.matrix.VStack([hdmm.Identity(n), hdmm.Total(n)])
     G = W.gram()
     best = minimize_scalar(lambda t: P.pidentity_objective(np.full((1, n), t), G, 1, gradient=False),
                            bounds=(0.05, 1.0), method="bounded").fun

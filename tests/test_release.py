@@ -44,12 +44,11 @@ X_SMALL = np.random.default_rng(7).poisson(4.0, W_SMALL.shape[1]).astype(float)
 
 # ====================================================================== error statistics
 def strategy_of(kind: str, privacy):
-    noise = privacy.noise
     if kind == "kronecker":
-        return hdmm.opt_kron(W_SMALL, noise=noise, seed=0)
+        return hdmm.opt_kron(W_SMALL, privacy, seed=0)
     if kind == "union":
-        return hdmm.opt_union(W_SMALL, noise=noise, groups=[[0], [1], [2]], seed=0)
-    return hdmm.opt_marginals(W_SMALL, noise=noise, seed=0)
+        return hdmm.opt_union(W_SMALL, privacy, groups=[[0], [1], [2]], seed=0)
+    return hdmm.opt_marginals(W_SMALL, privacy, seed=0)
 
 
 @pytest.mark.parametrize("privacy", [PureDP(1.0), ZCDP(0.5)], ids=["laplace", "gaussian"])
@@ -211,7 +210,7 @@ def test_round_to_total(values):
 
 # ====================================================================== the release object
 def test_release_table_intervals_and_summary():
-    A = hdmm.opt_kron(W_SMALL, noise="gaussian", seed=0)
+    A = hdmm.opt_kron(W_SMALL, ZCDP(0.5), seed=0)
     release = run(W_SMALL, X_SMALL, ApproxDP(1.0, 1e-6), strategy=A, rng=2)
     assert isinstance(release, Release)
     table = release.table(level=0.9)

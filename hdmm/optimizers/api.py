@@ -213,7 +213,7 @@ class OptimizationResult:
         The SVD lower bound for the workload, under ``privacy``.
     report : pandas.DataFrame
         One row per candidate: total squared error, whether it is exact, seconds, RMSE, and
-        the ratio of its total squared error to the bound's.
+        ``RMSE / SVD bound RMSE`` (a ratio of RMSEs, at least 1).
     """
 
     strategy: Matrix
@@ -279,6 +279,6 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     bound = svd_bound(W, privacy, seed=0)
     report = pd.DataFrame(rows)
     report["rmse"] = np.sqrt(report["total squared error"] / W.shape[0])
-    report["ratio to SVD bound"] = report["total squared error"] / bound.value
+    report["RMSE / SVD bound RMSE"] = report["rmse"] / bound.rmse if bound.rmse > 0 else np.inf
     name, candidate = best
     return OptimizationResult(candidate.strategy, name, problem.error_result(candidate), privacy, bound, report)
