@@ -53,6 +53,7 @@ from .matrix import Identity, Matrix
 from .optimizers import optimize
 from .planning import Plan, plan
 from .privacy import ZCDP, ApproxDP, Privacy, PureDP
+from .version import HDMM_VERSION
 from .release import Release, run, table_names
 
 #: Built-in data sets by name (``--data``).
@@ -78,20 +79,8 @@ class UsageError(ValueError):
 
 
 def hdmm_version() -> str:
-    """The version of the hdmm package this command runs from.
-
-    ``hdmm.__version__`` of the imported package (the code that actually runs), else the
-    installed distribution's version from its metadata, else ``"unknown"``.
-    """
-    version = getattr(sys.modules.get(__package__ or "hdmm"), "__version__", None)
-    if isinstance(version, str) and version:
-        return version
-    from importlib import metadata
-
-    try:
-        return metadata.version("hdmm")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    """The version of the hdmm package this command runs from."""
+    return HDMM_VERSION
 
 
 # ---------------------------------------------------------------------------------- inputs
@@ -364,27 +353,20 @@ def _json_default(value: Any) -> Any:
 
 def _provenance(args: argparse.Namespace, named: NamedWorkload, source: str, records: int, result: Release,
                 strategy: dict[str, Any], level: float) -> dict[str, Any]:
-    """What a release file records about how it was made (see the module docstring)."""
-    chosen = result.plan
+    """What a release file records: the release's own provenance, and how the command made it."""
+    base = result.provenance()
     return {
         "format": "hdmm-release-provenance",
         "version": 1,
-        "hdmm_version": hdmm_version(),
+        **base,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "privacy": chosen.privacy.to_dict(),
-        "privacy_description": chosen.privacy.description,
-        "noise": chosen.privacy.noise,
-        "sensitivity": float(chosen.sensitivity),
-        "noise_scale": float(chosen.noise_scale),
+        "noise": result.privacy.noise,
         "noise_seed": args.noise_seed,
-        "strategy": {**strategy, "matrix": repr(chosen.strategy)},
+        "strategy": {**strategy, "matrix": base["strategy"]},
         "workload": {"name": args.workload, "description": named.description,
                      "queries": int(named.workload.shape[0]), "cells": int(named.domain.size)},
         "data": {"source": source if source in BUILT_IN_DATA else os.path.abspath(source), "records": records},
-        "reconstruction": chosen.method,
-        "postprocess": args.postprocess,
-        "expected_rmse": float(result.rmse),
-        "std_errors": "exact" if chosen.variance_exact else "upper bounds",
+        "std_errors": base["standard_errors"],
         "interval_level": level,
         "interval_method": result.interval_method,
     }

@@ -162,7 +162,7 @@ def _apply_spectral(v: np.ndarray, sizes: tuple[int, ...], inverse: dict[tuple, 
 def _reconstruct_marginals(A: Matrix, y: np.ndarray, union: KronUnion) -> np.ndarray:
     r""":math:`\hat x = (A^TA)^+ A^T y` with :math:`(A^TA)^+ = \sum_{\mu_T > 0} E_T / \mu_T`.
 
-    The eigenvalues come from the trace spectrum of the strategy (MATH.md section 3):
+    The eigenvalues come from the trace spectrum of the strategy (docs/math.md, section 3):
     :math:`\mu_T = N \tau_T / \mathrm{tr}(E_T)`.
     """
     spectrum = trace_spectrum(union)
