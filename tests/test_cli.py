@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
-import numpy as np
 import pandas as pd
 import pytest
+from cli_files import write_workload_and_records
 
 from hdmm.cli import main
 
@@ -21,12 +20,7 @@ SPEC = {
 @pytest.fixture
 def files(tmp_path):
     """A JSON workload file and a CSV of 500 records over its domain."""
-    workload = tmp_path / "w.json"
-    workload.write_text(json.dumps(SPEC))
-    rng = np.random.default_rng(0)
-    data = tmp_path / "people.csv"
-    pd.DataFrame({"age": rng.integers(0, 8, 500), "sex": rng.choice(["female", "male"], 500)}).to_csv(data, index=False)
-    return tmp_path, str(workload), str(data)
+    return write_workload_and_records(tmp_path, SPEC, 500)
 
 
 def fails(argv, capsys) -> str:

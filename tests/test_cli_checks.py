@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from cli_files import write_workload_and_records
 
 import hdmm
 import hdmm.cli as cli
@@ -37,12 +38,7 @@ def fails(argv, capsys) -> str:
 @pytest.fixture
 def files(tmp_path):
     """A workload file and 200 records over its domain."""
-    workload = tmp_path / "w.json"
-    workload.write_text(json.dumps(SPEC))
-    rng = np.random.default_rng(0)
-    data = tmp_path / "people.csv"
-    pd.DataFrame({"age": rng.integers(0, 8, 200), "sex": rng.choice(["female", "male"], 200)}).to_csv(data, index=False)
-    return tmp_path, str(workload), str(data)
+    return write_workload_and_records(tmp_path, SPEC, 200)
 
 
 @pytest.fixture
