@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,7 +22,25 @@ from .mechanism import Measurement
 from .planning import Plan, strategy_plan
 from .privacy import Privacy
 
-__all__ = ["measure", "as_generator", "check_data_vector"]
+__all__ = ["measure", "Counts", "as_generator", "check_data_vector"]
+
+
+@dataclass(frozen=True, eq=False)
+class Counts:
+    """A data vector checked once (:func:`check_data_vector`): ``N`` finite, non-negative counts.
+
+    :func:`hdmm.run` checks the data before it plans (so that bad data is refused before any
+    optimization), and hands the checked counts to :func:`measure`, which then need not scan
+    them again. Make one with :meth:`check`; it refers to the checked array (no copy), which
+    must not change until it is measured.
+    """
+
+    values: np.ndarray
+
+    @classmethod
+    def check(cls, x, n: int) -> Counts:
+        """Check ``x`` as ``n`` counts."""
+        return cls(check_data_vector(x, n))
 
 
 def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator = None) -> Measurement:
@@ -35,7 +54,8 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
         A :class:`~hdmm.Plan` from :func:`hdmm.plan` (or loaded from a file). Its strategy,
         privacy definition and sensitivity set the noise; nothing is decided here.
     x
-        The data vector: ``N`` finite, non-negative counts (C order over the domain).
+        The data vector: ``N`` finite, non-negative counts (C order over the domain), or
+        :class:`Counts` checked already.
     rng
         ``None`` (default) draws the noise from fresh OS entropy, as a real release must. An int
         seed or a ``numpy.random.Generator`` makes the noise reproducible: for tests and
@@ -74,7 +94,7 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
     if not isinstance(plan, Plan):
         raise TypeError(f"measure needs a Plan (from hdmm.plan) or an hdmm matrix strategy and a privacy definition, got {type(plan).__name__}")
     A = plan.strategy
-    x = check_data_vector(x, A.shape[1])
+    x = x.values if isinstance(x, Counts) and x.values.shape == (A.shape[1],) else check_data_vector(x, A.shape[1])
     generator = as_generator(rng)
     if x.sum() == 0:
         warnings.warn("the data vector is all zeros (no records): the release is pure noise", stacklevel=2)

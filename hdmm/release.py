@@ -27,7 +27,7 @@ import pandas as pd
 from scipy.stats import norm
 
 from .domain import Domain
-from .kernel import as_generator, check_data_vector, measure
+from .kernel import Counts, as_generator, measure
 from .matrix import Matrix, VStack
 from .mechanism import Measurement, reconstruct
 from .optimizers import OptimizationResult
@@ -313,7 +313,7 @@ class Release:
 
 
 # ====================================================================== run
-def _data_vector(data, domain: Domain | None, n: int) -> np.ndarray:
+def _data_vector(data, domain: Domain | None, n: int) -> Counts:
     if domain is not None:
         if not isinstance(domain, Domain):
             raise TypeError(f"domain must be an hdmm.Domain, got {type(domain).__name__}")
@@ -328,8 +328,8 @@ def _data_vector(data, domain: Domain | None, n: int) -> np.ndarray:
                 "data is a DataFrame of records, so pass domain=<hdmm.Domain> to say how each record "
                 "maps to a cell (or pass the data vector itself)"
             )
-        return domain.vectorize(data)
-    return check_data_vector(data, n)
+        data = domain.vectorize(data)
+    return Counts.check(data, n)
 
 
 def run(

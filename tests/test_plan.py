@@ -194,3 +194,18 @@ def test_a_zero_weight_part_is_still_answered_as_counts():
     Wz = hdmm.union([hdmm.Identity(4), hdmm.Total(4)], weights=[1.0, 0.0])
     release = hdmm.run(Wz, np.array([1.0, 2, 3, 4]), hdmm.ZCDP(1e8), strategy=hdmm.Identity(dom.size), rng=0)
     assert abs(release.answers[-1] - 10.0) < 0.01 and release.std_errors[-1] > 0
+
+
+def test_run_checks_the_data_once(monkeypatch):
+    from hdmm import kernel
+
+    calls = []
+    original = kernel.check_data_vector
+
+    def counted(x, n):
+        calls.append(n)
+        return original(x, n)
+
+    monkeypatch.setattr(kernel, "check_data_vector", counted)
+    hdmm.run(W, X, hdmm.PureDP(1.0), strategy=hdmm.Identity(DOM.size), rng=0)
+    assert calls == [DOM.size]
