@@ -107,7 +107,8 @@ class SVDBound:
 
     def __repr__(self) -> str:
         est = "exact" if self.exact else f"estimate +/- {self.stderr:.3g}"
-        return f"SVDBound({self.value:.6g}, {est}, {self.method}, {self.privacy.description})"
+        return (f"SVDBound(total squared error {self.value:.6g}, RMSE {self.rmse:.6g}, {est}, {self.method}, "
+                f"{self.privacy.description})")
 
 
 @dataclass(frozen=True)
