@@ -18,18 +18,20 @@ A domain that ``m`` does not divide ends in a *tail* of ``t`` cells after the ``
 measured once by the identity: the strategy is :math:`\mathrm{diag}(I_B \otimes A_m, I_t)`, and
 the tail adds :math:`\sum_{i \ge Bm} G_{ii}` to the error (``t < B`` when the optimizer picks
 :math:`m = \lfloor n/B \rfloor`, so a few cells at most).
+
+The error of a workload factor under a block-diagonal strategy factor (the fold above, and
+the per-query variances) is computed in :mod:`hdmm.traces`.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import scipy.linalg
 import scipy.sparse as sp
 
-from .matrix import FACTOR_DENSE_LIMIT, SUPPORT_TOL, Explicit, Identity, KronVector, Matrix
+from .matrix import Explicit, Identity, KronVector, Matrix
 from .matrix import cheap_pinv
-from .validation import check_dense_size, check_width, positive_int
-from .spectral import ROW_WALK, blocks, unit_columns
+from .validation import positive_int
+from .spectral import blocks, unit_columns
 
 __all__ = ["BlockDiagonal", "fold", "is_local"]
 
@@ -111,15 +113,15 @@ class BlockDiagonal(Matrix):
         """Whether the block's pseudo-inverse is cheap (structural, or small enough to form densely)."""
         return cheap_pinv(self.block)
 
-    def _blocks(self, X: np.ndarray, width: int) -> np.ndarray:
-        """The first ``B width`` rows of ``X`` as ``width x (B k)``: one column per (block, column) pair."""
+    def block_columns(self, X: np.ndarray, width: int) -> np.ndarray:
+        """The first ``B width`` rows of ``X`` (``B`` = ``copies``) as ``width x (B k)``: one column per (block, column) pair."""
         k = X.shape[1]
         head = X[: self.copies * width]
         return head.reshape(self.copies, width, k).transpose(1, 0, 2).reshape(width, self.copies * k)
 
     def _apply(self, X: np.ndarray, product, width: int) -> np.ndarray:
         k = X.shape[1]
-        Y = product(self._blocks(X, width))
+        Y = product(self.block_columns(X, width))
         head = Y.reshape(Y.shape[0], self.copies, k).transpose(1, 0, 2).reshape(-1, k)
         return np.vstack([head, X[self.copies * width:]]) if self.tail else head
 
@@ -147,49 +149,6 @@ class BlockDiagonal(Matrix):
 
     def pinv(self):
         return BlockDiagonal(self.block.pinv(), self.copies, self.tail)
-
-    def gram_pinv_trace(self, f):
-        r""":math:`\mathrm{tr}(X_m^+\,\mathrm{fold}_m(f^Tf))` plus the tail's diagonal; supported when the fold lies in ``A_m``'s row space."""
-        check_width(f, self)
-        Xp, projector = self.block._gram_inverse
-        G = f.gram()
-        F = fold(G, self.block.shape[1]).dense()
-        total = float(np.trace(F))
-        kept = float(np.sum(F * projector.T))
-        tail = float(np.sum(G.diag()[self.shape[1] - self.tail:])) if self.tail else 0.0
-        return float(np.sum(F * Xp.T)) + tail, total - kept <= SUPPORT_TOL * total
-
-    def gram_pinv_rows(self, f):
-        r"""Per query ``w`` of ``f`` (split into blocks :math:`w_b` and tail :math:`w_t`): :math:`\sum_b w_b^T X_m^+ w_b + \|w_t\|^2`, support, non-zero.
-
-        Up to ``ROW_WALK`` queries per cell the rows of ``f`` are walked in blocks
-        (:func:`hdmm.spectral.blocks`), in ``O(n + m^2)`` memory per block; more queries (all
-        ranges) go through ``f.quadratic_diag`` of the dense block-diagonal inverse Gram.
-        """
-        check_width(f, self)
-        Xp, projector = self.block._gram_inverse
-        residual_projector = np.eye(projector.shape[0]) - projector
-        rows, n = f.shape
-        if rows > ROW_WALK * n:
-            check_dense_size(n, n, "per-query variances of a block-diagonal strategy", FACTOR_DENSE_LIMIT)
-            eye, tail = np.eye(self.copies), np.eye(self.tail)
-            norms = f.quadratic_diag(np.eye(n))
-            residual = f.quadratic_diag(scipy.linalg.block_diag(np.kron(eye, residual_projector), 0 * tail))
-            return f.quadratic_diag(scipy.linalg.block_diag(np.kron(eye, Xp), tail)), residual > SUPPORT_TOL * norms, norms > 0
-        variances, residual, norms = np.empty(rows), np.empty(rows), np.empty(rows)
-        width = self.block.shape[1]
-        for block in blocks(rows, n):
-            k = block.stop - block.start
-            V = f.T @ unit_columns(rows, block)                 # rows of f in this block, as columns
-            W = self._blocks(V, width)                          # m x (B k): one column per (block, query)
-
-            def per(M: np.ndarray) -> np.ndarray:
-                return np.einsum("ij,ij->j", W, M @ W).reshape(self.copies, k).sum(axis=0)
-
-            tail = np.einsum("ij,ij->j", V[n - self.tail:], V[n - self.tail:])
-            variances[block], residual[block] = per(Xp) + tail, per(residual_projector)
-            norms[block] = per(np.eye(width)) + tail
-        return variances, residual > SUPPORT_TOL * norms, norms > 0
 
     def describe(self, row, name=None, values=None):
         """The block's query, on the cells of its block (labelled by ``values``, else by index)."""

@@ -35,9 +35,10 @@ from scipy.special import gamma
 
 from .kron_union import KronUnion
 from .marginals import trace_spectrum
-from .matrix import DENSE_LIMIT, SUPPORT_TOL, DenseLimitError, Matrix, gram_pinv
+from .matrix import DENSE_LIMIT, DenseLimitError, Matrix
 from .privacy import Privacy
 from .structure import ZERO_RTOL, Structure, aligned_unions, classify
+from .traces import SUPPORT_TOL, factor_rows, factor_trace, gram_pinv
 
 __all__ = [
     "ErrorResult",
@@ -147,18 +148,19 @@ def _resolve(A: Matrix, privacy: Privacy, structure: Structure | None,
 # ====================================================================== Kronecker strategies
 @dataclass
 class _KroneckerStrategy:
-    """A Kronecker strategy ``weight * (x)_i A_i``; each factor computes its own traces."""
+    """A Kronecker strategy ``weight * (x)_i A_i``; the traces of its factors come from :mod:`hdmm.traces`."""
 
     weight: float
     factors: list[Matrix]
 
     def factor_trace(self, i: int, f: Matrix) -> tuple[float, float, bool]:
         """``tr(X_i^+ G)``, ``tr(G)`` and whether ``f`` is supported, for ``G = f^T f``."""
-        trace, supported = self.factors[i].gram_pinv_trace(f)
+        trace, supported = factor_trace(self.factors[i], f)
         return trace, f.column_norm_powers(2).sum(), supported
 
     def factor_rows(self, i: int, f: Matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self.factors[i].gram_pinv_rows(f)
+        """Per row of ``f``: ``diag(f X_i^+ f^T)``, whether it is unsupported, whether it is non-zero."""
+        return factor_rows(self.factors[i], f)
 
 
 def _unsupported_reason(union: KronUnion, bad_terms: np.ndarray) -> str:

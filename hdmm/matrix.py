@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import math
 import numbers
-from functools import cached_property, reduce
+from functools import reduce
 from typing import Sequence
 
 import numpy as np
-import scipy.linalg
 import scipy.sparse as sp
 from scipy.sparse.linalg import LinearOperator
 
@@ -60,25 +59,10 @@ __all__ = [
 #: densely; identities, totals, diagonals and other structural pseudo-inverses are cheap at any size.
 CHEAP_PINV_ENTRIES = 2**24
 
-#: Largest one-attribute Gram a strategy factor inverts densely (8192 x 8192).
-FACTOR_DENSE_LIMIT = 2**26
-
-#: Relative tolerance for deciding that a query is not in a strategy's row space.
-SUPPORT_TOL = 1e-8
-
-#: Eigenvalues of a Gram below this fraction of the largest are treated as zero by the
-#: pseudo-inverse (numpy's default, about 1e-15, inverts rounding noise).
-PINV_RCOND = 1e-10
-
 
 def cheap_pinv(f: Matrix) -> bool:
     """Whether the pseudo-inverse of ``f`` is structural, or small enough to form densely."""
     return f.fast_pinv or f.shape[0] * f.shape[1] <= CHEAP_PINV_ENTRIES
-
-
-def gram_pinv(X: np.ndarray) -> np.ndarray:
-    """Pseudo-inverse of a symmetric positive semi-definite Gram, rounding noise cut at ``PINV_RCOND``."""
-    return np.linalg.pinv(X, rcond=PINV_RCOND, hermitian=True)
 
 
 def _is_scalar(value: object) -> bool:
@@ -226,41 +210,6 @@ class Matrix:
         and raise :class:`DenseLimitError` otherwise (reconstruct with LSMR instead).
         """
         return Explicit(np.linalg.pinv(self.dense()))
-
-    # ------------------------------------------------------------------ as a strategy factor
-    @cached_property
-    def _gram_inverse(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(X^+, X^+ X)`` for ``X = A^T A``: the pseudo-inverse and the row-space projector."""
-        X = self.gram().dense(max_entries=FACTOR_DENSE_LIMIT)
-        try:  # full column rank (the usual case): a Cholesky inverse, several times faster
-            factor = scipy.linalg.cho_factor(X)
-            Xinv = scipy.linalg.cho_solve(factor, np.eye(X.shape[0]))
-            if np.all(np.isfinite(Xinv)) and np.linalg.norm(Xinv @ X - np.eye(X.shape[0])) < 1e-6 * X.shape[0]:
-                return Xinv, np.eye(X.shape[0])
-        except np.linalg.LinAlgError:
-            pass
-        Xp = gram_pinv(X)
-        return Xp, Xp @ X
-
-    def gram_pinv_trace(self, f: Matrix) -> tuple[float, bool]:
-        r"""``tr((A^T A)^+ f^T f)`` and whether the rows of ``f`` lie in the row space of ``A``.
-
-        The error of workload factor ``f`` under this strategy factor (docs/math.md, section 2.4).
-        ``f`` is supported when ``tr(f^T f) = tr(f^T f P)`` with the projector ``P = X^+ X``.
-        """
-        Xp, projector = self._gram_inverse
-        G = f.gram()
-        total = f.column_norm_powers(2).sum()
-        kept = float(np.trace(G @ projector))
-        return float(np.trace(G @ Xp)), total - kept <= SUPPORT_TOL * total
-
-    def gram_pinv_rows(self, f: Matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per row of ``f``: ``diag(f X^+ f^T)``, whether the row is unsupported, whether it is non-zero."""
-        Xp, projector = self._gram_inverse
-        n = f.shape[1]
-        norms = f.quadratic_diag(np.eye(n))
-        residual = f.quadratic_diag(np.eye(n) - projector)
-        return f.quadratic_diag(Xp), residual > SUPPORT_TOL * norms, norms > 0
 
     def quadratic_diag(self, X: np.ndarray) -> np.ndarray:
         """``diag(A X A^T)`` for a small dense symmetric ``X`` (``n x n``).
@@ -502,13 +451,6 @@ class Identity(Matrix):
 
     def quadratic_diag(self, X):
         return np.diagonal(X).copy()
-
-    def gram_pinv_trace(self, f):
-        return f.column_norm_powers(2).sum(), True
-
-    def gram_pinv_rows(self, f):
-        norms = f.quadratic_diag(np.eye(self.n))
-        return norms, np.zeros(norms.size, dtype=bool), norms > 0
 
     def dense(self, max_entries=None):
         check_dense_size(self.n, self.n, "dense() of an Identity", max_entries)

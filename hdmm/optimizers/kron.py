@@ -25,6 +25,7 @@ from ..block_diagonal import BlockDiagonal, fold, is_local
 from ..kron_union import KronUnion
 from ..matrix import Identity, Kronecker, Matrix, Ones, Sum, Weighted
 from ..privacy import Privacy
+from ..traces import factor_trace
 from .convex import ConvexProgress, solve_convex
 from .pidentity import PIdentity, default_p, default_restarts, optimize_pidentity
 from .root import SquareRootStrategy
@@ -181,7 +182,7 @@ def _total_supports(factors: list[Matrix]) -> bool:
         G = f.gram()
         ones = np.ones(G.shape[0])
         along = float(ones @ (G @ ones)) / G.shape[0]
-        if G.trace() > along * (1.0 + 1e-6) or not Ones(1, f.shape[1]).gram_pinv_trace(f)[1]:
+        if G.trace() > along * (1.0 + 1e-6) or not factor_trace(Ones(1, f.shape[1]), f)[1]:
             return False
     return True
 
@@ -203,7 +204,7 @@ def opt_kron_union(
     strategy: list[Matrix] = [Identity(n) for n in union.sizes]
 
     def traces_of(i: int, A: Matrix) -> np.ndarray:
-        return np.array([A.gram_pinv_trace(f)[0] for f in union.factors[i]])
+        return np.array([factor_trace(A, f)[0] for f in union.factors[i]])
 
     traces = [traces_of(i, strategy[i]) for i in range(d)]
 

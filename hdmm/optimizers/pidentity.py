@@ -48,7 +48,8 @@ from scipy.linalg.lapack import dpotrf, dpotri, dtrtri
 from threadpoolctl import threadpool_limits
 
 from ..matrix import Explicit, Identity, KronVector, Matrix
-from ..validation import check_norm
+from ..traces import compute_gram_inverse, factor_trace
+from ..validation import check_norm, check_width
 
 __all__ = ["PIdentity", "pidentity_objective", "optimize_pidentity", "default_p", "default_restarts",
            "hierarchical_start"]
@@ -468,19 +469,6 @@ class PIdentity(Matrix):
         """``R`` of ``A = QR``: ``X = R^T R`` without squaring ``A``'s condition number."""
         return np.linalg.qr(self.dense(), mode="r")
 
-    def gram_pinv_trace(self, f):
-        """``tr(X^{-1} f^T f)``; every workload is supported (full column rank).
-
-        Up to ``STABLE_MAX_N`` values it is computed from the QR factor of ``A`` as
-        ``tr(R^{-T} G R^{-1})``: the Woodbury form loses precision to cancellation when the
-        identity rows carry little weight, and an optimizer can exploit that.
-        """
-        n = self.shape[1]
-        if n > STABLE_MAX_N:
-            return pidentity_objective(self.params, f.gram(), self.norm, gradient=False), True
-        Rinv = self._r_inverse
-        return float(np.einsum("ij,ij->", Rinv, f.gram() @ Rinv)), True  # tr(R^-T G R^-1)
-
     @cached_property
     def _r_inverse(self) -> np.ndarray:
         """``R^{-1}`` (upper triangular), by LAPACK's triangular inverse."""
@@ -489,15 +477,10 @@ class PIdentity(Matrix):
             raise np.linalg.LinAlgError("the p-Identity strategy's R factor is singular")
         return Rinv
 
-    @property
-    def _gram_inverse(self):
-        """``X^{-1} = R^{-1} R^{-T}``; the projector is the identity (full rank)."""
-        Rinv = self._r_inverse
-        return Rinv @ Rinv.T, np.eye(self.shape[1])
-
     def pinv(self):
-        Xinv, _ = self._gram_inverse
-        return Explicit(Xinv) @ self.T
+        """:math:`A^+ = X^{-1} A^T` with :math:`X^{-1} = R^{-1} R^{-T}` (full column rank)."""
+        Rinv = self._r_inverse
+        return Explicit(Rinv @ Rinv.T) @ self.T
 
     def dense(self, max_entries=None):
         return Explicit(np.vstack([np.eye(self.shape[1]), self.params])).dense(max_entries) / self.d[None, :]
@@ -510,3 +493,27 @@ class PIdentity(Matrix):
 
     def __repr__(self):
         return f"PIdentity(p={self.params.shape[0]}, n={self.shape[1]}, L{self.norm})"
+
+
+# ====================================================================== error of a workload factor (hdmm.traces)
+@compute_gram_inverse.register
+def _(A: PIdentity) -> tuple[np.ndarray, np.ndarray]:
+    """``X^{-1} = R^{-1} R^{-T}`` from the QR factor of ``A``; the projector is the identity (full rank)."""
+    Rinv = A._r_inverse
+    return Rinv @ Rinv.T, np.eye(A.shape[1])
+
+
+@factor_trace.register
+def _(A: PIdentity, f: Matrix) -> tuple[float, bool]:
+    r""":math:`\mathrm{tr}(X^{-1} f^Tf)`; every workload is supported (full column rank).
+
+    Up to ``STABLE_MAX_N`` values it is computed from the QR factor of ``A`` as
+    :math:`\mathrm{tr}(R^{-T} G R^{-1})`: the Woodbury form loses precision to cancellation when
+    the identity rows carry little weight, and an optimizer can exploit that. Beyond, it is
+    :func:`pidentity_objective` (the Woodbury form, no ``n x n`` matrix).
+    """
+    check_width(f, A)
+    if A.shape[1] > STABLE_MAX_N:
+        return pidentity_objective(A.params, f.gram(), A.norm, gradient=False), True
+    Rinv = A._r_inverse
+    return float(np.einsum("ij,ij->", Rinv, f.gram() @ Rinv)), True  # tr(R^-T G R^-1)

@@ -40,16 +40,16 @@ mean eigenvalue.
 from __future__ import annotations
 
 import math
-from functools import cached_property
 
 import numpy as np
 
-from ..matrix import FACTOR_DENSE_LIMIT, KronVector, Matrix
+from ..matrix import KronVector, Matrix
 from ..spectral import ROW_WALK, SineBasis, Spectrum, blocks, pinch, unit_columns
 from ..validation import check_dense_size, check_norm, check_width
+from ..traces import FACTOR_DENSE_LIMIT, compute_gram_inverse, factor_rows, factor_trace, gram_inverse
 from .convex import SINGULAR_TOL
 
-__all__ = ["SquareRootStrategy"]
+__all__ = ["SquareRootStrategy", "inverse_gram_trace"]
 
 #: Floor of a singular Gram's eigenvalues, as a fraction of the mean eigenvalue, when no workload tunes it.
 THETA = 1e-3
@@ -157,7 +157,7 @@ class SquareRootStrategy(Matrix):
 
         def error(log_theta: float) -> float:
             if log_theta not in errors:
-                errors[log_theta] = cls(spectrum, mean * 10.0**log_theta).gram_pinv_trace_of_gram(G)
+                errors[log_theta] = inverse_gram_trace(cls(spectrum, mean * 10.0**log_theta), G)
             return errors[log_theta]
 
         lo, hi = LOG_THETA_RANGE
@@ -187,63 +187,6 @@ class SquareRootStrategy(Matrix):
         for cells, Qt in self.basis.rows():  # Qt[k, j] = Q[j, k]: column j of A is s_j lambda^{1/4} Q[j, :]
             out[cells] = self.quarter @ np.abs(Qt)
         return KronVector.from_array(out * self.scale)
-
-    def gram_pinv_trace(self, f):
-        """``(tr(X^{-1} f^T f), True)``: ``X`` is positive definite, so every workload is supported."""
-        check_width(f, self)
-        return self.gram_pinv_trace_of_gram(f.gram()), True
-
-    def gram_pinv_trace_of_gram(self, G: Matrix) -> float:
-        r""":math:`\mathrm{tr}(X^{-1} G) = \sum_k \lambda_k^{-1/2} (S^{-1}q_k)^T G\, (S^{-1}q_k)` for a Gram ``G``.
-
-        When :math:`G = Q\,\mathrm{diag}(\mu)\,Q^T` in the same basis this is
-        :math:`\sum_{kl} \lambda_k^{-1/2} \mu_l B_{lk}^2` with :math:`B = Q^T S^{-1} Q`
-        (:meth:`~hdmm.spectral.SineBasis.congruence_norm`, :math:`O(n^2)` flops); otherwise the
-        columns of ``Q`` are walked in blocks (:func:`hdmm.spectral.blocks`), one product with
-        ``G`` each.
-        """
-        inverse_root = 1.0 / np.sqrt(self.values)
-        other = G.spectrum()
-        if other is not None and other.basis.same_as(self.basis):
-            return self.basis.congruence_norm(1.0 / self.scale, inverse_root, other.values)
-        total = 0.0
-        for block, Q in self.basis.columns():
-            Y = Q / self.scale[:, None]
-            total += float(inverse_root[block] @ np.einsum("ij,ij->j", Y, G @ Y))
-        return total
-
-    def gram_pinv_rows(self, f):
-        r"""Per query ``w`` of ``f``: :math:`w^TX^{-1}w = \|A^{-T}w\|^2`, all supported, and whether ``w`` is non-zero.
-
-        Up to ``ROW_WALK`` queries per cell the rows of ``f`` are taken in blocks
-        (:func:`hdmm.spectral.blocks`) and mapped through :math:`A^{-T} = \Lambda^{-1/4}Q^TS^{-1}`,
-        in ``O(n)`` memory; more queries (all ranges) go through the inverse Gram and
-        ``f.quadratic_diag``.
-        """
-        check_width(f, self)
-        m, n = f.shape
-        if m > ROW_WALK * n:
-            Xinv, identity = self._gram_inverse
-            return f.quadratic_diag(Xinv), np.zeros(m, dtype=bool), f.quadratic_diag(identity) > 0
-        inverse_transpose = self.pinv().T
-        variances, norms = np.empty(m), np.empty(m)
-        for block in blocks(m, n):
-            rows = f.T @ unit_columns(m, block)                 # rows of f in this block, as columns
-            Z = inverse_transpose @ rows
-            variances[block] = np.einsum("ij,ij->j", Z, Z)
-            norms[block] = np.einsum("ij,ij->j", rows, rows)
-        return variances, np.zeros(m, dtype=bool), norms > 0
-
-    @cached_property
-    def _gram_inverse(self):
-        r"""``(X^{-1}, I)`` densely: :math:`X^{-1} = S^{-1} Q \Lambda^{-1/2} Q^T S^{-1}` (refused above ``FACTOR_DENSE_LIMIT``)."""
-        n = self.shape[1]
-        check_dense_size(n, n, "the inverse Gram of a square-root strategy", FACTOR_DENSE_LIMIT)
-        inner = self.basis.apply(self.basis.apply_transpose(np.eye(n)) / np.sqrt(self.values)[:, None])
-        unscale = 1.0 / self.scale
-        inner *= unscale[:, None]
-        inner *= unscale[None, :]
-        return (inner + inner.T) / 2, np.eye(n)
 
     def pinv(self):
         return _SquareRootInverse(self)
@@ -275,3 +218,68 @@ class _SquareRootInverse(Matrix):
 
     def __repr__(self):
         return f"inverse of {self.A!r}"
+
+
+# ====================================================================== error of a workload factor (hdmm.traces)
+def inverse_gram_trace(A: SquareRootStrategy, G: Matrix) -> float:
+    r""":math:`\mathrm{tr}(X^{-1} G) = \sum_k \lambda_k^{-1/2} (S^{-1}q_k)^T G\, (S^{-1}q_k)` for a Gram ``G``.
+
+    With :math:`X^{-1} = S^{-1} Q \Lambda^{-1/2} Q^T S^{-1}` (module docstring). When
+    :math:`G = Q\,\mathrm{diag}(\mu)\,Q^T` in the same basis this is
+    :math:`\sum_{kl} \lambda_k^{-1/2} \mu_l B_{lk}^2` with :math:`B = Q^T S^{-1} Q`
+    (:meth:`~hdmm.spectral.SineBasis.congruence_norm`, :math:`O(n^2)` flops); otherwise the
+    columns of ``Q`` are walked in blocks (:func:`hdmm.spectral.blocks`), one product with ``G``
+    each.
+    """
+    inverse_root = 1.0 / np.sqrt(A.values)
+    other = G.spectrum()
+    if other is not None and other.basis.same_as(A.basis):
+        return A.basis.congruence_norm(1.0 / A.scale, inverse_root, other.values)
+    total = 0.0
+    for block, Q in A.basis.columns():
+        Y = Q / A.scale[:, None]
+        total += float(inverse_root[block] @ np.einsum("ij,ij->j", Y, G @ Y))
+    return total
+
+
+@compute_gram_inverse.register
+def _(A: SquareRootStrategy) -> tuple[np.ndarray, np.ndarray]:
+    r"""``(X^{-1}, I)`` densely: :math:`X^{-1} = S^{-1} Q \Lambda^{-1/2} Q^T S^{-1}` (refused above ``FACTOR_DENSE_LIMIT``)."""
+    n = A.shape[1]
+    check_dense_size(n, n, "the inverse Gram of a square-root strategy", FACTOR_DENSE_LIMIT)
+    inner = A.basis.apply(A.basis.apply_transpose(np.eye(n)) / np.sqrt(A.values)[:, None])
+    unscale = 1.0 / A.scale
+    inner *= unscale[:, None]
+    inner *= unscale[None, :]
+    return (inner + inner.T) / 2, np.eye(n)
+
+
+@factor_trace.register
+def _(A: SquareRootStrategy, f: Matrix) -> tuple[float, bool]:
+    """``(tr(X^{-1} f^T f), True)``: ``X`` is positive definite, so every workload is supported."""
+    check_width(f, A)
+    return inverse_gram_trace(A, f.gram()), True
+
+
+@factor_rows.register
+def _(A: SquareRootStrategy, f: Matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r"""Per query ``w`` of ``f``: :math:`w^TX^{-1}w = \|A^{-T}w\|^2`, all supported, and whether ``w`` is non-zero.
+
+    Up to ``ROW_WALK`` queries per cell the rows of ``f`` are taken in blocks
+    (:func:`hdmm.spectral.blocks`) and mapped through :math:`A^{-T} = \Lambda^{-1/4}Q^TS^{-1}`,
+    in ``O(n)`` memory; more queries (all ranges) go through the cached inverse Gram
+    (:func:`hdmm.traces.gram_inverse`) and ``f.quadratic_diag``.
+    """
+    check_width(f, A)
+    m, n = f.shape
+    if m > ROW_WALK * n:
+        Xinv, identity = gram_inverse(A)
+        return f.quadratic_diag(Xinv), np.zeros(m, dtype=bool), f.quadratic_diag(identity) > 0
+    inverse_transpose = A.pinv().T
+    variances, norms = np.empty(m), np.empty(m)
+    for block in blocks(m, n):
+        rows = f.T @ unit_columns(m, block)                 # rows of f in this block, as columns
+        Z = inverse_transpose @ rows
+        variances[block] = np.einsum("ij,ij->j", Z, Z)
+        norms[block] = np.einsum("ij,ij->j", rows, rows)
+    return variances, np.zeros(m, dtype=bool), norms > 0
