@@ -376,7 +376,7 @@ def per_query_variance(W: Matrix, A: Matrix, privacy: Privacy, *, structure: Str
 
 
 def lp_error(W: Matrix, A: Matrix, privacy: Privacy, p: float) -> float:
-    r"""The :math:`\ell_p^p` error :math:`(E\|M(x) - Wx\|_p^p)^{1/p}` (MATH.md section 6).
+    r"""The :math:`\ell_p^p` error :math:`(E\|M(x) - Wx\|_p^p)^{1/p}` (docs/math.md, section 6).
 
     Under Gaussian noise each answer's error is :math:`N(0, v_i)`, so
     :math:`E\|e\|_p^p = \sum_i v_i^{p/2}\, 2^{p/2}\,\Gamma((p+1)/2)/\sqrt{\pi}` exactly.
