@@ -464,7 +464,7 @@ def error_command(args: argparse.Namespace) -> None:
     table = _per_table_rmse(W, variance).rename(columns={"rmse": column})
     if args.strategy != "identity":
         table["rmse (identity)"] = _per_table_rmse(W, plan(W, Identity(W.shape[1]), privacy).variances)["rmse"]
-    bound = svd_bound(W, privacy, seed=0)
+    bound = svd_bound(chosen.workload, privacy, seed=0)  # the released queries, without union weights
     rmse = float(np.sqrt(variance.mean()))
     print(f"{named.description}, {privacy.description}")
     print(table.to_string(index=False, float_format=_format))
