@@ -32,7 +32,7 @@ import numpy as np
 
 from .domain import Domain
 from .matrix import Identity, Kronecker, KronVector, Matrix, Ones, Product, Weighted
-from .validation import check_dense_size, check_norm
+from .validation import ZERO_RTOL, check_dense_size, check_norm
 from .kron_union import KronUnion, kron_union
 
 __all__ = [
@@ -78,7 +78,7 @@ def factor_traces(f: Matrix) -> tuple[float, float]:
     p = float(image @ image) / n
     frob = f.column_norm_powers(2).sum()
     q = frob - p
-    if q <= 1e-12 * frob:
+    if q <= ZERO_RTOL * frob:
         q = 0.0
     return p / n, q / n
 

@@ -37,13 +37,9 @@ import numpy as np
 from .kron_union import FactorMismatchError, KronUnion, kron_union
 from .marginals import Helmert
 from .matrix import Identity, Kronecker, Matrix, Ones, Weighted
+from .validation import ZERO_RTOL  # the one zero tolerance, shared with the algebra below
 
 __all__ = ["ZERO_RTOL", "FORMS", "Structure", "classify", "aligned_unions", "in_marginal_algebra"]
-
-#: Relative cut-off below which an eigenvalue (of a Gram, relative to the largest) counts as
-#: zero: rank decisions of the error formulas, the reconstruction and the SVD bound all use it,
-#: so they agree on which directions a strategy measures.
-ZERO_RTOL = 1e-12
 
 #: The three forms, from the most to the least structured.
 FORMS = ("kronecker", "marginals", "general")

@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import numbers
 
-__all__ = ["DENSE_LIMIT", "DenseLimitError", "check_dense_size", "check_norm", "check_width", "positive_int"]
+__all__ = ["DENSE_LIMIT", "ZERO_RTOL", "DenseLimitError", "check_dense_size", "check_norm", "check_width", "positive_int"]
 
 #: Largest number of entries ``dense()`` and the dense fall-backs will materialise
 #: (2**25 entries = 256 MiB of float64).
 DENSE_LIMIT = 2**25
+
+
+#: Relative cut-off below which a quantity that is zero in exact arithmetic (an eigenvalue of a
+#: Gram relative to the largest, a trace relative to its total) counts as zero. The structure
+#: classifier, the error formulas, the reconstruction and the SVD bound all use it, so they
+#: agree on which directions a strategy measures (re-exported by :mod:`hdmm.structure`).
+ZERO_RTOL = 1e-12
 
 
 class DenseLimitError(ValueError):
