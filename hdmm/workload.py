@@ -393,7 +393,7 @@ def unweighted(W: Matrix) -> tuple[Matrix, np.ndarray | None]:
 
     Weights steer the optimizer only: a release answers ``W_j x``, not ``w_j W_j x``. Returns
     ``(queries, row_weights)`` with ``row_weights`` ``None`` when ``W`` carries no union weights
-    (nested unions multiply their weights).
+    other than 1 (nested unions multiply their weights).
 
     >>> import hdmm
     >>> W = hdmm.union([hdmm.Total(3), hdmm.Identity(3)], weights=[2.0, 1.0])
@@ -410,4 +410,5 @@ def unweighted(W: Matrix) -> tuple[Matrix, np.ndarray | None]:
     rows = np.concatenate([
         c * (np.ones(q.shape[0]) if w is None else w) for c, (q, w) in zip(outer, inner)
     ])
-    return VStack([q for q, _ in inner], names=W.names), rows
+    queries = VStack([q for q, _ in inner], names=W.names)
+    return (queries, None) if np.all(rows == 1.0) else (queries, rows)

@@ -209,3 +209,9 @@ def test_run_checks_the_data_once(monkeypatch):
     monkeypatch.setattr(kernel, "check_data_vector", counted)
     hdmm.run(W, X, hdmm.PureDP(1.0), strategy=hdmm.Identity(DOM.size), rng=0)
     assert calls == [DOM.size]
+
+
+def test_unit_weights_add_no_weight_column():
+    Wu = hdmm.union([hdmm.Total(4), hdmm.Identity(4)], weights=[1.0, 1.0])
+    release = hdmm.run(Wu, np.arange(4.0), hdmm.PureDP(1.0), strategy=hdmm.Identity(4), rng=0)
+    assert "weight" not in release.table() and release.plan.weights is None
