@@ -19,6 +19,7 @@ from .block_diagonal import BlockDiagonal
 from .bound import SVDBound, svd_bound
 from .datasets import load_adult
 from .domain import Domain
+from .geography import GeographyTree, LevelTotals, TreeStrategy, geography_workload
 from .error import ErrorResult, expected_error, lp_error, per_query_variance, rmse
 from .io import load_strategy, save_strategy
 from .kernel import measure
@@ -74,10 +75,12 @@ __all__ = [
     "DimKMarginals",
     "Domain",
     "ErrorResult",
+    "GeographyTree",
     "Explicit",
     "Identity",
     "IdentityTotal",
     "Kronecker",
+    "LevelTotals",
     "Marginal",
     "Marginals",
     "Matrix",
@@ -96,9 +99,11 @@ __all__ = [
     "SVDBound",
     "SquareRootStrategy",
     "Total",
+    "TreeStrategy",
     "WidthKRange",
     "ZCDP",
     "expected_error",
+    "geography_workload",
     "load_adult",
     "load_strategy",
     "lp_error",

@@ -16,6 +16,7 @@ LAYERS = [
     {"hdmm.matrix", "hdmm.kron_union", "hdmm.marginals", "hdmm.workload", "hdmm.block_diagonal"},
     {"hdmm.privacy", "hdmm.structure"},
     {"hdmm.traces"},
+    {"hdmm.geography"},
     {"hdmm.error", "hdmm.bound", "hdmm.mechanism"},
     {"hdmm.optimizers", "hdmm.strategies"},
     {"hdmm.io"},
