@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import zipfile
+import zlib
 from typing import Any
 
 import numpy as np
+import numpy.lib.format as npformat
 import scipy.sparse as sp
 
 from .block_diagonal import BlockDiagonal
@@ -40,6 +43,24 @@ FORMAT = "hdmm-strategy"
 #: Version 2 adds workload matrices (ranges, labelled predicates, weighted unions) and plans;
 #: version 1 files (strategies only) are read as before.
 VERSION = 2
+
+#: Largest file :func:`read_archive` reads by default, in bytes (2 GiB): the archive's total
+#: uncompressed size and each array's declared size must fit. Raise it per call
+#: (``load_strategy(path, max_bytes=...)``) to read a larger file you trust.
+MAX_BYTES = 2 * 1024**3
+
+#: Deepest matrix tree a file may hold (levels below the root).
+MAX_DEPTH = 64
+
+#: Most matrix nodes (and arrays) a file may hold.
+MAX_NODES = 100_000
+
+#: Largest size a file may give one dimension of a node (rows, columns, copies).
+MAX_DIMENSION = 2**40
+
+#: Relative tolerance on the unit norms a loaded square-root strategy must have (rows and
+#: columns of its orthogonal basis, columns of the strategy).
+UNIT_TOL = 1e-6
 
 
 class _Writer:
@@ -104,9 +125,16 @@ def encode_matrix(M: Matrix, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
     return _Writer(arrays).node(M)
 
 
-def decode_matrix(node: dict, arrays: dict[str, np.ndarray]) -> Matrix:
-    """The matrix of a tree written by :func:`encode_matrix`, with its ``arrays``."""
-    return _read(node, arrays)
+def decode_matrix(node: dict, arrays: dict[str, np.ndarray], source: str = "the file") -> Matrix:
+    """The matrix of a tree written by :func:`encode_matrix`, with its ``arrays``.
+
+    Every node and array is checked before a matrix is built: node types and parameters,
+    array dtypes (integer indices, finite float data), dimensions and sizes against the node's
+    declared shape, sparse index structure, the tree's depth (``MAX_DEPTH``) and node count
+    (``MAX_NODES``). A file that fails any check raises one ``ValueError`` naming ``source``,
+    the node and the problem.
+    """
+    return _Reader(arrays, source).node(node, "tree", 0)
 
 
 def write_archive(path, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
@@ -115,32 +143,114 @@ def write_archive(path, header: dict[str, Any], arrays: dict[str, np.ndarray]) -
         np.savez_compressed(file, header=np.array(json.dumps(header)), **arrays)
 
 
-def read_archive(path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Read an hdmm archive: ``(header, arrays)``, after checking its format and version."""
+def read_archive(path, *, max_bytes: int = MAX_BYTES) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Read an hdmm archive: ``(header, arrays)``, after checking its format and version.
+
+    Nothing is unpickled, and nothing larger than ``max_bytes`` is read: the archive's total
+    uncompressed size (from the zip directory) and each array's size (from its ``.npy`` header,
+    read before the array) must fit, which bounds the memory a hostile file (a zip bomb, a
+    header declaring terabytes) can claim. Raise ``max_bytes`` to read a larger file you trust.
+
+    Raises
+    ------
+    ValueError
+        If the file is not an hdmm archive, is damaged, or exceeds ``max_bytes``.
+    """
+    limit = _check_limit(max_bytes)
     try:
-        archive = np.load(path, allow_pickle=False)
-    except (ValueError, zipfile.BadZipFile, EOFError):
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, EOFError, ValueError):
         raise ValueError(f"{path} is not an hdmm strategy file (not a numpy .npz archive)") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise ValueError(f"{path} is not an hdmm strategy file (a single array, not an archive)")
     with archive:
         try:
-            header = json.loads(str(archive["header"]))
-        except KeyError:
-            raise ValueError(f"{path} is not an hdmm strategy file (no header)") from None
-        if not isinstance(header, dict) or header.get("format") != FORMAT:
-            found = header.get("format") if isinstance(header, dict) else None
-            raise ValueError(f"{path} is not an hdmm strategy file (format {found!r})")
-        version = header.get("version", 0)
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise ValueError(f"{path} is not a valid hdmm strategy file (version {version!r} is not a whole number)")
-        if version > VERSION:
-            raise ValueError(
-                f"{path} was written by a newer hdmm (strategy file version {version}, "
-                f"this hdmm reads up to {VERSION}); upgrade hdmm"
-            )
-        arrays = {key: archive[key] for key in archive.files if key != "header"}
+            arrays = _read_members(archive, path, limit)
+        except (zipfile.BadZipFile, EOFError, OSError, zlib.error, NotImplementedError, RuntimeError) as exc:
+            raise ValueError(f"{path} is not a valid hdmm strategy file (a damaged archive: {exc})") from None
+    header_array = arrays.pop("header", None)
+    if header_array is None:
+        raise ValueError(f"{path} is not an hdmm strategy file (no header)")
+    if header_array.ndim != 0 or header_array.dtype.kind != "U":
+        raise ValueError(f"{path} is not an hdmm strategy file (the header is not a JSON text)")
+    try:
+        header = json.loads(str(header_array))
+    except RecursionError:
+        raise ValueError(f"{path} is not a valid hdmm strategy file (its header is nested too deeply: a matrix tree "
+                         f"may be at most {MAX_DEPTH} levels deep)") from None
+    except ValueError:
+        raise ValueError(f"{path} is not an hdmm strategy file (the header is not valid JSON)") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        found = header.get("format") if isinstance(header, dict) else None
+        raise ValueError(f"{path} is not an hdmm strategy file (format {found!r})")
+    version = header.get("version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ValueError(f"{path} is not a valid hdmm strategy file (version {version!r} is not a whole number)")
+    if version > VERSION:
+        raise ValueError(
+            f"{path} was written by a newer hdmm (strategy file version {version}, "
+            f"this hdmm reads up to {VERSION}); upgrade hdmm"
+        )
     return header, arrays
+
+
+def _check_limit(max_bytes) -> int:
+    if not isinstance(max_bytes, (int, np.integer)) or isinstance(max_bytes, bool) or max_bytes < 1:
+        raise ValueError(f"max_bytes must be a positive integer (bytes), got {max_bytes!r}")
+    return int(max_bytes)
+
+
+def _read_members(archive: zipfile.ZipFile, path, limit: int) -> dict[str, np.ndarray]:
+    """Every ``.npy`` member of ``archive``, each checked against ``limit`` before it is read."""
+    members = archive.infolist()
+    if len(members) > MAX_NODES:
+        raise ValueError(f"{path} is not a valid hdmm strategy file ({len(members):,} arrays, more than {MAX_NODES:,})")
+    total = sum(info.file_size for info in members)
+    if total > limit:
+        raise ValueError(
+            f"{path} holds {total:,} bytes uncompressed, more than the limit of {limit:,}: refused unread; if you "
+            "trust the file, raise the limit (max_bytes=...)"
+        )
+    arrays: dict[str, np.ndarray] = {}
+    for info in members:
+        if not info.filename.endswith(".npy") or info.filename[:-4] in arrays:
+            raise ValueError(f"{path} is not a valid hdmm strategy file (unexpected member {info.filename!r})")
+        with archive.open(info) as member:
+            arrays[info.filename[:-4]] = _read_npy(member, info.file_size, f"{path}: array {info.filename[:-4]!r}",
+                                                   limit)
+    return arrays
+
+
+def _read_npy(member, stored: int, where: str, limit: int) -> np.ndarray:
+    """One ``.npy`` array, its header read and checked (dtype, declared size) before any data."""
+    try:
+        version = npformat.read_magic(member)
+        if version == (1, 0):
+            shape, fortran, dtype = npformat.read_array_header_1_0(member)
+        elif version == (2, 0):
+            shape, fortran, dtype = npformat.read_array_header_2_0(member)
+        else:
+            raise ValueError(f"unsupported .npy version {version}")
+    except ValueError as exc:
+        raise ValueError(f"{where} has an invalid .npy header ({exc})") from None
+    if dtype.kind not in "biufU" or dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
+        raise ValueError(f"{where} has dtype {dtype}: hdmm files hold only numbers and text (no objects)")
+    count = math.prod(shape)
+    size = count * dtype.itemsize
+    if size > limit:
+        raise ValueError(
+            f"{where} declares {size:,} bytes (shape {shape}), more than the limit of {limit:,}: refused unread; "
+            "if you trust the file, raise the limit (max_bytes=...)"
+        )
+    if size > stored:
+        raise ValueError(f"{where} declares {size:,} bytes (shape {shape}) but the archive holds only {stored:,}")
+    out = np.empty(count, dtype=dtype)
+    view = memoryview(out.view(np.uint8))
+    filled = 0
+    while filled < size:
+        got = member.readinto(view[filled:])
+        if not got:
+            raise ValueError(f"{where} is truncated ({filled:,} of {size:,} bytes)")
+        filled += got
+    return out.reshape(shape, order="F" if fortran else "C")
 
 
 def save_strategy(A: Matrix | OptimizationResult, path: str | os.PathLike, metadata: dict | None = None) -> None:
@@ -162,55 +272,258 @@ def save_strategy(A: Matrix | OptimizationResult, path: str | os.PathLike, metad
     write_archive(path, header, arrays)
 
 
-def _read(node: dict, arrays) -> Matrix:
-    kind = node["type"]
-    get = lambda key: arrays[node[key]]  # noqa: E731
-    if kind == "Identity":
-        return Identity(node["n"])
-    if kind == "Ones":
-        return Ones(*node["shape"])
-    if kind == "Diagonal":
-        return Diagonal(get("d"))
-    if kind == "Prefix":
-        return Prefix(node["n"])
-    if kind == "AllRange":
-        return AllRange(node["n"])
-    if kind == "Ranges":
-        return Ranges(node["n"], np.column_stack([get("lo"), get("hi")]))
-    if kind == "PIdentity":
-        return PIdentity(get("T"), node["norm"])
-    if kind == "SquareRoot":
-        basis = SineBasis(node["n"], node["sine"]) if "sine" in node else DenseBasis(get("Q"))
-        return SquareRootStrategy(Spectrum(basis, get("values")), node["theta"])
-    if kind in ("Marginals", "Residuals"):
+def _message(exc: BaseException) -> str:
+    return str(exc.args[0]) if len(exc.args) == 1 and isinstance(exc.args[0], str) else str(exc)
+
+
+class _FileError(ValueError):
+    """A file that fails a check (raised once, with the node's place in the tree)."""
+
+
+class _Reader:
+    """Builds a matrix tree from its JSON nodes and arrays, checking each before use."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], source: str):
+        self.arrays, self.source, self.count = arrays, source, 0
+
+    def fail(self, where: str, problem: str) -> ValueError:
+        return _FileError(
+            f"{self.source} is not a valid hdmm strategy file: {where}: {problem}; the file is damaged or was not "
+            "written by hdmm: save the strategy again"
+        )
+
+    # ------------------------------------------------------------------ values
+    def integer(self, node: dict, key: str, where: str, minimum: int = 1) -> int:
+        value = self.field(node, key, where)
+        if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= MAX_DIMENSION:
+            raise self.fail(where, f"{key} must be a whole number from {minimum} to {MAX_DIMENSION:,}, got {value!r}")
+        return value
+
+    def number(self, node: dict, key: str, where: str) -> float:
+        value = self.field(node, key, where)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise self.fail(where, f"{key} must be a finite number, got {value!r}")
+        return float(value)
+
+    def field(self, node: dict, key: str, where: str):
+        if key not in node:
+            raise self.fail(where, f"a {node['type']} node needs {key!r}")
+        return node[key]
+
+    def texts(self, value, where: str, key: str, size: int, optional_items: bool = False) -> list | None:
+        if value is None:
+            return None
+        if not isinstance(value, list) or len(value) != size or not all(
+                isinstance(v, str) or (optional_items and v is None) for v in value):
+            raise self.fail(where, f"{key} must be a list of {size} texts, got {_brief(value)}")
+        return value
+
+    def array(self, node: dict, key: str, where: str, kind: str, ndim: int) -> np.ndarray:
+        """The array named by ``node[key]``: ``kind`` ``"float"`` (finite numbers) or ``"int"`` (integers)."""
+        name = self.field(node, key, where)
+        if not isinstance(name, str) or name not in self.arrays:
+            raise self.fail(where, f"{key} names array {_brief(name)}, which the file does not hold")
+        a = self.arrays[name]
+        kinds = "iu" if kind == "int" else "biuf"
+        if a.dtype.kind not in kinds:
+            raise self.fail(where, f"{key} has dtype {a.dtype}, expected {'integers' if kind == 'int' else 'numbers'}")
+        if a.ndim != ndim:
+            raise self.fail(where, f"{key} has shape {a.shape}, expected a {ndim}-D array")
+        if kind == "int":
+            return a.astype(np.int64)
+        a = a.astype(np.float64)
+        if not np.all(np.isfinite(a)):
+            raise self.fail(where, f"{key} holds NaN or infinite entries")
+        return a
+
+    # ------------------------------------------------------------------ nodes
+    def node(self, node, where: str, depth: int) -> Matrix:
+        if depth > MAX_DEPTH:
+            raise self.fail(where, f"the matrix tree is nested more than {MAX_DEPTH} levels deep")
+        self.count += 1
+        if self.count > MAX_NODES:
+            raise self.fail(where, f"the matrix tree has more than {MAX_NODES:,} nodes")
+        if not isinstance(node, dict):
+            raise self.fail(where, f"a matrix node must be a JSON object, got {_brief(node)}")
+        kind = node.get("type")
+        if not isinstance(kind, str) or kind not in _NODE_TYPES:
+            raise self.fail(where, f"unknown matrix type {_brief(kind)}")
+        where = f"{where} ({kind})"
+        try:
+            return getattr(self, f"read_{kind}")(node, where, depth)
+        except _FileError:
+            raise
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError,
+                np.linalg.LinAlgError) as exc:
+            raise self.fail(where, _message(exc)) from None
+
+    def children(self, node: dict, key: str, where: str, depth: int) -> list[Matrix]:
+        items = self.field(node, key, where)
+        if not isinstance(items, list) or not items:
+            raise self.fail(where, f"{key} must be a non-empty list of matrix nodes, got {_brief(items)}")
+        return [self.node(item, f"{where}.{key}[{i}]", depth + 1) for i, item in enumerate(items)]
+
+    def read_Identity(self, node, where, depth):
+        return Identity(self.integer(node, "n", where))
+
+    def read_Ones(self, node, where, depth):
+        shape = self.field(node, "shape", where)
+        if not isinstance(shape, list) or len(shape) != 2:
+            raise self.fail(where, f"shape must be [rows, columns], got {_brief(shape)}")
+        sizes = {"shape": None, "m": shape[0], "n": shape[1]}
+        return Ones(self.integer(sizes, "m", where), self.integer(sizes, "n", where))
+
+    def read_Diagonal(self, node, where, depth):
+        return Diagonal(self.array(node, "d", where, "float", 1))
+
+    def read_Prefix(self, node, where, depth):
+        return Prefix(self.integer(node, "n", where))
+
+    def read_AllRange(self, node, where, depth):
+        return AllRange(self.integer(node, "n", where))
+
+    def read_Ranges(self, node, where, depth):
+        n = self.integer(node, "n", where)
+        lo, hi = self.array(node, "lo", where, "int", 1), self.array(node, "hi", where, "int", 1)
+        if lo.shape != hi.shape:
+            raise self.fail(where, f"lo and hi have {lo.size:,} and {hi.size:,} entries")
+        return Ranges(n, np.column_stack([lo, hi]))
+
+    def read_PIdentity(self, node, where, depth):
+        norm = self.field(node, "norm", where)
+        if norm not in (1, 2) or isinstance(norm, bool):
+            raise self.fail(where, f"norm must be 1 or 2, got {_brief(norm)}")
+        return PIdentity(self.array(node, "T", where, "float", 2), norm)
+
+    def read_SquareRoot(self, node, where, depth):
+        values = self.array(node, "values", where, "float", 1)
+        theta = self.number(node, "theta", where)
+        if "sine" in node:
+            n = self.integer(node, "n", where)
+            if n != values.size:
+                raise self.fail(where, f"{values.size:,} eigenvalues for a sine basis of size {n:,}")
+            basis = SineBasis(n, node["sine"])
+        else:
+            Q = self.array(node, "Q", where, "float", 2)
+            if Q.shape != (values.size, values.size):
+                raise self.fail(where, f"Q has shape {Q.shape}, expected ({values.size}, {values.size})")
+            for axis, name in ((1, "row"), (0, "column")):
+                norms = np.linalg.norm(Q, axis=axis)
+                if np.any(np.abs(norms - 1.0) > UNIT_TOL):
+                    j = int(np.argmax(np.abs(norms - 1.0)))
+                    raise self.fail(where, f"Q is not orthogonal: {name} {j} has norm {norms[j]:.6g}, not 1")
+            basis = DenseBasis(Q)
+        strategy = SquareRootStrategy(Spectrum(basis, values), theta)
+        norms = strategy.column_norm_powers(2).to_array()
+        if not np.all(np.abs(norms - 1.0) <= UNIT_TOL):
+            raise self.fail(where, "its columns do not have unit L2 norm (zero or degenerate rows in its basis)")
+        return strategy
+
+    def read_Marginals(self, node, where, depth):
         from .domain import Domain
 
-        cls = Marginals if kind == "Marginals" else Residuals
-        return cls.from_members(Domain.from_dict(node["domain"]), get("members"), get("weights"))
-    if kind == "SparseExplicit":
-        return Explicit(sp.csr_array((get("data"), get("indices"), get("indptr")), shape=tuple(node["shape"])))
-    if kind == "Explicit":
-        return Explicit(get("matrix"), node.get("labels"))
-    if kind == "BlockDiagonal":
-        return BlockDiagonal(_read(node["block"], arrays), node["copies"], node.get("tail", 0))
-    if kind == "Kronecker":
-        return Kronecker([_read(f, arrays) for f in node["factors"]], node.get("names"), node.get("values"),
-                         node.get("sep", " & "))
-    if kind == "VStack":
-        return VStack([_read(b, arrays) for b in node["blocks"]], names=node.get("names"), weights=node.get("weights"))
-    if kind == "Sum":
-        return Sum([_read(t, arrays) for t in node["terms"]])
-    if kind == "Weighted":
-        return Weighted(_read(node["base"], arrays), node["weight"])
-    raise ValueError(f"unknown matrix type {kind!r} in strategy file")
+        cls = Marginals if node["type"] == "Marginals" else Residuals
+        name = self.field(node, "members", where)
+        members = self.arrays.get(name) if isinstance(name, str) else None
+        if members is None or members.dtype.kind not in "biu" or members.ndim != 2 or not np.all(
+                (members == 0) | (members == 1)):
+            raise self.fail(where, "members must be a 2-D array of 0/1 (or boolean) attribute memberships")
+        domain = self.field(node, "domain", where)
+        if not isinstance(domain, dict):
+            raise self.fail(where, f"domain must be a JSON object, got {_brief(domain)}")
+        weights = self.array(node, "weights", where, "float", 1)
+        return cls.from_members(Domain.from_dict(domain), members, weights)
+
+    read_Residuals = read_Marginals
+
+    def read_SparseExplicit(self, node, where, depth):
+        shape = self.field(node, "shape", where)
+        if not isinstance(shape, list) or len(shape) != 2:
+            raise self.fail(where, f"shape must be [rows, columns], got {_brief(shape)}")
+        sizes = {"m": shape[0], "n": shape[1]}
+        m, n = self.integer(sizes, "m", where), self.integer(sizes, "n", where)
+        data = self.array(node, "data", where, "float", 1)
+        indices = self.array(node, "indices", where, "int", 1)
+        indptr = self.array(node, "indptr", where, "int", 1)
+        if indices.size != data.size:
+            raise self.fail(where, f"{indices.size:,} column indices for {data.size:,} entries")
+        if indptr.size != m + 1:
+            raise self.fail(where, f"indptr has {indptr.size:,} entries, expected rows + 1 = {m + 1:,}")
+        if indptr[0] != 0 or indptr[-1] != data.size or np.any(np.diff(indptr) < 0):
+            raise self.fail(where, f"indptr must rise from 0 to the number of entries ({data.size:,}) without "
+                                   "decreasing")
+        if indices.size and (indices.min() < 0 or indices.max() >= n):
+            bad = int(indices[(indices < 0) | (indices >= n)][0])
+            raise self.fail(where, f"column index {bad:,} is outside the matrix's {n:,} columns")
+        matrix = sp.csr_array((data, indices, indptr), shape=(m, n))
+        matrix.sum_duplicates()  # repeated (row, column) entries add up: column norms must see their sum
+        return Explicit(matrix)
+
+    def read_Explicit(self, node, where, depth):
+        matrix = self.array(node, "matrix", where, "float", 2)
+        return Explicit(matrix, self.texts(node.get("labels"), where, "labels", matrix.shape[0]))
+
+    def read_BlockDiagonal(self, node, where, depth):
+        block = self.node(self.field(node, "block", where), f"{where}.block", depth + 1)
+        sizes = {"copies": node.get("copies"), "tail": node.get("tail", 0)}
+        return BlockDiagonal(block, self.integer(sizes, "copies", where), self.integer(sizes, "tail", where, 0))
+
+    def read_Kronecker(self, node, where, depth):
+        factors = self.children(node, "factors", where, depth)
+        names = self.texts(node.get("names"), where, "names", len(factors), optional_items=True)
+        values = node.get("values")
+        if values is not None:
+            if not isinstance(values, list) or len(values) != len(factors):
+                raise self.fail(where, f"values must be a list of {len(factors)} label lists, got {_brief(values)}")
+            values = [self.texts(v, where, f"values[{i}]", factors[i].shape[1]) for i, v in enumerate(values)]
+        sep = node.get("sep", " & ")
+        if not isinstance(sep, str):
+            raise self.fail(where, f"sep must be a text, got {_brief(sep)}")
+        return Kronecker(factors, names, values, sep)
+
+    def read_VStack(self, node, where, depth):
+        blocks = self.children(node, "blocks", where, depth)
+        names = self.texts(node.get("names"), where, "names", len(blocks))
+        weights = node.get("weights")
+        if weights is not None:
+            if not isinstance(weights, list) or len(weights) != len(blocks):
+                raise self.fail(where, f"weights must be a list of {len(blocks)} numbers, got {_brief(weights)}")
+            weights = [self.number({"weight": w}, "weight", where) for w in weights]
+        return VStack(blocks, names=names, weights=weights)
+
+    def read_Sum(self, node, where, depth):
+        return Sum(self.children(node, "terms", where, depth))
+
+    def read_Weighted(self, node, where, depth):
+        weight = self.number(node, "weight", where)
+        return Weighted(self.node(self.field(node, "base", where), f"{where}.base", depth + 1), weight)
 
 
-def load_strategy(path: str | os.PathLike) -> tuple[Matrix, dict]:
+_NODE_TYPES = frozenset(name[len("read_"):] for name in vars(_Reader) if name.startswith("read_"))
+
+
+def _brief(value) -> str:
+    """A short repr of a JSON value for an error message."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def load_strategy(path: str | os.PathLike, *, max_bytes: int = MAX_BYTES) -> tuple[Matrix, dict]:
     """Read a strategy written by :func:`save_strategy`; returns ``(strategy, metadata)``.
 
     A plan file (:meth:`hdmm.Plan.save`) holds a strategy too, and is read the same way.
+    Nothing is unpickled; the file is read only if it fits in ``max_bytes`` (default
+    ``MAX_BYTES``), and every node and array is checked (:func:`decode_matrix`).
+
+    Raises
+    ------
+    ValueError
+        If the file is not a valid hdmm strategy file, or is larger than ``max_bytes``.
     """
-    header, arrays = read_archive(path)
+    header, arrays = read_archive(path, max_bytes=max_bytes)
     if "tree" not in header:
         raise ValueError(f"{path} is not a valid hdmm strategy file (no strategy tree)")
-    return _read(header["tree"], arrays), header.get("metadata", {})
+    metadata = header.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise ValueError(f"{path} is not a valid hdmm strategy file (its metadata is not a JSON object)")
+    return decode_matrix(header["tree"], arrays, source=str(path)), metadata
