@@ -30,7 +30,7 @@ import scipy.sparse as sp
 
 from .matrix import Explicit, Identity, KronVector, Matrix
 from .matrix import cheap_pinv
-from .validation import positive_int
+from .validation import check_norm, positive_int
 from .spectral import blocks, unit_columns
 
 __all__ = ["BlockDiagonal", "fold", "is_local"]
@@ -143,6 +143,15 @@ class BlockDiagonal(Matrix):
         if not self.tail:
             return head
         return KronVector.from_array(np.concatenate([head.to_array(), np.ones(self.tail)]))
+
+    def sensitivity(self, p=1):
+        r"""The block's sensitivity, or 1 if the tail's identity columns are larger: :math:`O(1)` in ``copies``.
+
+        Every column of a block-diagonal matrix is a column of the block (padded with zeros) or
+        a unit column of the tail, so no length-``N`` vector is formed.
+        """
+        check_norm(p)
+        return max(float(self.block.sensitivity(p)), 1.0 if self.tail else 0.0)
 
     def diag(self):
         return np.concatenate([np.tile(self.block.diag(), self.copies), np.ones(self.tail)])

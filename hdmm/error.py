@@ -38,7 +38,7 @@ from .marginals import trace_spectrum
 from .matrix import DENSE_LIMIT, DenseLimitError, Matrix
 from .privacy import Privacy
 from .structure import ZERO_RTOL, Structure, aligned_unions, classify
-from .traces import SUPPORT_TOL, factor_rows, factor_trace, gram_pinv
+from .traces import SUPPORT_TOL, factor_rows, factor_trace, gram_pinv, squared_row_norms
 
 __all__ = [
     "ErrorResult",
@@ -230,7 +230,7 @@ def _row_projections(f: Matrix) -> tuple[np.ndarray, np.ndarray]:
     r"""Per-row ``(diag(f P f^T)/n, diag(f Q f^T)/n)`` of a one-attribute factor."""
     n = f.shape[1]
     p = (f @ np.ones(n)) ** 2 / n
-    q = np.maximum(f.quadratic_diag(np.eye(n)) - p, 0.0)
+    q = np.maximum(squared_row_norms(f) - p, 0.0)
     q = np.where(q <= ZERO_RTOL * (p + q), 0.0, q)
     return p / n, q / n
 

@@ -22,7 +22,12 @@ from .mechanism import Measurement
 from .planning import Plan, strategy_plan
 from .privacy import Privacy
 
-__all__ = ["measure", "Counts", "as_generator", "check_data_vector"]
+__all__ = ["measure", "Counts", "as_generator", "check_data_vector", "MAX_COUNT"]
+
+#: Largest count a data vector may hold (1e15, below 2**53 ~ 9.0e15 where doubles stop
+#: holding every whole number): larger counts are refused before any noise is drawn, as are
+#: data whose strategy answers ``A @ x`` overflow.
+MAX_COUNT = 1e15
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,8 +59,8 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
         A :class:`~hdmm.Plan` from :func:`hdmm.plan` (or loaded from a file). Its strategy,
         privacy definition and sensitivity set the noise; nothing is decided here.
     x
-        The data vector: ``N`` finite, non-negative counts (C order over the domain), or
-        :class:`Counts` checked already.
+        The data vector: ``N`` finite, non-negative counts of at most ``MAX_COUNT`` (C order
+        over the domain), or :class:`Counts` checked already.
     rng
         ``None`` (default) draws the noise from fresh OS entropy, as a real release must. An int
         seed or a ``numpy.random.Generator`` makes the noise reproducible: for tests and
@@ -75,7 +80,8 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
     TypeError
         If ``plan`` is neither a plan nor a strategy matrix with a privacy definition.
     ValueError
-        If ``x`` is not a 1-D vector of ``N`` finite, non-negative counts.
+        If ``x`` is not a 1-D vector of ``N`` finite, non-negative counts of at most
+        ``MAX_COUNT``, or the strategy's answers on it overflow (checked before any noise).
     """
     if isinstance(plan, Matrix):  # the earlier form measure(A, x, privacy, rng=None)
         privacy = args[0] if args else None
@@ -98,8 +104,15 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
     generator = as_generator(rng)
     if x.sum() == 0:
         warnings.warn("the data vector is all zeros (no records): the release is pure noise", stacklevel=2)
+    with np.errstate(over="ignore", invalid="ignore"):  # refused just below
+        answers = A @ x
+    if not np.all(np.isfinite(answers)):
+        raise ValueError(
+            "the strategy's answers on this data vector overflow to infinity (or are NaN): the counts are too large "
+            "for floating point; measure counts of at most hdmm.kernel.MAX_COUNT with a strategy of modest entries"
+        )
     noise = plan.privacy.sample(A.shape[0], plan.sensitivity, generator)
-    return Measurement(A, A @ x + noise, plan.privacy, plan.sensitivity, plan.noise_scale)
+    return Measurement(A, answers + noise, plan.privacy, plan.sensitivity, plan.noise_scale)
 
 
 def as_generator(rng: None | int | np.random.Generator) -> np.random.Generator:
@@ -121,7 +134,7 @@ def as_generator(rng: None | int | np.random.Generator) -> np.random.Generator:
 
 
 def check_data_vector(x, n: int) -> np.ndarray:
-    """``x`` as a float vector of ``n`` finite, non-negative counts, or a ``ValueError`` saying why not."""
+    """``x`` as a float vector of ``n`` finite, non-negative counts of at most ``MAX_COUNT``, or a ``ValueError`` saying why not."""
     try:
         arr = np.asarray(x, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -152,5 +165,13 @@ def check_data_vector(x, n: int) -> np.ndarray:
         raise ValueError(
             f"the data vector holds {int(negative.sum()):,} negative entries (e.g. {arr[i]:g} at index {i}); "
             "it must hold the true, non-negative record counts (not a noisy estimate)"
+        )
+    large = arr > MAX_COUNT
+    if large.any():
+        i = int(np.flatnonzero(large)[0])
+        raise ValueError(
+            f"the data vector holds {int(large.sum()):,} counts above hdmm.kernel.MAX_COUNT = {MAX_COUNT:g} (e.g. "
+            f"{arr[i]:g} at index {i}), beyond what floating point holds exactly; counts of records cannot be this "
+            "large: check the data (a weight or an identifier in the count column?)"
         )
     return arr

@@ -18,7 +18,7 @@ the weights only to show them.
 >>> import hdmm
 >>> W = hdmm.Prefix(8)
 >>> p = hdmm.plan(W, hdmm.Identity(8), hdmm.PureDP(1.0))
->>> p.sensitivity, p.method, p.structure.form
+>>> round(p.sensitivity, 6), p.method, p.structure.form
 (1.0, 'kronecker', 'kronecker')
 >>> round(p.rmse, 4)
 3.0
@@ -44,7 +44,15 @@ from .structure import Structure, classify
 from .version import HDMM_VERSION
 from .workload import unweighted
 
-__all__ = ["Plan", "plan", "check_inputs", "strategy_plan", "union_variance_bound", "plan_to_json", "plan_from_json"]
+__all__ = ["Plan", "plan", "check_inputs", "strategy_plan", "union_variance_bound", "plan_to_json", "plan_from_json",
+           "SENSITIVITY_MARGIN"]
+
+#: Relative safety margin on every computed sensitivity: a plan calibrates its noise to
+#: :math:`\Delta_p(A)\,(1 + 10^{-9})`. Sensitivities computed in floating point can fall a few
+#: ulp (about 1e-15 relative) below the exact column norms; the margin covers that many times
+#: over, and changes noise scales by a relative 1e-9. Applied once, where a plan is made
+#: (:func:`plan`, :func:`strategy_plan`) or read back (:func:`plan_from_json`).
+SENSITIVITY_MARGIN = 1e-9
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,7 +68,9 @@ class Plan:
     privacy : Privacy
         The privacy definition one measurement spends.
     sensitivity : float
-        :math:`\Delta_p(A)` in the norm of ``privacy``, computed from ``A``.
+        :math:`\Delta_p(A)` in the norm of ``privacy``, computed from ``A`` and raised by a
+        relative ``SENSITIVITY_MARGIN`` (1e-9) for floating-point rounding, so that the noise
+        is never calibrated below the true sensitivity.
     noise_scale : float
         Laplace scale or Gaussian standard deviation of each noisy strategy answer.
     structure : Structure
@@ -260,12 +270,17 @@ def _choose(W: Matrix, privacy: Privacy, strategy, seed, progress) -> tuple[Matr
 
 
 def _check_sensitivity(sensitivity: float, A: Matrix) -> float:
+    """The sensitivity the noise is calibrated to: the computed one times ``1 + SENSITIVITY_MARGIN``."""
     if not (math.isfinite(sensitivity) and sensitivity >= 0):
         raise ValueError(
             f"the strategy {A!r} has sensitivity {sensitivity!r}, not a finite number: its entries overflow; "
             "rescale the strategy (it measures the same queries at any scale)"
         )
-    return float(sensitivity)
+    calibrated = float(sensitivity) * (1.0 + SENSITIVITY_MARGIN)
+    if not math.isfinite(calibrated):
+        raise ValueError(f"the strategy {A!r} has sensitivity {sensitivity!r}, too large to calibrate noise to; "
+                         "rescale the strategy")
+    return calibrated
 
 
 def check_inputs(W: Matrix, privacy: Privacy, method: str = "auto") -> None:
@@ -308,6 +323,11 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
     Returns
     -------
     Plan
+
+    Notes
+    -----
+    The noise is calibrated to the strategy's sensitivity times ``1 + SENSITIVITY_MARGIN``
+    (a relative 1e-9), which covers floating-point rounding in the computed column norms.
 
     Raises
     ------
@@ -352,7 +372,7 @@ def strategy_plan(A: Matrix, privacy: Privacy, *, origin: str = "user") -> Plan:
     """A plan that only measures strategy ``A`` (no workload, no variances).
 
     What :func:`hdmm.measure` builds for the earlier form ``measure(A, x, privacy)``; its
-    sensitivity and structure are computed here, once.
+    sensitivity (with the margin ``SENSITIVITY_MARGIN``) and structure are computed here, once.
     """
     if not isinstance(A, Matrix):
         raise TypeError(f"the strategy must be an hdmm matrix, got {type(A).__name__}")
@@ -410,8 +430,8 @@ def plan_from_json(header: dict, arrays: dict[str, np.ndarray], source: str = "t
     if A.shape[1] != W.shape[1]:
         raise ValueError(f"{source}: the stored strategy and workload are over different domains")
     structure = classify(A)
-    sensitivity = A.sensitivity(privacy.norm)
-    if not abs(sensitivity - stored) <= 1e-9 * max(abs(sensitivity), 1e-300):
+    sensitivity = _check_sensitivity(A.sensitivity(privacy.norm), A)
+    if not abs(sensitivity - stored) <= 4 * SENSITIVITY_MARGIN * max(abs(sensitivity), 1e-300):
         raise ValueError(
             f"{source}: the stored sensitivity {stored!r} is not the strategy's ({sensitivity!r}); the file is "
             "damaged or was edited: make the plan again"

@@ -31,20 +31,34 @@ def project_nonnegative(x: np.ndarray, total: float | None = None) -> np.ndarray
     :math:`t = \max(\text{total}, 0)` (``total`` defaults to :math:`\sum_j x_j`). The solution
     is :math:`v = \max(x - \theta, 0)` for the unique :math:`\theta` giving the total, found by
     Michelot's algorithm: :math:`\theta = (\sum_{j \in S} x_j - t)/|S|` over the cells
-    :math:`S = \{j: x_j \ge \theta\}` not below it, repeated until :math:`S` stops shrinking
-    (:math:`\theta` only grows, so it ends after a few passes of :math:`O(N)`).
+    :math:`S` still kept (all at first), then :math:`S \leftarrow \{j \in S: x_j \ge \theta\}`,
+    repeated until :math:`S` stops shrinking. :math:`S` shrinks at every pass, so it ends after at most
+    :math:`N` passes of :math:`O(N)` (a few in practice), whatever the rounding.
+
+    Raises
+    ------
+    ValueError
+        If ``x`` or ``total`` holds NaN or infinite values, or the sum of ``x`` overflows.
     """
     x = np.asarray(x, dtype=np.float64)
-    t = max(float(np.sum(x) if total is None else total), 0.0)
+    with np.errstate(over="ignore"):  # an overflowing sum is refused just below
+        t = max(float(np.sum(x) if total is None else total), 0.0) if np.all(np.isfinite(x)) else math.nan
+    if not math.isfinite(t):
+        raise ValueError(
+            "cannot project an estimate with NaN or infinite entries (or whose sum overflows) onto non-negative "
+            "counts; the measured data must be finite counts of at most hdmm.kernel.MAX_COUNT"
+        )
     if t == 0.0:
         return np.zeros_like(x)
+    kept_cells = np.ones(x.size, dtype=bool)
     count, kept = x.size, float(np.sum(x))
     while True:
         theta = (kept - t) / count
-        above = x >= theta  # never empty: theta is at most the mean of the cells kept
-        if int(above.sum()) == count:
+        above = kept_cells & (x >= theta)  # never empty in exact arithmetic: theta is at most the kept cells' mean
+        remaining = int(above.sum())
+        if remaining == count or remaining == 0:
             return np.maximum(x - theta, 0.0)
-        count, kept = int(above.sum()), float(np.sum(x[above]))
+        kept_cells, count, kept = above, remaining, float(np.sum(x[above]))
 
 
 def _largest_gram_eigenvalue(A: Matrix, iterations: int = 30) -> float:

@@ -48,6 +48,7 @@ __all__ = [
     "compute_gram_inverse",
     "factor_trace",
     "factor_rows",
+    "squared_row_norms",
 ]
 
 #: Largest one-attribute Gram a strategy factor inverts densely (8192 x 8192).
@@ -195,11 +196,31 @@ def factor_rows(A: Matrix, f: Matrix) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return f.quadratic_diag(Xp), residual > SUPPORT_TOL * norms, norms > 0
 
 
+def squared_row_norms(f: Matrix) -> np.ndarray:
+    r""":math:`\|w\|_2^2` for each row :math:`w` of ``f`` (:math:`\mathrm{diag}(f f^T)`), in bounded memory.
+
+    Up to ``FACTOR_DENSE_LIMIT`` entries in ``n x n`` this is ``f.quadratic_diag`` of the
+    identity; above it the rows are walked in blocks (:func:`hdmm.spectral.blocks`, ``O(n)``
+    memory per row) when ``f`` has at most ``ROW_WALK`` rows per column, and refused up front
+    with :class:`~hdmm.DenseLimitError` otherwise.
+    """
+    rows, n = f.shape
+    if n * n <= FACTOR_DENSE_LIMIT:
+        return f.quadratic_diag(np.eye(n))
+    if rows > ROW_WALK * n:
+        check_dense_size(n, n, "the squared row norms of a workload factor", FACTOR_DENSE_LIMIT)
+    out = np.empty(rows)
+    for block in blocks(rows, n):
+        V = f.T @ unit_columns(rows, block)  # rows of f in this block, as columns
+        out[block] = np.einsum("ij,ij->j", V, V)
+    return out
+
+
 @factor_rows.register
 def _(A: Identity, f: Matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    r""":math:`\|w\|^2` per row; every row is supported."""
+    r""":math:`\|w\|^2` per row (:func:`squared_row_norms`); every row is supported."""
     check_width(f, A)
-    norms = f.quadratic_diag(np.eye(A.n))
+    norms = squared_row_norms(f)
     return norms, np.zeros(norms.size, dtype=bool), norms > 0
 
 

@@ -178,7 +178,7 @@ def test_csv_release_records_its_provenance_next_to_it(files, capsys):
     assert record["privacy"] == {"type": "PureDP", "epsilon": 1.0}
     assert record["strategy"]["origin"] == "identity" and record["hdmm_version"] == hdmm.__version__
     assert record["data"]["records"] == 200 and record["noise_seed"] == 1
-    assert record["workload"]["queries"] == 16 and record["noise_scale"] == 1.0
+    assert record["workload"]["queries"] == 16 and record["noise_scale"] == pytest.approx(1.0)
     assert not [p for p in tmp.iterdir() if p.name.startswith(".")]  # no temporary files left
     # --overwrite replaces both files
     argv = ["release", "--workload", workload, "--data", data, "--rho", "0.5", "--strategy", "identity",

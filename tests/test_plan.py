@@ -97,7 +97,7 @@ def test_plan_is_frozen_and_data_independent():
     p = hdmm.plan(W, hdmm.Identity(DOM.size), hdmm.PureDP(2.0))
     with pytest.raises(AttributeError):
         p.sensitivity = 0.5
-    assert p.sensitivity == 1.0 and p.noise_scale == 0.5
+    assert p.sensitivity == pytest.approx(1.0) and p.noise_scale == pytest.approx(0.5)
     assert p.structure.form == "kronecker" and p.method == "kronecker"
     assert np.isclose(float(p.error), hdmm.expected_error(hdmm.workload.unweighted(W)[0], hdmm.Identity(DOM.size),
                                                           hdmm.PureDP(2.0)))
