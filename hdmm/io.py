@@ -289,7 +289,7 @@ class _Reader:
     def fail(self, where: str, problem: str) -> ValueError:
         return _FileError(
             f"{self.source} is not a valid hdmm strategy file: {where}: {problem}; the file is damaged or was not "
-            "written by hdmm: save the strategy again"
+            "written by hdmm: save it again with hdmm"
         )
 
     # ------------------------------------------------------------------ values
@@ -310,12 +310,14 @@ class _Reader:
             raise self.fail(where, f"a {node['type']} node needs {key!r}")
         return node[key]
 
-    def texts(self, value, where: str, key: str, size: int, optional_items: bool = False) -> list | None:
+    def texts(self, value, where: str, key: str, size: int | None, optional_items: bool = False) -> list | None:
+        """``value`` if it is None or a list of texts (of ``size`` entries, unless ``size`` is None)."""
         if value is None:
             return None
-        if not isinstance(value, list) or len(value) != size or not all(
+        if not isinstance(value, list) or (size is not None and len(value) != size) or not all(
                 isinstance(v, str) or (optional_items and v is None) for v in value):
-            raise self.fail(where, f"{key} must be a list of {size} texts, got {_brief(value)}")
+            count = "" if size is None else f"{size} "
+            raise self.fail(where, f"{key} must be a list of {count}texts, got {_brief(value)}")
         return value
 
     def array(self, node: dict, key: str, where: str, kind: str, ndim: int) -> np.ndarray:
@@ -475,7 +477,7 @@ class _Reader:
         if values is not None:
             if not isinstance(values, list) or len(values) != len(factors):
                 raise self.fail(where, f"values must be a list of {len(factors)} label lists, got {_brief(values)}")
-            values = [self.texts(v, where, f"values[{i}]", factors[i].shape[1]) for i, v in enumerate(values)]
+            values = [self.texts(v, where, f"values[{i}]", None) for i, v in enumerate(values)]
         sep = node.get("sep", " & ")
         if not isinstance(sep, str):
             raise self.fail(where, f"sep must be a text, got {_brief(sep)}")

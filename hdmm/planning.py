@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from .error import ErrorResult, unit_query_variances
-from .io import FORMAT, VERSION, decode_matrix, encode_matrix, read_archive, write_archive
+from .io import FORMAT, MAX_BYTES, VERSION, decode_matrix, encode_matrix, read_archive, write_archive
 from .matrix import DenseLimitError, Kronecker, Matrix, Weighted
 from .mechanism import RECONSTRUCTION_METHODS, reconstruction_method
 from .optimizers import OptimizationResult, optimize
@@ -154,15 +154,16 @@ class Plan:
         write_archive(path, header, arrays)
 
     @staticmethod
-    def load(path) -> Plan:
+    def load(path, *, max_bytes: int = MAX_BYTES) -> Plan:
         """Read a plan written by :meth:`save`, validating it against its own strategy.
 
-        The sensitivity, structure and reconstruction route are recomputed from the stored
-        strategy and must match what the file says (a file that does not is refused: the
-        noise scale rests on them); the variances must be one finite, non-negative number per
-        query.
+        Every array is checked as :func:`hdmm.load_strategy` checks it, and a file larger
+        than ``max_bytes`` is refused unread. The sensitivity, structure and reconstruction
+        route are recomputed from the stored strategy and must match what the file says (a
+        file that does not is refused: the noise scale rests on them); the variances must be
+        one finite, non-negative number per query.
         """
-        header, arrays = read_archive(path)
+        header, arrays = read_archive(path, max_bytes=max_bytes)
         if header.get("kind") != "plan":
             raise ValueError(f"{path} holds a strategy, not a plan: make one with hdmm.plan(W, strategy, privacy)")
         return plan_from_json(header, arrays, source=str(path))
@@ -414,10 +415,13 @@ def plan_to_json(p: Plan, arrays: dict[str, np.ndarray]) -> dict:
 
 def plan_from_json(header: dict, arrays: dict[str, np.ndarray], source: str = "the file") -> Plan:
     """The plan written by :func:`plan_to_json`, validated against its own strategy."""
+    missing = [key for key in ("plan", "tree", "workload") if key not in header]
+    if missing:
+        raise ValueError(f"{source} is not a valid hdmm plan file: no {missing[0]!r} entry")
+    A = decode_matrix(header["tree"], arrays, source=source)
+    W = decode_matrix(header["workload"], arrays, source=source)
     try:
         info = header["plan"]
-        A = decode_matrix(header["tree"], arrays)
-        W = decode_matrix(header["workload"], arrays)
         privacy = Privacy.from_dict(info["privacy"])
         stored = float(info["sensitivity"])
         has_variances = bool(info["has_variances"])

@@ -90,9 +90,14 @@ def nonnegative_least_squares(
     constraints with :func:`project_nonnegative`; it stops when one step moves the fitted
     strategy answers by at most ``tol`` noise standard deviations (root mean square per answer),
     and warns if ``maxiter`` steps come first.
+
+    Raises
+    ------
+    ValueError
+        If the estimate holds NaN or infinite values, or its sum overflows.
     """
+    v = project_nonnegative(estimate)  # refuses a non-finite estimate
     t = max(float(np.sum(estimate)), 0.0)
-    v = project_nonnegative(estimate, t)
     L = _largest_gram_eigenvalue(A)
     if t == 0.0 or L == 0.0:
         return v

@@ -33,7 +33,7 @@ from .mechanism import Measurement, reconstruct
 from .optimizers import OptimizationResult
 from .planning import Plan, check_inputs, plan_from_json, plan_to_json
 from .postprocess import nonnegative_least_squares, round_to_total
-from .io import FORMAT, VERSION, read_archive, write_archive
+from .io import FORMAT, MAX_BYTES, VERSION, read_archive, write_archive
 from .planning import plan as make_plan
 from .privacy import Privacy
 
@@ -174,9 +174,13 @@ class Release:
         write_archive(path, header, arrays)
 
     @staticmethod
-    def load(path) -> Release:
-        """Read a release written by :meth:`save` (its plan validated as :meth:`hdmm.Plan.load` does)."""
-        header, arrays = read_archive(path)
+    def load(path, *, max_bytes: int = MAX_BYTES) -> Release:
+        """Read a release written by :meth:`save` (its plan validated as :meth:`hdmm.Plan.load` does).
+
+        A file larger than ``max_bytes`` is refused unread; the measurement, answers and
+        estimates must be finite, one per strategy row, query and cell.
+        """
+        header, arrays = read_archive(path, max_bytes=max_bytes)
         if header.get("kind") != "release":
             raise ValueError(f"{path} is not an hdmm release file (it holds a {header.get('kind', 'strategy')})")
         p = plan_from_json(header, arrays, source=str(path))
@@ -194,6 +198,8 @@ class Release:
         for key, size in sizes.items():
             if parts[key].shape != (size,):
                 raise ValueError(f"{path}: {key} has shape {parts[key].shape}, expected ({size},)")
+            if not np.all(np.isfinite(parts[key])):
+                raise ValueError(f"{path}: {key} holds NaN or infinite values; the file is damaged")
         measurement = Measurement(p.strategy, parts["measurement"], p.privacy, p.sensitivity, p.noise_scale)
         return Release(plan=p, measurement=measurement, answers=parts["answers"], estimate=parts["estimate"],
                        postprocess=postprocess, unprocessed_answers=parts["unprocessed_answers"],

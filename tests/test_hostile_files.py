@@ -9,6 +9,8 @@ import zipfile
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from hypothesis import HealthCheck, given, settings
+from strategies import matrices
 
 import hdmm
 from hdmm.io import MAX_DEPTH, encode_matrix, load_strategy, save_strategy, write_archive
@@ -55,7 +57,7 @@ def test_a_sparse_strategy_with_bad_structure_is_refused_at_load(tmp_path, field
     header, arrays = _header_and_arrays(_sparse())
     arrays[header["tree"][field]] = value
     message = _refused(_write(tmp_path / "s.npz", header, arrays), match)
-    assert "SparseExplicit" in message and "save the strategy again" in message
+    assert "SparseExplicit" in message and "save it again with hdmm" in message
 
 
 def test_a_sparse_strategy_with_indices_beyond_its_shape_is_refused_by_the_cli(tmp_path, capsys):
@@ -103,7 +105,8 @@ def test_repeated_sparse_entries_are_summed_so_the_sensitivity_sees_them(tmp_pat
     ({"type": "BlockDiagonal", "copies": 0, "tail": 0, "block": {"type": "Identity", "n": 2}}, "copies"),
     ({"type": "BlockDiagonal", "copies": 2, "tail": -1, "block": {"type": "Identity", "n": 2}}, "tail"),
     ({"type": "Kronecker", "factors": []}, "non-empty list"),
-    ({"type": "Kronecker", "factors": [{"type": "Identity", "n": 2}], "values": [["a"]]}, "values"),
+    ({"type": "Kronecker", "factors": [{"type": "Identity", "n": 2}], "values": [[1, 2]]}, "values"),
+    ({"type": "Kronecker", "factors": [{"type": "Identity", "n": 2}], "values": [["a"], ["b"]]}, "values"),
     ({"type": "VStack", "blocks": [{"type": "Identity", "n": 2}], "weights": [float("nan")]}, "finite"),
     ({"type": "VStack", "blocks": [{"type": "Identity", "n": 2}, {"type": "Identity", "n": 3}]}, "columns"),
     ({"type": "Sum", "terms": "Identity"}, "non-empty list"),
@@ -301,7 +304,7 @@ def test_bad_privacy_metadata_in_a_plan_file_is_one_clear_value_error(tmp_path, 
     lambda h: h.__setitem__("tree", {"type": "Identity", "n": "12"}),
 ])
 def test_malformed_plan_headers_are_one_clear_value_error(tmp_path, edit):
-    with pytest.raises(ValueError, match="plan file"):
+    with pytest.raises(ValueError, match="is not a valid hdmm (plan|strategy) file"):
         Plan.load(_plan_file(tmp_path, edit))
 
 
@@ -312,3 +315,53 @@ def test_a_saved_strategy_with_a_different_type_hidden_in_its_arrays_is_refused(
     header, arrays = _header_and_arrays(Explicit(np.eye(3)))
     arrays[header["tree"]["matrix"]] = np.array(["a", "b", "c"])
     _refused(_write(tmp_path / "s.npz", header, arrays), "expected numbers")
+
+
+def test_a_plan_file_with_a_crafted_strategy_names_the_file_and_the_node_once(tmp_path):
+    def edit(header):
+        header["tree"] = {"type": "Kronecker", "factors": [{"type": "Prefix", "n": 4}, {"type": "Identity"}]}
+
+    path = _plan_file(tmp_path, edit)
+    with pytest.raises(ValueError) as info:
+        Plan.load(path)
+    message = str(info.value)
+    assert message.count("is not a valid") == 1 and message.startswith(str(path))
+    assert "tree (Kronecker).factors[1] (Identity): a Identity node needs 'n'" in message
+
+
+def test_plan_and_release_files_take_the_size_limit(tmp_path):
+    W = Kronecker([Prefix(4), Identity(3)])
+    release = hdmm.run(W, np.arange(12.0), hdmm.PureDP(1.0), strategy=Identity(12), rng=0)
+    release.save(tmp_path / "r.npz")
+    release.plan.save(tmp_path / "p.npz")
+    assert hdmm.Release.load(tmp_path / "r.npz").answers == pytest.approx(release.answers)
+    for load, name in ((hdmm.Release.load, "r.npz"), (Plan.load, "p.npz")):
+        with pytest.raises(ValueError, match="raise the limit"):
+            load(tmp_path / name, max_bytes=100)
+
+
+def test_a_release_file_with_nan_answers_is_refused(tmp_path):
+    release = hdmm.run(Prefix(6), np.arange(6.0), hdmm.PureDP(1.0), strategy=Identity(6), rng=0)
+    path = tmp_path / "r.npz"
+    release.save(path)
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {k: archive[k] for k in archive.files if k != "header"}
+        header = json.loads(str(archive["header"]))
+    arrays["answers"][2] = np.nan
+    _write(path, header, arrays)
+    with pytest.raises(ValueError, match="answers holds NaN or infinite values"):
+        hdmm.Release.load(path)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pair=matrices())
+def test_every_saveable_matrix_passes_the_checks_and_round_trips(tmp_path, pair):
+    buffer = io.BytesIO()
+    try:
+        save_strategy(pair.mat, buffer)
+    except TypeError:  # not one of the classes a file can hold
+        return
+    buffer.seek(0)
+    loaded, _ = load_strategy(buffer)
+    assert loaded.shape == pair.ref.shape
+    assert np.allclose(loaded.dense(), pair.ref, atol=1e-9)
