@@ -208,13 +208,13 @@ class Release:
     # ------------------------------------------------------------------ error
     @property
     def expected_error(self) -> float:
-        r"""Expected total squared error of the unprocessed answers, :math:`\sum_i \mathrm{se}_i^2`."""
-        return float(np.sum(self.std_errors**2))
+        r"""Expected total squared error of the unprocessed answers, :math:`\sum_i \mathrm{se}_i^2` (the plan's)."""
+        return float(self.plan.error)
 
     @property
     def rmse(self) -> float:
-        """Root mean squared error per query of the unprocessed answers (expected)."""
-        return math.sqrt(self.expected_error / self.answers.size)
+        """Root mean squared error per query of the unprocessed answers (expected; the plan's)."""
+        return self.plan.rmse
 
     @property
     def postprocess_change(self) -> float:
