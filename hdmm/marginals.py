@@ -263,12 +263,8 @@ class SubsetProducts(Matrix):
 
     def column_norm_powers(self, p):
         check_norm(p)
-        per = [[f.column_norm_powers(p).to_array() for f in fs] for fs in self.factors]
-        terms = [
-            (float(w**p), tuple(per[i][int(m)] for i, m in enumerate(row)))
-            for w, row in zip(self.weights, self.members)
-        ]
-        return KronVector(self.domain.shape, terms)
+        rows = [np.vstack([f.column_norm_powers(p).to_array() for f in fs]) for fs in self.factors]
+        return KronVector.factored(self.domain.shape, self.weights**p, rows, self.members.view(np.uint8))
 
     def _subset_of_row(self, row: int) -> tuple[int, int]:
         k = int(np.searchsorted(self.offsets, row, side="right")) - 1
