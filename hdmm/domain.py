@@ -632,11 +632,30 @@ class Domain:
                 UserWarning,
                 stacklevel=2,
             )
+        return np.bincount(self.cell_index(df, codes=codes), minlength=self.size).astype(np.float64)
+
+    def cell_index(self, df: pd.DataFrame, *, codes: bool = False) -> np.ndarray:
+        """The flat cell of each record (C order), read as :meth:`vectorize` reads the columns.
+
+        What :meth:`vectorize` counts: ``np.bincount(dom.cell_index(df), minlength=dom.size)``.
+        Used to split records by another column (e.g. a geography unit) before counting.
+
+        >>> Domain(["sex", "age"], [2, 3]).cell_index(pd.DataFrame({"sex": [0, 1], "age": [2, 0]})).tolist()
+        [2, 3]
+        """
+        if not isinstance(df, pd.DataFrame):
+            raise TypeError(f"cell_index expects a pandas DataFrame, got {type(df).__name__}")
+        missing = [n for n in self._names if n not in df.columns]
+        if missing:
+            raise ValueError(
+                f"DataFrame has no column for attribute(s) {missing}; its columns are "
+                f"{list(df.columns)}{_rename_hint(missing, df.columns)}; rename the columns to the attribute names"
+            )
         flat = np.zeros(len(df), dtype=np.intp)
         for name, n in zip(self._names, self._shape):
             flat *= n
             flat += self._column_codes(df, name, bool(codes))
-        return np.bincount(flat, minlength=self.size).astype(np.float64)
+        return flat
 
     def records(self, x: Any, *, codes: bool = False) -> pd.DataFrame:
         """The records counted by a data vector: the inverse of :meth:`vectorize`.

@@ -23,6 +23,7 @@ LAYERS = [
     {"hdmm.planning"},
     {"hdmm.kernel", "hdmm.postprocess"},
     {"hdmm.release"},
+    {"hdmm.georelease"},
 ]
 
 

@@ -1,0 +1,214 @@
+r"""The tree least-squares passes, split into independent subtrees and a small top.
+
+A geography release measures, for every unit ``u`` of every measured level ``l``, the person
+strategy :math:`A_p` on the unit's histogram with weight :math:`w_l`. Each unit's measurement is
+first mapped to a vector :math:`e_u` in a common space of ``k`` numbers (the person workload's
+answers and the unit's total, or the strategy's answers), its *own* unbiased estimate. By the
+mixed-product rule, :math:`(A_{\text{tree}} \otimes A_p)^+ = A_{\text{tree}}^+ \otimes A_p^+`, so
+the least-squares answers of every unit are the tree pseudo-inverse applied, column by column, to
+the :math:`e_u` (docs/math.md, section 8.4). With :math:`a_l = w_l^2`, :math:`l^*` the finest
+measured level and the quantities :math:`\sigma, \rho, \beta, s` of
+:class:`~hdmm.geography.solver.TreeSolver`:
+
+1. *down* (accumulate): :math:`b_v = \sum_{u \supseteq v} a_u e_u` for every unit ``v`` of
+   level :math:`l^*` (the sum over its measured ancestors and itself);
+2. *up*: :math:`g_v = b_v / a_{l^*}` at level :math:`l^*`, then for coarser units
+   :math:`\gamma_u = \sum_{c} g_c` (children ``c``) and :math:`g_u = \rho_u \gamma_u`;
+3. *down* (offsets): :math:`t_{\text{root}} = 0`, a child of ``u`` gets
+   :math:`t_u + \beta_u(\gamma_u - \sigma_u t_u)`, and :math:`z_v = (b_v - t_v)/a_{l^*}`;
+4. the estimate of unit ``u`` at a level :math:`l \le l^*` is :math:`\sum_{v \subseteq u} z_v`.
+
+The units of a level are numbered depth first, so the subtree of any unit is a contiguous range
+at every level below it. A *partition* is the subtree of one unit of the partition level ``P``
+(a state): steps 1-4 inside it need only the partition's own measurements and two vectors from
+above, :math:`c` (the sum of :math:`a_u e_u` over its ancestors) and :math:`t` (its offset). The
+coarse levels above ``P`` need only each partition's :math:`g` computed without :math:`c`
+(:math:`g = g^{\text{own}} + s\,c` by linearity, since the pass of a constant gives :math:`s`).
+So a release is: every partition's first pass (:func:`partition_up`), the top
+(:func:`top_passes`, on ``units above P`` vectors), and every partition's second pass
+(:func:`partition_down`), each partition independent of the others: one process unit by unit, or
+one Spark task per partition.
+
+>>> import numpy as np
+>>> from hdmm.geography import GeographyTree, TreeStrategy
+>>> tree = GeographyTree.from_parents({"a": "US", "b": "US", "a1": "a", "a2": "a", "b1": "b"},
+...                                   ["nation", "state", "county"])
+>>> A = TreeStrategy(tree, [1.0, 1.0, 1.0])
+>>> y = np.array([10.0, 6.0, 3.0, 2.0, 5.0, 4.0])       # nation, states a, b, counties a1, a2, b1
+>>> passes = TreePasses(tree, A.weights)
+>>> estimates = passes.solve({0: y[:1, None], 1: y[1:3, None], 2: y[3:, None]})
+>>> np.allclose(estimates[2][:, 0], A.pinv() @ y)
+True
+>>> bool(np.isclose(estimates[0][0, 0], estimates[1][:, 0].sum()))
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..geography import GeographyTree
+from ..geography.solver import TreeSolver
+
+__all__ = ["Partition", "TreePasses", "partition_up", "partition_down", "top_passes"]
+
+
+@dataclass(frozen=True)
+class Partition:
+    """The subtree of one unit of the partition level: its unit ranges level by level.
+
+    Attributes
+    ----------
+    level : int
+        The partition level ``P``.
+    unit : int
+        The unit's position at level ``P``.
+    ranges : tuple of (int, int)
+        ``(lo, hi)`` of the subtree's units at levels ``P, P + 1, ...`` (to the finest level).
+    """
+
+    level: int
+    unit: int
+    ranges: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def of(cls, tree: GeographyTree, level: int, unit: int) -> Partition:
+        ranges = [(unit, unit + 1)]
+        for d in range(level, tree.depth):
+            bounds = tree.child_bounds(d)
+            lo, hi = ranges[-1]
+            ranges.append((int(bounds[lo]), int(bounds[hi])))
+        return cls(level, unit, tuple(ranges))
+
+    def range(self, d: int) -> tuple[int, int]:
+        """``(lo, hi)`` of the partition's units at level ``d >= P``."""
+        return self.ranges[d - self.level]
+
+    def leaves(self) -> tuple[int, int]:
+        """``(lo, hi)`` of the partition's leaves."""
+        return self.ranges[-1]
+
+
+class TreePasses:
+    """The tree passes of the module docstring for one tree and one set of level weights.
+
+    Parameters
+    ----------
+    tree
+        The geography.
+    weights
+        :math:`w_l \\ge 0`, one per level (root first), at least one positive.
+    """
+
+    def __init__(self, tree: GeographyTree, weights: np.ndarray):
+        self.tree = tree
+        self.weights = np.asarray(weights, dtype=float)
+        self.a = self.weights**2
+        self.solver = TreeSolver(tree, self.a)
+        self.finest = self.solver.finest
+
+    def measured(self) -> list[int]:
+        """The measured levels (weight > 0), root first."""
+        return [int(d) for d in np.flatnonzero(self.a > 0)]
+
+    def _local_bounds(self, d: int, lo: int, hi: int) -> np.ndarray:
+        bounds = self.tree.child_bounds(d)[lo:hi + 1]
+        return bounds - bounds[0]
+
+    # ------------------------------------------------------------------ pieces
+    def accumulate(self, start: int, ranges, own: dict[int, np.ndarray], above: np.ndarray) -> np.ndarray:
+        """:math:`b` at the finest measured level: ``above`` (one row per unit of level ``start``)
+        plus :math:`\\sum a_u e_u` over measured levels ``start..l*`` of ``own``."""
+        C = np.array(above, dtype=float)
+        for d in range(start, self.finest + 1):
+            if d > start:
+                lo, hi = ranges(d - 1)
+                C = np.repeat(C, np.diff(self._local_bounds(d - 1, lo, hi)), axis=0)
+            if self.a[d] > 0:
+                C = C + self.a[d] * own[d]
+        return C
+
+    def up(self, start: int, ranges, g: np.ndarray, stop: int) -> tuple[dict[int, np.ndarray], np.ndarray]:
+        """From ``g`` at level ``start`` up to level ``stop``: the :math:`\\gamma` of levels ``stop..start-1``
+        and :math:`g` at level ``stop``."""
+        gammas = {}
+        for d in range(start - 1, stop - 1, -1):
+            lo, hi = ranges(d)
+            gammas[d] = np.add.reduceat(g, self._local_bounds(d, lo, hi)[:-1], axis=0)
+            g = gammas[d] * self.solver.rho[d][lo:hi, None]
+        return gammas, g
+
+    def down(self, start: int, ranges, gammas: dict[int, np.ndarray], t: np.ndarray, stop: int) -> np.ndarray:
+        """Offsets from level ``start`` (``t``) down to level ``stop``."""
+        for d in range(start, stop):
+            lo, hi = ranges(d)
+            t = t + self.solver.beta[d][lo:hi, None] * (gammas[d] - t * self.solver.sigma[d][lo:hi, None])
+            t = np.repeat(t, np.diff(self._local_bounds(d, lo, hi)), axis=0)
+        return t
+
+    def totals(self, start: int, ranges, z: np.ndarray) -> dict[int, np.ndarray]:
+        """Estimates of the units of levels ``start..l*``: sums of ``z`` over their level-:math:`l^*` units."""
+        out = {self.finest: z}
+        for d in range(self.finest - 1, start - 1, -1):
+            lo, hi = ranges(d)
+            out[d] = np.add.reduceat(out[d + 1], self._local_bounds(d, lo, hi)[:-1], axis=0)
+        return out
+
+    # ------------------------------------------------------------------ the whole tree at once
+    def solve(self, own: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+        """Estimates of every unit of levels ``0..l*`` from every measured unit's own estimate ``own[d]``.
+
+        The unpartitioned passes (one partition, the root's subtree), for tests and small trees.
+        """
+        whole = Partition.of(self.tree, 0, 0)
+        k = next(iter(own.values())).shape[1]
+        b = self.accumulate(0, whole.range, own, np.zeros((1, k)))
+        gammas, _ = self.up(self.finest, whole.range, b / self.a[self.finest], 0)
+        t = self.down(0, whole.range, gammas, np.zeros((1, k)), self.finest)
+        return self.totals(0, whole.range, (b - t) / self.a[self.finest])
+
+
+def partition_up(passes: TreePasses, part: Partition, own: dict[int, np.ndarray]) -> np.ndarray:
+    """A partition's first pass: its :math:`g^{\\text{own}}` (``1 x k``), without anything from above."""
+    f, P = passes.finest, part.level
+    k = own[max(d for d in own)].shape[1]
+    b = passes.accumulate(P, part.range, own, np.zeros((1, k)))
+    _, g = passes.up(f, part.range, b / passes.a[f], P)
+    return g
+
+
+def top_passes(passes: TreePasses, level: int, g_own: np.ndarray, own: dict[int, np.ndarray]
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """The coarse levels ``0..P-1``: each partition's ``c`` and ``t`` (``units of P x k`` each).
+
+    ``g_own`` holds every partition's first-pass :math:`g` (one row per unit of level ``P``) and
+    ``own`` the own estimates of the measured levels above ``P``.
+    """
+    tree, P = passes.tree, level
+    k = g_own.shape[1]
+    if P == 0:
+        return np.zeros((1, k)), np.zeros((1, k))
+    full = Partition.of(tree, 0, 0).range
+    C = np.zeros((1, k))
+    for d in range(P):
+        if d:
+            C = np.repeat(C, np.diff(tree.child_bounds(d - 1)), axis=0)
+        if passes.a[d] > 0:
+            C = C + passes.a[d] * own[d]
+    c = np.repeat(C, np.diff(tree.child_bounds(P - 1)), axis=0)
+    g = g_own + passes.solver.s[P][:, None] * c
+    gammas, _ = passes.up(P, full, g, 0)
+    t = passes.down(0, full, gammas, np.zeros((1, k)), P)
+    return c, t
+
+
+def partition_down(passes: TreePasses, part: Partition, own: dict[int, np.ndarray], c: np.ndarray,
+                   t: np.ndarray) -> dict[int, np.ndarray]:
+    """A partition's second pass: the estimates of its units at levels ``P..l*`` (``c``, ``t``: ``1 x k``)."""
+    f, P = passes.finest, part.level
+    b = passes.accumulate(P, part.range, own, c)
+    gammas, _ = passes.up(f, part.range, b / passes.a[f], P)
+    z = (b - passes.down(P, part.range, gammas, t, f)) / passes.a[f]
+    return passes.totals(P, part.range, z)

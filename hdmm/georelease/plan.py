@@ -1,0 +1,329 @@
+r"""The plan of a geography release: made once, without data, and shipped to every worker.
+
+A geography release answers the person workload :math:`W_p` (e.g. SF1) for every unit of the
+released levels of a :class:`~hdmm.geography.GeographyTree` (nation, states, counties, tracts).
+It measures :math:`A = A_{\text{tree}}(w) \otimes A_p`: the person strategy :math:`A_p` on the
+histogram of every unit of every measured level ``l``, scaled by the level's weight :math:`w_l`
+(the level's share of the measurement budget). A person is in one unit per level, so
+
+.. math:: \Delta_1(A) = \Big(\sum_l w_l\Big)\,\Delta_1(A_p), \qquad
+          \Delta_2(A) = \Big(\sum_l w_l^2\Big)^{1/2}\,\Delta_2(A_p),
+
+and every unit's strategy answers get noise calibrated to :math:`\Delta(A)`: the whole release
+spends the plan's privacy once, by parallel composition over the units of a level and sequential
+composition over levels, folded into one sensitivity. The least-squares estimate
+:math:`A^+y = (A_{\text{tree}}^+ \otimes A_p^+)\,y` is computed unit by unit
+(:mod:`hdmm.georelease.passes`), so the cell vector of the whole country never exists. The
+variance of query ``q`` of unit ``v`` at level ``l`` is :math:`\nu\,(S_lX^+S_l^T)_{vv}\,
+(W_p(A_p^TA_p)^+W_p^T)_{qq}`, a tree factor times a person factor (:mod:`hdmm.georelease.levels`).
+
+>>> import hdmm
+>>> from hdmm.geography import GeographyTree
+>>> tree = GeographyTree.from_parents({"a": "US", "b": "US", "a1": "a", "a2": "a", "b1": "b"},
+...                                   ["nation", "state", "county"])
+>>> p = geo_plan(tree, hdmm.Identity(3), hdmm.PureDP(1.0), strategy=hdmm.Identity(3))
+>>> p.summary()[["level", "units", "queries"]].values.tolist()
+[['nation', 1, 3], ['state', 2, 6], ['county', 3, 9]]
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ..geography import GeographyError, GeographyTree
+from ..geography.solver import TreeSolver
+from ..matrix import Matrix, Weighted
+from ..optimizers import OptimizationResult
+from ..planning import Plan, plan
+from ..privacy import Privacy
+from ..structure import classify
+from ..version import HDMM_VERSION
+from .invariants import Invariants
+from .levels import optimize_level_weights
+
+__all__ = ["GeoPlan", "geo_plan"]
+
+
+@dataclass(frozen=True, eq=False)
+class GeoPlan:
+    """A data-independent geography release plan (module docstring); make one with :func:`geo_plan`.
+
+    Attributes
+    ----------
+    tree : GeographyTree
+    levels : tuple of int
+        The released levels (positions in ``tree.levels``).
+    level_weights : numpy.ndarray
+        :math:`w_l` per tree level, root first (0: not measured), summing to 1.
+    person : Plan
+        The person workload's plan (queries, strategy :math:`A_p`, reconstruction route).
+    privacy : Privacy
+        What the whole release spends.
+    sensitivity : float
+        :math:`\\Delta(A_{\\text{tree}})\\,\\Delta(A_p)`, with the relative margin ``SENSITIVITY_MARGIN``.
+    noise_scale : float
+        Laplace scale or Gaussian standard deviation of every noisy strategy answer.
+    partition_level : int
+        The level whose subtrees are processed independently (states by default).
+    invariants : Invariants or None
+        Public unit totals held exactly (not privatized).
+    origin : str
+        Who chose the person strategy and the level weights.
+    """
+
+    tree: GeographyTree
+    levels: tuple[int, ...]
+    level_weights: np.ndarray
+    person: Plan
+    privacy: Privacy
+    sensitivity: float
+    noise_scale: float
+    partition_level: int
+    invariants: Invariants | None
+    origin: str
+    seconds: float = 0.0
+    version: str = HDMM_VERSION
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def solver(self) -> TreeSolver:
+        """The tree Gram's solver for the level weights."""
+        if "solver" not in self._cache:
+            self._cache["solver"] = TreeSolver(self.tree, self.level_weights**2)
+        return self._cache["solver"]
+
+    @property
+    def measured(self) -> list[int]:
+        """The measured levels (weight > 0), root first."""
+        return [int(d) for d in np.flatnonzero(self.level_weights > 0)]
+
+    @property
+    def queries(self) -> int:
+        """Person queries per unit."""
+        return self.person.queries
+
+    def unit_plan(self, level: int) -> Plan:
+        """The plan of one unit of a measured level: :math:`w_l A_p`, noise calibrated to the whole strategy.
+
+        Its sensitivity is the geography strategy's, not :math:`w_l\\Delta(A_p)`: the unit's rows are
+        part of :math:`A`, and each person is in one unit of every measured level.
+        """
+        key = ("unit", level)
+        if key not in self._cache:
+            w = float(self.level_weights[level])
+            if w <= 0:
+                raise GeographyError(f"level {self.tree.levels[level]!r} is not measured (its weight is 0)")
+            strategy = Weighted(self.person.strategy, w)
+            self._cache[key] = Plan(
+                workload=self.person.workload, strategy=strategy, privacy=self.privacy,
+                sensitivity=self.sensitivity, noise_scale=self.noise_scale, structure=classify(strategy),
+                method=self.person.method, variances=None, variance_exact=True,
+                origin=f"{self.origin}, level {self.tree.levels[level]}", version=self.version,
+            )
+        return self._cache[key]
+
+    # ------------------------------------------------------------------ error
+    @property
+    def noise_variance(self) -> float:
+        """Variance of each noisy strategy answer."""
+        return self.privacy.noise_variance(self.sensitivity)
+
+    @property
+    def query_variances(self) -> np.ndarray:
+        """Person factor of the variances: :math:`\\mathrm{diag}(W_p(A_p^TA_p)^+W_p^T)` (unit noise)."""
+        if "query" not in self._cache:
+            self._cache["query"] = self.person.variances / self.privacy.noise_variance(self.person.sensitivity)
+        return self._cache["query"]
+
+    def unit_variances(self, level: int) -> np.ndarray:
+        """Tree factor of the variances of ``level``'s units: :math:`(S_lX^+S_l^T)_{vv}`, without invariants."""
+        key = ("tree", level)
+        if key not in self._cache:
+            self._cache[key] = self.solver.unit_variances(level)
+        return self._cache[key]
+
+    def invariant_reduction(self, level: int) -> np.ndarray | None:
+        """Per unit of ``level``: the tree factor the invariants take off the variances (times
+        :math:`h_q^2/\\gamma` per query), ``None`` when not computed (see :mod:`hdmm.georelease.invariants`)."""
+        if self.invariants is None:
+            return np.zeros(self.tree.sizes[level])
+        key = ("reduction", level)
+        if key not in self._cache:
+            self._cache[key] = self.invariants.variance_reduction(self.tree, self.solver, level)
+        return self._cache[key]
+
+    @property
+    def total_direction(self) -> tuple[np.ndarray, float]:
+        """:math:`h = W_pG_p^+\\mathbf 1` and :math:`\\gamma = \\mathbf 1^TG_p^+\\mathbf 1` (invariants only)."""
+        if "h" not in self._cache:
+            A = self.person.strategy
+            u = A.pinv().T @ np.ones(A.shape[1])
+            g = A.pinv() @ u
+            self._cache["h"] = (self.person.workload @ g, float(u @ u))
+        return self._cache["h"]
+
+    def variances(self, level: int) -> np.ndarray:
+        """Variance of every released answer of ``level`` (``units x queries``); an upper bound when
+        :attr:`variance_exact` is false."""
+        out = self.noise_variance * np.outer(self.unit_variances(level), self.query_variances)
+        reduction = self.invariant_reduction(level)
+        if self.invariants is not None and reduction is not None:
+            h, gamma = self.total_direction
+            out -= self.noise_variance * np.outer(reduction, h**2 / gamma)
+            np.maximum(out, 0.0, out=out)
+        return out
+
+    @property
+    def variance_exact(self) -> bool:
+        """False when invariants are too many for the exact variance reduction (variances are upper bounds)."""
+        return all(self.invariant_reduction(d) is not None for d in self.levels) and self.person.variance_exact
+
+    def expected_rmse(self, level: int) -> float:
+        """Expected RMSE of the released answers of ``level`` (over all its units and queries)."""
+        return float(np.sqrt(np.mean(self.variances(level)))) if self.invariants is not None else float(
+            np.sqrt(self.noise_variance * np.mean(self.unit_variances(level)) * np.mean(self.query_variances)))
+
+    def summary(self) -> pd.DataFrame:
+        """One row per released level: units, queries, level weight and expected RMSE."""
+        rows = []
+        for d in self.levels:
+            rows.append({
+                "level": self.tree.levels[d], "units": self.tree.sizes[d],
+                "queries": self.tree.sizes[d] * self.queries, "level weight": float(self.level_weights[d]),
+                "expected RMSE": self.expected_rmse(d),
+            })
+        return pd.DataFrame(rows)
+
+    def describe(self) -> str:
+        """A few lines for people: levels, budget shares, privacy, sensitivity and expected RMSE per level."""
+        shares = ", ".join(f"{self.tree.levels[d]} {self.level_weights[d]:.3g}" for d in self.measured)
+        lines = [
+            f"geography release plan: {self.person.queries:,} person queries x units of "
+            f"{[self.tree.levels[d] for d in self.levels]}",
+            f"  privacy: {self.privacy.description} ({self.privacy.noise} noise, sensitivity {self.sensitivity:.6g}, "
+            f"scale {self.noise_scale:.6g})",
+            f"  level weights (measurement budget shares): {shares}",
+            f"  person strategy: {self.person.strategy!r} ({self.origin})",
+        ]
+        if self.invariants is not None:
+            lines.append(f"  invariants (public, not privatized): {self.invariants.units} unit totals held exactly")
+        lines += [f"  {self.tree.levels[d]}: expected RMSE {self.expected_rmse(d):.4g}" for d in self.levels]
+        return "\n".join(lines)
+
+
+def geo_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, *,
+             levels: Sequence[str | int] | None = None,
+             weights: Sequence[float] | None = None,
+             strategy: str | Matrix | OptimizationResult = "auto",
+             level_weights: str | Mapping[str | int, float] | Sequence[float] = "auto",
+             invariants: Mapping[str | int, Mapping[object, float]] | Invariants | None = None,
+             partition: str | int | None = None,
+             seed=None, progress: bool | Callable[[str], None] = False) -> GeoPlan:
+    """Plan a release of the person workload ``person`` for every unit of ``levels`` of ``tree``.
+
+    Parameters
+    ----------
+    tree
+        The geography.
+    person
+        The person workload :math:`W_p` (e.g. ``census_workloads.sf1_persons()``), over the person
+        domain (without geography).
+    privacy
+        What the whole release spends: :class:`~hdmm.PureDP`, :class:`~hdmm.ApproxDP` or :class:`~hdmm.ZCDP`.
+    levels
+        The released levels (default: all of them, nation to the finest).
+    weights
+        One weight per released level: how much its error counts to the optimizer (default 1).
+    strategy
+        The person strategy: ``"auto"`` (:func:`hdmm.optimize`), a matrix or an optimization result.
+    level_weights
+        ``"auto"`` (optimized, :func:`~hdmm.georelease.levels.optimize_level_weights`), or the
+        budget share of each level (``{level: share}`` or one per level); normalized to sum 1.
+    invariants
+        ``{level: {code: total}}``: public totals held exactly (not privatized; see
+        :mod:`hdmm.georelease.invariants`).
+    partition
+        The level whose units' subtrees are processed independently (default: the level below the
+        root, or the root when nothing finer is measured).
+    seed, progress
+        For :func:`hdmm.optimize` (``strategy="auto"``).
+
+    Raises
+    ------
+    GeographyError
+        Unknown or repeated levels, a released level finer than every measured one, invariants
+        that are unknown, negative or do not add up, a partition level finer than the finest
+        measured level.
+    """
+    start = time.perf_counter()
+    if not isinstance(tree, GeographyTree):
+        raise TypeError(f"tree must be a GeographyTree, got {type(tree).__name__}")
+    if not isinstance(privacy, Privacy):
+        raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
+    released = list(range(len(tree.levels))) if levels is None else [tree.level_index(x) for x in levels]
+    if len(set(released)) != len(released):
+        twice = next(tree.levels[d] for d in released if released.count(d) > 1)
+        raise GeographyError(f"level {twice!r} is named twice; list each level once")
+    if not released:
+        raise GeographyError("release at least one level")
+    omega = np.ones(len(released)) if weights is None else np.asarray(weights, dtype=float).reshape(-1)
+    if omega.size != len(released) or not np.all(np.isfinite(omega)) or np.any(omega < 0):
+        raise GeographyError(f"give one finite weight >= 0 per released level ({len(released)}), got {weights!r}")
+    if isinstance(invariants, Mapping):
+        invariants = Invariants.of(tree, invariants)
+    elif invariants is not None and not isinstance(invariants, Invariants):
+        raise TypeError("invariants must be {level: {code: total}}")
+    person_plan = plan(person, strategy, privacy, seed=seed, progress=progress)
+    origin = person_plan.origin
+    if isinstance(level_weights, str):
+        if level_weights != "auto":
+            raise ValueError(f"level_weights must be 'auto', a mapping or a sequence, got {level_weights!r}")
+        w = optimize_level_weights(tree, dict(zip(released, omega.tolist())), privacy.norm)
+        origin += "; level weights optimized"
+    else:
+        w = _given_weights(tree, level_weights)
+        origin += "; level weights given"
+    solver = TreeSolver(tree, w**2)
+    too_fine = [tree.levels[d] for d in released if d > solver.finest]
+    if too_fine:
+        raise GeographyError(
+            f"released level(s) {too_fine} are finer than the finest measured level {tree.levels[solver.finest]!r}: "
+            "their totals cannot be estimated; give them a level weight > 0"
+        )
+    if invariants is not None:
+        invariants.check_supported(tree, solver)
+    P = min(1, solver.finest) if partition is None else tree.level_index(partition)
+    if P > solver.finest:
+        raise GeographyError(f"the partition level {tree.levels[P]!r} is finer than the finest measured level "
+                             f"{tree.levels[solver.finest]!r}")
+    norm = privacy.norm
+    tree_sensitivity = float(np.sum(w)) if norm == 1 else float(np.sqrt(np.sum(w**2)))
+    sensitivity = tree_sensitivity * person_plan.sensitivity  # the person sensitivity carries the margin
+    result = GeoPlan(
+        tree=tree, levels=tuple(released), level_weights=w, person=person_plan, privacy=privacy,
+        sensitivity=sensitivity, noise_scale=privacy.noise_scale(sensitivity), partition_level=P,
+        invariants=invariants, origin=origin, seconds=time.perf_counter() - start,
+    )
+    if invariants is not None:
+        result.total_direction  # noqa: B018 -- fails here, before any data, when A_p has no structural pinv
+    return result
+
+
+def _given_weights(tree: GeographyTree, level_weights) -> np.ndarray:
+    w = np.zeros(len(tree.levels))
+    if isinstance(level_weights, Mapping):
+        for level, value in level_weights.items():
+            w[tree.level_index(level)] = float(value)
+    else:
+        w = np.asarray(level_weights, dtype=float).reshape(-1)
+        if w.size != len(tree.levels):
+            raise GeographyError(f"give one level weight per level {list(tree.levels)}, got {w.size}")
+    if not np.all(np.isfinite(w)) or np.any(w < 0) or not np.any(w > 0):
+        raise GeographyError(f"level weights must be finite, >= 0, at least one positive; got {w.tolist()}")
+    return w / w.sum()

@@ -1,0 +1,279 @@
+r"""A geography release: every unit's answers, consistent over the tree, with standard errors.
+
+:func:`release_geography` runs a :class:`~hdmm.georelease.plan.GeoPlan` on data in one of two
+engines with the same steps and, for a given seed, the same result:
+
+1. check the data against the plan (leaves, counts, invariants), before any noise;
+2. per partition (e.g. a state): measure its units (:mod:`hdmm.georelease.units`) and take the
+   first tree pass (:func:`~hdmm.georelease.passes.partition_up`);
+3. on the driver: measure the levels above the partition level from the partitions' totals, and
+   the top passes;
+4. per partition: the second pass, giving the least-squares estimate of every unit;
+5. on the driver: the invariants' correction (:mod:`hdmm.georelease.invariants`).
+
+``engine="local"`` (the default) runs the partitions one after another in this process: the
+histograms of one partition at a time exist, and every unit's estimate (``queries + 1`` numbers).
+``engine="spark"`` runs steps 2 and 4 as Spark tasks (:mod:`hdmm.georelease.spark`).
+
+Every parent's answers equal the sum of its children's (up to floating-point rounding), because
+every unit's estimate is the sum of its finest measured descendants' estimates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from ..version import HDMM_VERSION
+from .passes import Partition, TreePasses, partition_down, partition_up, top_passes
+from .plan import GeoPlan
+from .units import HistogramSource, check_source, measure_partition, measure_units
+
+__all__ = ["GeoRelease", "release_geography", "ENGINES"]
+
+ENGINES = ("local", "spark")
+
+
+@dataclass(frozen=True, eq=False)
+class GeoRelease:
+    """The released answers of every unit of the released levels (module docstring).
+
+    Attributes
+    ----------
+    plan : GeoPlan
+    estimates : dict
+        ``level -> units x (queries + 1)``: the person queries' answers and the unit's total.
+    seeded : bool
+        Whether the noise came from a seed (reproducible: for tests and research only).
+    timings : dict
+        Seconds per step.
+    """
+
+    plan: GeoPlan
+    estimates: dict[int, np.ndarray]
+    seeded: bool
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def answers(self, level: str | int) -> np.ndarray:
+        """``units x queries`` answers of a released level."""
+        return self.estimates[self._level(level)][:, :-1]
+
+    def totals(self, level: str | int) -> np.ndarray:
+        """Estimated total of every unit of a released level (held exactly for invariant units)."""
+        return self.estimates[self._level(level)][:, -1]
+
+    def std_errors(self, level: str | int) -> np.ndarray:
+        """``units x queries`` standard errors (upper bounds unless ``plan.variance_exact``)."""
+        return np.sqrt(self.plan.variances(self._level(level)))
+
+    def _level(self, level: str | int) -> int:
+        d = self.plan.tree.level_index(level)
+        if d not in self.plan.levels:
+            raise ValueError(f"level {self.plan.tree.levels[d]!r} is not released; released: "
+                             f"{[self.plan.tree.levels[x] for x in self.plan.levels]}")
+        return d
+
+    def table(self, level: str | int | None = None) -> pd.DataFrame:
+        """Long table: ``level, code, name, query, answer, std_error`` (one row per unit and query)."""
+        levels = self.plan.levels if level is None else (self._level(level),)
+        return pd.concat([_level_table(self.plan, d, self.answers(d), self.std_errors(d)) for d in levels],
+                         ignore_index=True)
+
+    def provenance(self) -> dict:
+        """What a file of this release records: privacy spent, sensitivity, levels, weights, invariants."""
+        return provenance(self.plan, self.seeded)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write a Parquet dataset partitioned by level (``path/level=<name>/...``) with the provenance
+        in every file's metadata and in ``path/_provenance.json``. Needs ``pyarrow`` (``hdmm[parquet]``)."""
+        write_parquet(path, (self.table(self.plan.tree.levels[d]) for d in self.plan.levels), self.provenance())
+
+    def __repr__(self) -> str:
+        levels = ", ".join(f"{self.plan.tree.levels[d]}: {self.plan.tree.sizes[d]:,}" for d in self.plan.levels)
+        return f"GeoRelease({levels} units x {self.plan.queries:,} queries; {self.plan.privacy.description})"
+
+
+def _level_table(plan: GeoPlan, d: int, answers: np.ndarray, std_errors: np.ndarray, first: int = 0) -> pd.DataFrame:
+    tree, q = plan.tree, plan.queries
+    units = answers.shape[0]
+    labels = list(plan.person.workload.labels)
+    codes = np.asarray(tree.codes(d)[first:first + units], dtype=object)
+    names = np.asarray(tree.names(d)[first:first + units], dtype=object)
+    return pd.DataFrame({
+        "level": pd.Categorical([tree.levels[d]] * (units * q), categories=list(tree.levels)),
+        "code": np.repeat(codes, q),
+        "name": np.repeat(names, q),
+        "query": pd.Categorical.from_codes(np.tile(np.arange(q), units), categories=pd.Index(labels).unique())
+        if len(set(labels)) == len(labels) else np.tile(np.asarray(labels, dtype=object), units),
+        "answer": answers.ravel(),
+        "std_error": std_errors.ravel(),
+    })
+
+
+def provenance(plan: GeoPlan, seeded: bool) -> dict:
+    """The release's record of what it spent and how (JSON-able)."""
+    tree = plan.tree
+    return {
+        "hdmm_version": HDMM_VERSION,
+        "privacy": plan.privacy.to_dict(),
+        "privacy_description": plan.privacy.description,
+        "sensitivity": plan.sensitivity,
+        "noise_scale": plan.noise_scale,
+        "levels": [tree.levels[d] for d in plan.levels],
+        "level_weights": {tree.levels[d]: float(plan.level_weights[d]) for d in plan.measured},
+        "person_strategy": repr(plan.person.strategy),
+        "origin": plan.origin,
+        "invariants": None if plan.invariants is None else {
+            "public_not_private": True, "units": plan.invariants.units},
+        "seeded": seeded,
+        "seed_note": "noise from a seed is reproducible and for tests and research only" if seeded else
+        "noise from fresh OS entropy",
+        "variance_exact": plan.variance_exact,
+    }
+
+
+def write_parquet(path, tables, meta: dict) -> None:
+    """Write tables (each one level) as a Parquet dataset partitioned by level, nothing half-written:
+    into ``path.partial`` first, renamed to ``path`` at the end."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError("writing Parquet needs pyarrow: pip install 'hdmm[parquet]'") from None
+    path = os.fspath(path)
+    if os.path.exists(path):
+        raise FileExistsError(f"{path} exists: choose a new output directory (a release is never overwritten)")
+    partial = path + ".partial"
+    if os.path.exists(partial):
+        raise FileExistsError(f"{partial} exists (left by an interrupted run?): remove it first")
+    os.makedirs(partial)
+    text = json.dumps(meta)
+    for df in tables:
+        level = str(df["level"].iloc[0]) if len(df) else None
+        if level is None:
+            continue
+        table = pa.Table.from_pandas(df.drop(columns=["level"]).assign(
+            query=df["query"].astype(str)), preserve_index=False)
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"hdmm": text.encode()})
+        os.makedirs(os.path.join(partial, f"level={level}"), exist_ok=True)
+        pq.write_table(table, os.path.join(partial, f"level={level}", "part-0.parquet"))
+    with open(os.path.join(partial, "_provenance.json"), "w") as fh:
+        json.dump(meta, fh, indent=2)
+    os.rename(partial, path)
+
+
+def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "local", seed: int | None = None,
+                      progress: bool | Callable[[str], None] = False, **engine_options):
+    """Release ``plan`` on ``data`` (module docstring).
+
+    Parameters
+    ----------
+    plan
+        From :func:`~hdmm.georelease.plan.geo_plan`.
+    data
+        The per-leaf histograms: :class:`~hdmm.georelease.units.RecordHistograms` (records) or
+        :class:`~hdmm.georelease.units.ArrayHistograms`; for ``engine="spark"`` also a Spark
+        DataFrame of records or a Parquet path (see :func:`hdmm.georelease.spark.release_spark`).
+    engine
+        ``"local"`` (default) or ``"spark"``.
+    seed
+        ``None`` (default): noise from fresh OS entropy, as a real release must. An int: every
+        unit's noise from a stream derived from the seed and the unit (for tests and research only).
+
+    Returns
+    -------
+    GeoRelease (local) or :class:`~hdmm.georelease.spark.SparkGeoRelease`.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; choose one of {list(ENGINES)}")
+    if not isinstance(plan, GeoPlan):
+        raise TypeError(f"plan must be a GeoPlan (from geo_plan), got {type(plan).__name__}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+        raise TypeError(f"seed must be None (OS entropy, for real releases) or an int, got {seed!r}")
+    if engine == "spark":
+        from .spark import release_spark
+        return release_spark(plan, data, seed=seed, progress=progress, **engine_options)
+    if engine_options:
+        raise TypeError(f"the local engine takes no options {sorted(engine_options)}")
+    return _release_local(plan, data, seed=seed, progress=progress)
+
+
+def _say(progress) -> Callable[[str], None]:
+    if callable(progress):
+        return progress
+    if progress:
+        return lambda text: print(text, flush=True)
+    return lambda text: None
+
+
+def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, progress) -> GeoRelease:
+    say = _say(progress)
+    tree, P = plan.tree, plan.partition_level
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    check_source(plan, source)
+    passes = TreePasses(tree, plan.level_weights)
+    parts = [Partition.of(tree, P, u) for u in range(tree.sizes[P])]
+    owns, g_own, roots = [], [], []
+    for i, part in enumerate(parts):
+        lo, hi = part.leaves()
+        H = source.histograms(lo, hi)
+        own = measure_partition(plan, part, H, seed)
+        owns.append(own)
+        g_own.append(partition_up(passes, part, own))
+        roots.append(np.asarray(H.sum(axis=0)).ravel())
+        say(f"  measured {tree.label(P, part.unit)} ({i + 1}/{len(parts)})")
+    timings["measure"] = time.perf_counter() - start
+    start = time.perf_counter()
+    estimates = finish(plan, passes, parts, np.vstack(g_own), np.vstack(roots), owns, seed)
+    timings["estimate"] = time.perf_counter() - start
+    return GeoRelease(plan, estimates, seeded=seed is not None, timings=timings)
+
+
+def measure_top(plan: GeoPlan, roots: np.ndarray, seed: int | None) -> dict[int, np.ndarray]:
+    """Measure the units of the measured levels above the partition level from the partition roots' histograms."""
+    tree, P = plan.tree, plan.partition_level
+    own, X = {}, sp.csr_matrix(roots)
+    for d in range(P - 1, -1, -1):
+        X = sp.csr_matrix(np.add.reduceat(X.toarray(), tree.child_bounds(d)[:-1], axis=0))
+        if plan.level_weights[d] > 0:
+            own[d] = measure_units(plan, d, 0, X, seed)
+    return own
+
+
+def finish(plan: GeoPlan, passes: TreePasses, parts: list[Partition], g_own: np.ndarray, roots: np.ndarray,
+           owns, seed: int | None) -> dict[int, np.ndarray]:
+    """Steps 3 to 5 for the local engine: top, second passes, invariants."""
+    tree, P = plan.tree, plan.partition_level
+    k = g_own.shape[1]
+    c, t = top_passes(passes, P, g_own, measure_top(plan, roots, seed))
+    estimates = {d: np.empty((tree.sizes[d], k)) for d in range(passes.finest + 1)}
+    for part, own in zip(parts, owns):
+        for d, values in partition_down(passes, part, own, c[part.unit:part.unit + 1],
+                                        t[part.unit:part.unit + 1]).items():
+            lo, hi = part.range(d)
+            estimates[d][lo:hi] = values
+    for d in range(P - 1, -1, -1):
+        estimates[d] = np.add.reduceat(estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
+    apply_invariants(plan, estimates)
+    return {d: estimates[d] for d in plan.levels}
+
+
+def apply_invariants(plan: GeoPlan, estimates: dict[int, np.ndarray]) -> None:
+    """Move every estimate by the invariants' correction, in place (:mod:`hdmm.georelease.invariants`)."""
+    inv = plan.invariants
+    if inv is None:
+        return
+    estimated = np.array([estimates[d][u, -1] for d, u in zip(inv.levels.tolist(), inv.units_at.tolist())])
+    h, gamma = plan.total_direction
+    lam = inv.multipliers(plan.tree, plan.solver, estimated, gamma)
+    direction = np.append(h, gamma)
+    for d in estimates:
+        estimates[d] -= np.outer(lam[d], direction)

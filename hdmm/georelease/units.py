@@ -1,0 +1,176 @@
+r"""Unit histograms and their measurement: the data-touching step of a geography release.
+
+The data reach a geography release as per-leaf histograms over the person domain: sparse
+``leaves x N`` count matrices, one partition (e.g. a state) at a time, made from person records
+(:class:`RecordHistograms`) or given directly (:class:`ArrayHistograms`, any object with the same
+two methods). Each measured unit's histogram (the sum of its leaves') is measured by
+:func:`hdmm.measure`, the kernel, under the unit's plan (:meth:`GeoPlan.unit_plan`), and mapped
+to the unit's own estimate in the common space of :mod:`hdmm.georelease.passes`: the answers of
+the person workload and the unit's total, :math:`e_u = (W_p \hat x_u, \mathbf 1^T\hat x_u)` with
+:math:`\hat x_u = (w_lA_p)^+y_u`.
+
+**Noise streams.** With ``seed=None`` every unit's noise comes from fresh OS entropy. With an
+int seed, unit ``u`` of level ``l`` draws from the stream seeded by a hash of ``(seed, level
+name, unit code)`` (:func:`unit_seed`): the same unit gets the same noise whichever engine,
+partition or order measures it, which makes the engines' releases identical for a given seed.
+Seeds are for tests and reproducible research only: anyone who knows one can remove the noise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from ..domain import Domain
+from ..geography import GeographyError, GeographyTree
+from ..kernel import measure
+from ..mechanism import reconstruct
+from .passes import Partition
+from .plan import GeoPlan
+
+__all__ = [
+    "HistogramSource", "RecordHistograms", "ArrayHistograms", "unit_seed", "measure_units", "measure_partition",
+    "unit_histograms",
+]
+
+
+class HistogramSource(Protocol):
+    """Where the data come from: per-leaf histograms over the person domain, a leaf range at a time."""
+
+    def leaf_totals(self) -> np.ndarray:
+        """Number of records of every leaf (checked against invariants before any noise)."""
+
+    def histograms(self, lo: int, hi: int) -> sp.csr_matrix:
+        """The ``(hi - lo) x N`` sparse counts of leaves ``lo..hi-1``."""
+
+
+def unit_seed(seed: int, level: str, code: str) -> int:
+    """The seed of one unit's noise stream: 64 bits of SHA-256 of ``seed``, the level and the code."""
+    digest = hashlib.sha256(f"hdmm-geography/{int(seed)}/{level}/{code}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+@dataclass(frozen=True, eq=False)
+class RecordHistograms:
+    """Histograms from person records: one row per person, person attribute columns and geography.
+
+    Parameters
+    ----------
+    tree
+        The geography; records are placed by :meth:`GeographyTree.locate` (its level columns,
+        for a tree from :meth:`GeographyTree.from_table`) or by a column of leaf codes.
+    domain
+        The person domain (the columns read as :meth:`hdmm.Domain.vectorize` reads them).
+    leaves, cells
+        Each record's leaf and person cell, sorted by leaf (made by :meth:`of`).
+    """
+
+    tree: GeographyTree
+    domain: Domain
+    leaves: np.ndarray
+    cells: np.ndarray
+    starts: np.ndarray
+
+    @classmethod
+    def of(cls, tree: GeographyTree, domain: Domain, records: pd.DataFrame, *, leaf_column: str | None = None,
+           codes: bool = False) -> RecordHistograms:
+        """Read and check every record (before any noise): unknown codes and values are refused."""
+        if not isinstance(records, pd.DataFrame):
+            raise TypeError(f"records must be a pandas DataFrame, got {type(records).__name__}")
+        if leaf_column is not None:
+            if leaf_column not in records.columns:
+                raise GeographyError(f"the records have no column {leaf_column!r}; they have {list(records.columns)}")
+            leaves = tree.leaf_index(records[leaf_column].astype(str))
+        else:
+            leaves = tree.locate(records)
+        cells = domain.cell_index(records, codes=codes)
+        order = np.argsort(leaves, kind="stable")
+        leaves, cells = leaves[order], cells[order]
+        starts = np.searchsorted(leaves, np.arange(tree.leaves + 1))
+        return cls(tree, domain, leaves, cells, starts)
+
+    def leaf_totals(self) -> np.ndarray:
+        return np.diff(self.starts).astype(float)
+
+    def histograms(self, lo: int, hi: int) -> sp.csr_matrix:
+        a, b = self.starts[lo], self.starts[hi]
+        rows, cols = self.leaves[a:b] - lo, self.cells[a:b]
+        H = sp.csr_matrix((np.ones(b - a), (rows, cols)), shape=(hi - lo, self.domain.size))
+        H.sum_duplicates()
+        return H
+
+
+@dataclass(frozen=True, eq=False)
+class ArrayHistograms:
+    """Histograms given directly: a sparse ``leaves x N`` matrix (e.g. drawn for a benchmark)."""
+
+    matrix: sp.csr_matrix
+
+    def leaf_totals(self) -> np.ndarray:
+        return np.asarray(self.matrix.sum(axis=1)).ravel()
+
+    def histograms(self, lo: int, hi: int) -> sp.csr_matrix:
+        return self.matrix[lo:hi]
+
+
+def check_source(plan: GeoPlan, source: HistogramSource) -> None:
+    """Refuse data that do not fit the plan (shape, counts, invariants) before any noise is drawn.
+
+    A mismatch with an invariant names the unit, not the count in the data (which is private).
+    """
+    totals = np.asarray(source.leaf_totals(), dtype=float)
+    if totals.shape != (plan.tree.leaves,):
+        raise ValueError(f"the data have {totals.size} leaves but the tree has {plan.tree.leaves}")
+    if not np.all(np.isfinite(totals)) or np.any(totals < 0):
+        raise ValueError("the histograms hold negative or non-finite counts; they must be record counts")
+    inv = plan.invariants
+    if inv is None:
+        return
+    for d, u, value in zip(inv.levels.tolist(), inv.units_at.tolist(), inv.values.tolist()):
+        lo, hi = plan.tree.leaf_bounds(d)[u], plan.tree.leaf_bounds(d)[u + 1]
+        if abs(float(totals[lo:hi].sum()) - value) > 1e-9 * max(1.0, value):
+            raise GeographyError(
+                f"the invariant of {plan.tree.label(d, u)} ({value:g}) is not the number of records the data hold "
+                "there: an invariant must be the true (public) total; fix the invariants or the data"
+            )
+
+
+def unit_histograms(tree: GeographyTree, part: Partition, level: int, H: sp.csr_matrix) -> sp.csr_matrix:
+    """The histograms of a partition's units of ``level`` from its leaves' ``H``."""
+    lo, hi = part.range(level)
+    bounds = tree.leaf_bounds(level)[lo:hi + 1] - part.leaves()[0]
+    owner = np.repeat(np.arange(hi - lo), np.diff(bounds))
+    S = sp.csr_matrix((np.ones(owner.size), (owner, np.arange(owner.size))), shape=(hi - lo, H.shape[0]))
+    return (S @ H).tocsr()
+
+
+def measure_units(plan: GeoPlan, level: int, first: int, X: sp.csr_matrix | np.ndarray, seed: int | None) -> np.ndarray:
+    """The own estimates :math:`e_u` (``units x (queries + 1)``) of units ``first, first + 1, ...`` of ``level``.
+
+    Each unit is measured by the kernel (:func:`hdmm.measure`) with its own noise stream.
+    """
+    unit = plan.unit_plan(level)
+    W = plan.person.workload
+    name, codes = plan.tree.levels[level], plan.tree.codes(level)
+    out = np.empty((X.shape[0], plan.queries + 1))
+    for i in range(X.shape[0]):
+        x = X[i].toarray().ravel() if sp.issparse(X) else np.asarray(X[i], dtype=float)
+        rng = None if seed is None else unit_seed(seed, name, codes[first + i])
+        xhat = reconstruct(unit, measure(unit, x, rng=rng))
+        out[i, :-1] = W @ xhat
+        out[i, -1] = xhat.sum()
+    return out
+
+
+def measure_partition(plan: GeoPlan, part: Partition, H: sp.csr_matrix, seed: int | None) -> dict[int, np.ndarray]:
+    """Every measured unit of the partition at levels ``P..l*``: their own estimates, level by level."""
+    own = {}
+    for d in plan.measured:
+        if d >= part.level:
+            own[d] = measure_units(plan, d, part.range(d)[0], unit_histograms(plan.tree, part, d, H), seed)
+    return own

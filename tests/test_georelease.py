@@ -1,0 +1,242 @@
+"""Geography releases: the tree passes, plan, engine and invariants against dense numpy."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+
+import hdmm
+from hdmm.geography import GeographyError, GeographyTree, TreeStrategy
+from hdmm.georelease import ArrayHistograms, RecordHistograms, geo_plan, optimize_level_weights, release_geography
+from hdmm.georelease.levels import tree_objective
+from hdmm.georelease.passes import Partition, TreePasses, partition_down, partition_up, top_passes
+from hdmm.georelease.units import unit_seed
+
+
+def random_tree(depth: int, rng: np.random.Generator, fanout: int = 3) -> GeographyTree:
+    pairs, frontier = {}, ["r"]
+    for _ in range(depth):
+        below = []
+        for parent in frontier:
+            for j in range(int(rng.integers(1, fanout + 1))):
+                pairs[f"{parent}.{j}"] = parent
+                below.append(f"{parent}.{j}")
+        frontier = below
+    return GeographyTree.from_parents(pairs, [f"L{d}" for d in range(depth + 1)])
+
+
+def small_country(seed: int = 0) -> GeographyTree:
+    rng = np.random.default_rng(seed)
+    pairs = {}
+    for s in range(3):
+        pairs[f"s{s}"] = "US"
+        for c in range(int(rng.integers(1, 4))):
+            pairs[f"s{s}c{c}"] = f"s{s}"
+            for t in range(int(rng.integers(1, 3))):
+                pairs[f"s{s}c{c}t{t}"] = f"s{s}c{c}"
+    return GeographyTree.from_parents(pairs, ["nation", "state", "county", "tract"])
+
+
+DOMAIN = hdmm.Domain(["a", "b"], [2, 3])
+WP = hdmm.product(DOMAIN, {"a": hdmm.Identity(2), "b": hdmm.Prefix(3)})
+AP = hdmm.Kronecker([hdmm.Identity(2), hdmm.Prefix(3)])
+
+
+# ====================================================================== passes
+@pytest.mark.parametrize("trial", range(12))
+def test_partitioned_passes_equal_the_dense_pseudo_inverse(trial):
+    rng = np.random.default_rng(trial)
+    depth = int(rng.integers(1, 4))
+    tree = random_tree(depth, rng)
+    w = rng.uniform(0.2, 2, depth + 1) * (rng.random(depth + 1) < 0.7)
+    if not (w > 0).any():
+        w[-1] = 1.0
+    A = TreeStrategy(tree, w)
+    passes = TreePasses(tree, A.weights)
+    own = {d: rng.normal(size=(tree.sizes[d], 3)) for d in passes.measured()}
+    Y = np.vstack([own[d] * A.weights[d] for d in passes.measured()])
+    dense = np.linalg.pinv(A.dense()) @ Y
+    whole = passes.solve(own)
+    for d in range(passes.finest + 1):
+        np.testing.assert_allclose(whole[d], tree.aggregate(d, dense), atol=1e-10)
+    for P in range(passes.finest + 1):
+        parts = [Partition.of(tree, P, u) for u in range(tree.sizes[P])]
+        owns = [{d: own[d][slice(*p.range(d))] for d in passes.measured() if d >= P} for p in parts]
+        g = np.vstack([partition_up(passes, p, o) for p, o in zip(parts, owns)])
+        c, t = top_passes(passes, P, g, {d: own[d] for d in passes.measured() if d < P})
+        for p, o in zip(parts, owns):
+            for d, values in partition_down(passes, p, o, c[p.unit:p.unit + 1], t[p.unit:p.unit + 1]).items():
+                np.testing.assert_allclose(values, whole[d][slice(*p.range(d))], atol=1e-10)
+
+
+# ====================================================================== level weights
+@pytest.mark.parametrize("norm", [1, 2])
+def test_level_weights_beat_a_grid_search(norm):
+    tree = random_tree(2, np.random.default_rng(5), fanout=6)
+    released = {0: 1.0, 1: 2.0, 2: 1.0}
+    w = optimize_level_weights(tree, released, norm)
+    assert w.sum() == pytest.approx(1.0)
+    best = min(
+        tree_objective(tree, np.array([a, b, 1 - a - b]), released, norm)
+        for a in np.linspace(0, 1, 41) for b in np.linspace(0, 1, 41) if 1 - a - b > 1e-9
+    )
+    assert tree_objective(tree, w, released, norm) <= best * (1 + 1e-9)
+
+
+def test_level_weights_only_measure_what_helps():
+    tree = random_tree(2, np.random.default_rng(1), fanout=4)
+    w = optimize_level_weights(tree, {"L1": 1.0}, 1)
+    assert w[2] == 0.0 and w[1] > 0  # a finer level adds nothing for coarser totals
+
+
+# ====================================================================== engine against dense numpy
+def _dense_release(tree, plan, H, seed, invariants=None):
+    """The constrained least-squares answers of the whole Kronecker strategy, densely."""
+    A_tree = TreeStrategy(tree, plan.level_weights)
+    ys = []
+    for d in plan.measured:
+        unit = plan.unit_plan(d)
+        X = tree.aggregate(d, H)
+        ys += [hdmm.measure(unit, X[u], rng=unit_seed(seed, tree.levels[d], tree.codes(d)[u])).answers
+               for u in range(tree.sizes[d])]
+    A = np.kron(A_tree.dense(), AP.dense())
+    cov = plan.noise_variance * np.linalg.pinv(A.T @ A)
+    xhat = np.linalg.pinv(A) @ np.concatenate(ys)
+    if invariants is not None:
+        C = np.kron(tree.aggregate(1, np.eye(tree.leaves)), np.ones((1, DOMAIN.size)))
+        c = np.array(list(invariants["state"].values()))
+        K = C @ cov @ C.T
+        xhat = xhat - cov @ C.T @ np.linalg.solve(K, C @ xhat - c)
+        cov = cov - cov @ C.T @ np.linalg.solve(K, C @ cov)
+    return xhat.reshape(tree.leaves, DOMAIN.size), cov
+
+
+@pytest.mark.parametrize("privacy", [hdmm.PureDP(1.0), hdmm.ZCDP(0.5), hdmm.ApproxDP(1.0, 1e-6)])
+@pytest.mark.parametrize("with_invariants", [False, True])
+def test_local_engine_equals_dense_least_squares(privacy, with_invariants):
+    tree = small_country()
+    H = np.random.default_rng(3).integers(0, 5, size=(tree.leaves, DOMAIN.size)).astype(float)
+    invariants = None
+    if with_invariants:
+        b = tree.leaf_bounds(1)
+        invariants = {"state": {f"s{s}": float(H[b[s]:b[s + 1]].sum()) for s in range(3)}}
+    plan = geo_plan(tree, WP, privacy, strategy=AP, invariants=invariants,
+                    level_weights="auto" if privacy.norm == 2 else [1.0, 1.0, 2.0, 3.0])
+    release = release_geography(plan, ArrayHistograms(sp.csr_matrix(H)), seed=7)
+    Xhat, cov = _dense_release(tree, plan, H, 7, invariants)
+    for d in plan.levels:
+        np.testing.assert_allclose(release.answers(d), tree.aggregate(d, Xhat) @ WP.dense().T, atol=1e-8)
+        np.testing.assert_allclose(release.totals(d), tree.aggregate(d, Xhat).sum(axis=1), atol=1e-8)
+        L = np.kron(tree.aggregate(d, np.eye(tree.leaves)), WP.dense())
+        np.testing.assert_allclose(plan.variances(d).ravel(), np.einsum("ij,jk,ik->i", L, cov, L), rtol=1e-8,
+                                   atol=1e-10)
+    if with_invariants:
+        np.testing.assert_allclose(release.totals("state"), list(invariants["state"].values()), rtol=1e-12)
+
+
+def test_every_parent_equals_the_sum_of_its_children():
+    tree = small_country(2)
+    H = sp.csr_matrix(np.random.default_rng(0).integers(0, 9, size=(tree.leaves, DOMAIN.size)).astype(float))
+    release = release_geography(geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP), ArrayHistograms(H), seed=1)
+    for d in range(tree.depth):
+        children = np.add.reduceat(release.estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
+        np.testing.assert_allclose(release.estimates[d], children, rtol=1e-12, atol=1e-9)
+
+
+def test_sensitivity_is_the_dense_column_norm_of_the_whole_strategy():
+    tree = small_country(1)
+    for privacy in (hdmm.PureDP(1.0), hdmm.ZCDP(1.0)):
+        plan = geo_plan(tree, WP, privacy, strategy=AP, level_weights=[0.1, 0.2, 0.3, 0.4])
+        A = np.kron(TreeStrategy(tree, plan.level_weights).dense(), AP.dense())
+        dense = np.max(np.linalg.norm(A, ord=privacy.norm, axis=0))
+        assert plan.sensitivity == pytest.approx(dense, rel=1e-8)
+        assert plan.sensitivity >= dense
+
+
+def test_records_and_histograms_give_the_same_release():
+    tree = GeographyTree.from_table(pd.DataFrame({"state": ["01", "01", "02"], "county": ["001", "003", "001"]}),
+                                    ["state", "county"])
+    rng = np.random.default_rng(0)
+    records = pd.DataFrame({"state": rng.choice(["01", "02"], 300), "a": rng.integers(0, 2, 300),
+                            "b": rng.integers(0, 3, 300)})
+    records["county"] = np.where(records["state"] == "01", rng.choice(["001", "003"], 300), "001")
+    plan = geo_plan(tree, WP, hdmm.ZCDP(1.0), strategy=AP)
+    from_records = release_geography(plan, RecordHistograms.of(tree, DOMAIN, records), seed=3)
+    leaves = tree.locate(records)
+    H = sp.csr_matrix((np.ones(300), (leaves, DOMAIN.cell_index(records))), shape=(tree.leaves, DOMAIN.size))
+    from_matrix = release_geography(plan, ArrayHistograms(H), seed=3)
+    for d in plan.levels:
+        np.testing.assert_array_equal(from_records.estimates[d], from_matrix.estimates[d])
+    again = release_geography(plan, ArrayHistograms(H), seed=3)
+    np.testing.assert_array_equal(again.estimates[2], from_matrix.estimates[2])
+    fresh = release_geography(plan, ArrayHistograms(H))
+    assert not np.allclose(fresh.estimates[2], from_matrix.estimates[2])
+    table = from_records.table("county")
+    assert list(table.columns) == ["level", "code", "name", "query", "answer", "std_error"]
+    assert len(table) == 3 * WP.shape[0]
+
+
+def test_save_writes_a_parquet_dataset_by_level(tmp_path):
+    pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    tree = small_country()
+    H = sp.csr_matrix(np.ones((tree.leaves, DOMAIN.size)))
+    release = release_geography(geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP), ArrayHistograms(H), seed=0)
+    out = tmp_path / "out"
+    release.save(out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(["_provenance.json"] + [f"level={n}" for n in tree.levels])
+    meta = json.loads((out / "_provenance.json").read_text())
+    assert meta["privacy"] == {"type": "PureDP", "epsilon": 1.0} or meta["privacy"]["epsilon"] == 1.0
+    table = pq.read_table(out / "level=county")
+    assert json.loads(table.schema.metadata[b"hdmm"])["seeded"] is True
+    assert table.num_rows == tree.sizes[2] * WP.shape[0]
+    with pytest.raises(FileExistsError):
+        release.save(out)
+
+
+# ====================================================================== bad input, before any noise
+def _count_noise(monkeypatch):
+    calls = []
+    import hdmm.georelease.units as units
+
+    original = units.measure
+    monkeypatch.setattr(units, "measure", lambda *a, **k: calls.append(1) or original(*a, **k))
+    return calls
+
+
+def test_plan_refusals():
+    tree = small_country()
+    with pytest.raises(GeographyError, match="named twice"):
+        geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, levels=["state", "state"])
+    with pytest.raises(GeographyError, match="finer than the finest measured"):
+        geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, level_weights={"state": 1.0})
+    with pytest.raises(GeographyError, match="do not add up"):
+        geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP,
+                 invariants={"nation": {"US": 10}, "state": {"s0": 3, "s1": 3, "s2": 3}})
+    with pytest.raises(GeographyError, match="not in the tree"):
+        geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, invariants={"state": {"s9": 3}})
+    with pytest.raises(GeographyError, match="finite count"):
+        geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, invariants={"state": {"s0": -1}})
+    with pytest.raises(GeographyError, match="no level"):
+        geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, levels=["block"])
+
+
+def test_data_refusals_come_before_any_noise(monkeypatch):
+    tree = small_country()
+    H = sp.csr_matrix(np.ones((tree.leaves, DOMAIN.size)))
+    calls = _count_noise(monkeypatch)
+    wrong = {"state": {"s0": 1.0, "s1": 1.0, "s2": 1.0}}
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, invariants=wrong)
+    with pytest.raises(GeographyError, match="not the number of records"):
+        release_geography(plan, ArrayHistograms(H), seed=0)
+    records = pd.DataFrame({"leaf": ["s0c0t0", "nowhere"], "a": [0, 1], "b": [0, 2]})
+    with pytest.raises(GeographyError, match="not leaves of the tree"):
+        RecordHistograms.of(tree, DOMAIN, records, leaf_column="leaf")
+    with pytest.raises(ValueError, match="unknown engine"):
+        release_geography(geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP), ArrayHistograms(H), engine="dask")
+    assert calls == []
