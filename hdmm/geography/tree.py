@@ -317,6 +317,16 @@ class GeographyTree:
             )
         return out
 
+    @property
+    def columns(self) -> tuple[str, ...] | None:
+        """The level columns of a tree made by :meth:`from_table` (``None`` otherwise)."""
+        return self._columns
+
+    @property
+    def separator(self) -> str:
+        """What joins the level codes into a unit's code (``""`` or ``"/"``, see :meth:`from_table`)."""
+        return self._separator
+
     def locate(self, table) -> np.ndarray:
         """Leaf positions of the rows of a table with the level columns of :meth:`from_table`."""
         if self._columns is None:

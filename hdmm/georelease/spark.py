@@ -1,0 +1,426 @@
+r"""The Spark engine of a geography release: the steps of :mod:`hdmm.georelease.release` as Spark stages.
+
+The plan is made on the driver and broadcast. Then:
+
+1. *stage 1* (one task per partition, e.g. a state): the partition's records are grouped with
+   ``groupBy(partition).applyInPandas``; the task builds its leaves' histograms, measures every
+   unit of the partition through the kernel (:func:`hdmm.georelease.units.measure_partition`) and
+   takes the first tree pass. Its output (every unit's own estimate, the partition's first-pass
+   vector and its total histogram) is written to Parquet and read back, so that the noise is drawn
+   exactly once even if Spark recomputes a lost partition.
+2. *driver*: the levels above the partition level are measured from the partitions' totals and
+   the top passes run (``units above P`` vectors).
+3. *stage 2* (again per partition): the second pass gives every unit's least-squares estimate.
+4. *driver*: the invariants' multipliers (:mod:`hdmm.georelease.invariants`), one number per unit.
+5. *stage 3* (``mapInPandas``): every unit's answers, corrected and labelled with their standard
+   errors, written as a Parquet dataset partitioned by level.
+
+The histograms may also come from any picklable :class:`~hdmm.georelease.units.HistogramSource`
+(a benchmark draws them instead of reading records); stage 1 then runs over the partition ids.
+With the same seed the local and Spark engines give the same release: each unit's noise stream
+is derived from the seed and the unit's code, not from the order of work.
+
+Spark is an optional extra (``pip install 'hdmm[spark]'``) and needs Java 17 or later.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from ..domain import Domain
+from ..geography import GeographyError
+from .passes import Partition, TreePasses, partition_down, partition_up, top_passes
+from .plan import GeoPlan
+from .release import measure_top, provenance
+from .units import check_source, measure_partition
+
+__all__ = ["SparkGeoRelease", "release_spark", "spark_session", "LEAF", "PART"]
+
+#: Columns the engine adds to the records: the leaf position and the partition unit.
+LEAF, PART = "_hdmm_leaf", "_hdmm_partition"
+
+
+def _require_spark():
+    try:
+        import pyspark  # noqa: F401
+        from pyspark.sql import SparkSession  # noqa: F401
+    except ImportError:
+        raise ImportError("the Spark engine needs PySpark: pip install 'hdmm[spark]' (and Java 17+)") from None
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        raise RuntimeError("the Spark engine needs Java 17 or later: install a JDK and put java on PATH (or set "
+                           "JAVA_HOME)")
+
+
+def spark_session(master: str = "local[2]"):
+    """A Spark session for hdmm (the active one if any, else a new one on ``master``)."""
+    _require_spark()
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    return (SparkSession.builder.master(master).appName("hdmm")
+            .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+            .config("spark.sql.shuffle.partitions", "8")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .getOrCreate())
+
+
+@dataclass(frozen=True, eq=False)
+class SparkGeoRelease:
+    """A geography release written by Spark: the Parquet dataset at ``path``, partitioned by level.
+
+    Attributes
+    ----------
+    plan : GeoPlan
+    path : str
+        The output directory (``level=<name>/`` parts and ``_provenance.json``).
+    dataframe : pyspark.sql.DataFrame
+        The answers, read back: ``level, code, name, query, answer, std_error``.
+    seeded : bool
+    timings : dict
+    """
+
+    plan: GeoPlan
+    path: str
+    dataframe: object
+    seeded: bool
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def provenance(self) -> dict:
+        return provenance(self.plan, self.seeded)
+
+
+def _schema_units():
+    from pyspark.sql.types import ArrayType, DoubleType, IntegerType, LongType, StructField, StructType
+
+    return StructType([
+        StructField("partition", LongType()), StructField("level", IntegerType()), StructField("unit", LongType()),
+        StructField("index", ArrayType(LongType())), StructField("values", ArrayType(DoubleType())),
+    ])
+
+
+#: ``level`` markers of stage 1's extra rows: the first-pass vector and the total histogram.
+G_ROW, ROOT_ROW = -1, -2
+
+
+def _unit_rows(partition: int, vectors: dict[int, np.ndarray], part: Partition) -> list[dict]:
+    rows = []
+    for d, values in vectors.items():
+        lo = part.range(d)[0]
+        rows += [{"partition": partition, "level": d, "unit": lo + i, "index": [], "values": v.tolist()}
+                 for i, v in enumerate(values)]
+    return rows
+
+
+def _own_from_rows(pdf: pd.DataFrame) -> dict[int, np.ndarray]:
+    own = {}
+    for d, group in pdf[pdf["level"] >= 0].groupby("level"):
+        group = group.sort_values("unit")
+        own[int(d)] = np.vstack(group["values"].to_numpy())
+    return own
+
+
+def _stage1(plan: GeoPlan, passes: TreePasses, unit: int, H: sp.csr_matrix, seed: int | None) -> pd.DataFrame:
+    part = Partition.of(plan.tree, plan.partition_level, unit)
+    own = measure_partition(plan, part, H, seed)
+    rows = _unit_rows(unit, own, part)
+    rows.append({"partition": unit, "level": G_ROW, "unit": unit, "index": [],
+                 "values": partition_up(passes, part, own).ravel().tolist()})
+    total = sp.csr_matrix(H.sum(axis=0))
+    rows.append({"partition": unit, "level": ROOT_ROW, "unit": unit, "index": total.indices.astype(np.int64).tolist(),
+                 "values": total.data.astype(float).tolist()})
+    return pd.DataFrame(rows, columns=["partition", "level", "unit", "index", "values"])
+
+
+def _records_frame(spark, plan: GeoPlan, data, domain: Domain, leaf_column: str | None, codes: bool):
+    """The records with their leaf and partition, checked on the driver (distinct values only)."""
+    from pyspark.sql import functions as F
+
+    df = spark.read.parquet(os.fspath(data)) if isinstance(data, (str, os.PathLike)) else data
+    tree = plan.tree
+    if leaf_column is None:
+        if tree.columns is None:
+            raise GeographyError("give leaf_column= (a column of leaf codes) for a tree not made by from_table")
+        missing = [c for c in tree.columns if c not in df.columns]
+        if missing:
+            raise GeographyError(f"the records have no column(s) {missing}; they have {df.columns}")
+        code = F.concat_ws(tree.separator, *[F.col(c).cast("string") for c in tree.columns])
+    else:
+        if leaf_column not in df.columns:
+            raise GeographyError(f"the records have no column {leaf_column!r}; they have {df.columns}")
+        code = F.col(leaf_column).cast("string")
+    missing = [n for n in domain.names if n not in df.columns]
+    if missing:
+        raise ValueError(f"the records have no column for person attribute(s) {missing}; they have {df.columns}")
+    df = df.withColumn("_hdmm_code", code)
+    counts = df.groupBy("_hdmm_code").count().toPandas()
+    leaf = tree.leaf_index(counts["_hdmm_code"])  # unknown codes: one GeographyError, listing them
+    for name in domain.names:  # every distinct value must be readable (checked once, here)
+        values = df.select(name).distinct().toPandas()
+        domain.project([name]).cell_index(values, codes=codes)
+    totals = np.zeros(tree.leaves)
+    np.add.at(totals, leaf, counts["count"].to_numpy(dtype=float))
+    lookup = spark.createDataFrame(pd.DataFrame({
+        "_hdmm_code": counts["_hdmm_code"].astype(str), LEAF: leaf.astype(np.int64),
+        PART: _partition_of_leaves(plan)[leaf].astype(np.int64)}))
+    return df.join(F.broadcast(lookup), on="_hdmm_code", how="inner").drop("_hdmm_code"), totals
+
+
+def _partition_of_leaves(plan: GeoPlan) -> np.ndarray:
+    bounds = plan.tree.leaf_bounds(plan.partition_level)
+    return np.repeat(np.arange(bounds.size - 1), np.diff(bounds))
+
+
+@dataclass(frozen=True)
+class _Totals:
+    totals: np.ndarray
+
+    def leaf_totals(self) -> np.ndarray:
+        return self.totals
+
+
+def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: bool | Callable[[str], None] = False,
+                  spark=None, output: str | os.PathLike | None = None, domain: Domain | None = None,
+                  leaf_column: str | None = None, codes: bool = False, work_dir: str | None = None) -> SparkGeoRelease:
+    """Run a geography release on Spark (module docstring).
+
+    Parameters
+    ----------
+    plan
+        From :func:`~hdmm.georelease.plan.geo_plan`.
+    data
+        A Spark DataFrame of records, a Parquet path of records (both need ``domain``), or a
+        picklable :class:`~hdmm.georelease.units.HistogramSource`.
+    seed
+        ``None``: OS entropy (real releases). An int: per-unit streams (tests and research only).
+    spark
+        A SparkSession (default: the active one, or ``local[2]``).
+    output
+        The Parquet output directory (must not exist); default: a new temporary directory.
+    domain, leaf_column, codes
+        How to read records: the person domain, the column of leaf codes (default: the tree's
+        level columns), and whether person columns hold codes.
+    work_dir
+        Where the intermediate stages are written (default: next to ``output``); removed at the end.
+    """
+    with warnings.catch_warnings():
+        # PySpark 4 warns on every pandas conversion that pandas 3 is not yet fully supported;
+        # the conversions used here (numbers, strings, arrays of doubles) are tested
+        warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+        warnings.filterwarnings("ignore", message="The copy keyword is deprecated", module="pyspark")
+        return _run(plan, data, seed=seed, progress=progress, spark=spark, output=output, domain=domain,
+                    leaf_column=leaf_column, codes=codes, work_dir=work_dir)
+
+
+def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_column, codes, work_dir
+         ) -> SparkGeoRelease:
+    _require_spark()
+    from pyspark.sql import functions as F
+
+    say = (progress if callable(progress) else (lambda s: print(s, flush=True)) if progress else (lambda s: None))
+    spark = spark_session() if spark is None else spark
+    tree, P = plan.tree, plan.partition_level
+    output = os.fspath(output) if output is not None else os.path.join(tempfile.mkdtemp(prefix="hdmm-"), "release")
+    if os.path.exists(output) or os.path.exists(output + ".partial"):
+        raise FileExistsError(f"{output} exists: choose a new output directory (a release is never overwritten)")
+    work = work_dir or output + ".work"
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    # ---------------------------------------------------------------- checks, before any noise
+    is_source = hasattr(data, "histograms") and hasattr(data, "leaf_totals")
+    if is_source:
+        check_source(plan, data)
+    else:
+        if domain is None:
+            raise TypeError("records need domain= (the person domain) to be read")
+        records, totals = _records_frame(spark, plan, data, domain, leaf_column, codes)
+        check_source(plan, _Totals(totals))
+    sc = spark.sparkContext
+    plan_b = sc.broadcast(plan)
+    timings["checks"] = time.perf_counter() - start
+    # ---------------------------------------------------------------- stage 1
+    start = time.perf_counter()
+    schema = _schema_units()
+    if is_source:
+        source_b = sc.broadcast(data)
+
+        def stage1_source(batches):
+            p = plan_b.value
+            passes = TreePasses(p.tree, p.level_weights)
+            for pdf in batches:
+                for unit in pdf["partition"].tolist():
+                    part = Partition.of(p.tree, p.partition_level, int(unit))
+                    yield _stage1(p, passes, int(unit), source_b.value.histograms(*part.leaves()), seed)
+
+        ids = spark.createDataFrame(pd.DataFrame({"partition": np.arange(tree.sizes[P], dtype=np.int64)}))
+        ids = ids.repartition(min(tree.sizes[P], max(2, sc.defaultParallelism * 4)), "partition")
+        stage1 = ids.mapInPandas(stage1_source, schema)
+    else:
+        names = list(domain.names)
+
+        def stage1_records(pdf: pd.DataFrame) -> pd.DataFrame:
+            p = plan_b.value
+            unit = int(pdf[PART].iloc[0])
+            part = Partition.of(p.tree, p.partition_level, unit)
+            lo, hi = part.leaves()
+            cells = domain.cell_index(pdf[names], codes=codes)
+            H = sp.csr_matrix((np.ones(len(pdf)), (pdf[LEAF].to_numpy() - lo, cells)), shape=(hi - lo, domain.size))
+            H.sum_duplicates()
+            return _stage1(p, TreePasses(p.tree, p.level_weights), unit, H, seed)
+
+        stage1 = records.select(PART, LEAF, *names).groupBy(PART).applyInPandas(stage1_records, schema)
+    stage1.write.parquet(os.path.join(work, "stage1"))
+    stage1 = spark.read.parquet(os.path.join(work, "stage1"))
+    timings["stage 1 (measure)"] = time.perf_counter() - start
+    say(f"  stage 1: measured {tree.sizes[P]:,} partitions in {timings['stage 1 (measure)']:.1f} s")
+    # ---------------------------------------------------------------- driver: top
+    start = time.perf_counter()
+    extra = stage1.filter(F.col("level") < 0).toPandas()
+    k = plan.queries + 1
+    g_own = np.zeros((tree.sizes[P], k))
+    roots = np.zeros((tree.sizes[P], plan.person.cells))
+    seen = set()
+    for row in extra.itertuples(index=False):
+        if row.level == G_ROW:
+            g_own[row.partition] = np.asarray(row.values)
+            seen.add(int(row.partition))
+        else:
+            roots[row.partition, np.asarray(row.index, dtype=np.intp)] = np.asarray(row.values)
+    passes = TreePasses(tree, plan.level_weights)
+    missing = sorted(set(range(tree.sizes[P])) - seen)
+    local_own = {}
+    for unit in missing:  # partitions without records: measured here, with their own streams
+        part = Partition.of(tree, P, unit)
+        lo, hi = part.leaves()
+        own = measure_partition(plan, part, sp.csr_matrix((hi - lo, plan.person.cells)), seed)
+        local_own[unit] = own
+        g_own[unit] = partition_up(passes, part, own).ravel()
+    c, t = top_passes(passes, P, g_own, measure_top(plan, roots, seed))
+    timings["top"] = time.perf_counter() - start
+    # ---------------------------------------------------------------- stage 2
+    start = time.perf_counter()
+    ct_b = sc.broadcast((c, t))
+
+    def stage2(pdf: pd.DataFrame) -> pd.DataFrame:
+        p = plan_b.value
+        unit = int(pdf["partition"].iloc[0])
+        part = Partition.of(p.tree, p.partition_level, unit)
+        cc, tt = ct_b.value
+        est = partition_down(TreePasses(p.tree, p.level_weights), part, _own_from_rows(pdf),
+                             cc[unit:unit + 1], tt[unit:unit + 1])
+        return pd.DataFrame(_unit_rows(unit, est, part), columns=["partition", "level", "unit", "index", "values"])
+
+    stage2_df = stage1.filter(F.col("level") >= 0).groupBy("partition").applyInPandas(stage2, schema)
+    stage2_df.write.parquet(os.path.join(work, "stage2"))
+    extra_rows = []
+    for unit, own in local_own.items():
+        part = Partition.of(tree, P, unit)
+        extra_rows += _unit_rows(unit, partition_down(passes, part, own, c[unit:unit + 1], t[unit:unit + 1]), part)
+    estimates_df = spark.read.parquet(os.path.join(work, "stage2"))
+    if extra_rows:
+        estimates_df = estimates_df.unionByName(spark.createDataFrame(pd.DataFrame(extra_rows), schema))
+    timings["stage 2 (estimate)"] = time.perf_counter() - start
+    # ---------------------------------------------------------------- driver: coarse levels, invariants
+    start = time.perf_counter()
+    wanted = estimates_df.filter(F.col("level") == P)
+    inv = plan.invariants
+    if inv is not None:
+        for d in np.unique(inv.levels):
+            if d > P:
+                wanted = wanted.unionByName(estimates_df.filter(F.col("level") == int(d)))
+    small = wanted.toPandas()
+    estimates = {}
+    for d in sorted(set(small["level"].tolist()) | {P}):
+        rows = small[small["level"] == d].sort_values("unit")
+        block = np.full((tree.sizes[d], k), np.nan)
+        block[rows["unit"].to_numpy()] = np.vstack(rows["values"].to_numpy())
+        estimates[int(d)] = block
+    for d in range(P - 1, -1, -1):
+        estimates[d] = np.add.reduceat(estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
+    coarse = {d: estimates[d].copy() for d in range(P)}
+    lam = {d: np.zeros(tree.sizes[d]) for d in range(passes.finest + 1)}
+    if inv is not None:
+        h, gamma = plan.total_direction
+        estimated = np.array([estimates[d][u, -1] for d, u in zip(inv.levels.tolist(), inv.units_at.tolist())])
+        lam = inv.multipliers(tree, plan.solver, estimated, gamma)
+        apply_invariants_coarse = {d: coarse[d] - np.outer(lam[d], np.append(h, gamma)) for d in coarse}
+        coarse = apply_invariants_coarse
+    timings["invariants"] = time.perf_counter() - start
+    # ---------------------------------------------------------------- stage 3: labelled answers
+    start = time.perf_counter()
+    released = [d for d in plan.levels]
+    std = {d: (plan.noise_variance * plan.unit_variances(d), plan.invariant_reduction(d)) for d in released}
+    h_gamma = plan.total_direction if inv is not None else None
+    labels = [str(x) for x in plan.person.workload.labels]
+    aux_b = sc.broadcast((lam, std, h_gamma, labels))
+    out_schema = "code string, name string, query string, answer double, std_error double, level string"
+
+    def stage3(batches):
+        p = plan_b.value
+        lam_, std_, hg, labels_ = aux_b.value
+        qv = p.query_variances
+        for pdf in batches:
+            for d, group in pdf.groupby("level"):
+                d = int(d)
+                if d not in std_:
+                    continue
+                units = group["unit"].to_numpy()
+                values = np.vstack(group["values"].to_numpy())[:, :-1]
+                tree_var, reduction = std_[d]
+                var = np.outer(tree_var[units], qv)
+                if hg is not None:
+                    values = values - np.outer(lam_[d][units], hg[0])
+                    if reduction is not None:
+                        var = np.maximum(var - p.noise_variance * np.outer(reduction[units], hg[0] ** 2 / hg[1]), 0)
+                q = values.shape[1]
+                codes = np.asarray(p.tree.codes(d), dtype=object)[units]
+                names_ = np.asarray(p.tree.names(d), dtype=object)[units]
+                yield pd.DataFrame({
+                    "code": np.repeat(codes, q), "name": np.repeat(names_, q),
+                    "query": np.tile(np.asarray(labels_, dtype=object), len(units)),
+                    "answer": values.ravel(), "std_error": np.sqrt(var).ravel(),
+                    "level": p.tree.levels[d],
+                })
+
+    fine = estimates_df.filter(F.col("level") >= P).filter(F.col("level").isin(released))
+    answers = fine.mapInPandas(stage3, out_schema)
+    coarse_rows = []
+    for d in released:
+        if d < P:
+            block = coarse[d][:, :-1]
+            var = plan.variances(d)
+            q = block.shape[1]
+            coarse_rows.append(pd.DataFrame({
+                "code": np.repeat(np.asarray(tree.codes(d), dtype=object), q),
+                "name": np.repeat(np.asarray(tree.names(d), dtype=object), q),
+                "query": np.tile(np.asarray(labels, dtype=object), tree.sizes[d]),
+                "answer": block.ravel(), "std_error": np.sqrt(var).ravel(), "level": tree.levels[d]}))
+    if coarse_rows:
+        answers = answers.unionByName(spark.createDataFrame(pd.concat(coarse_rows, ignore_index=True),
+                                                            schema=out_schema))
+    partial = output + ".partial"
+    import json
+
+    meta = provenance(plan, seed is not None)
+    answers.write.partitionBy("level").option("compression", "snappy").parquet(partial)
+    with open(os.path.join(partial, "_provenance.json"), "w") as fh:
+        json.dump(meta, fh, indent=2)
+    os.rename(partial, output)
+    shutil.rmtree(work, ignore_errors=True)
+    timings["stage 3 (answers)"] = time.perf_counter() - start
+    return SparkGeoRelease(plan, output, spark.read.parquet(output), seeded=seed is not None, timings=timings)

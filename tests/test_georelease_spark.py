@@ -1,0 +1,128 @@
+"""The Spark engine (``local[2]``) gives the local engine's release, and refuses bad input before any noise."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import hdmm
+from hdmm.geography import GeographyError, GeographyTree
+from hdmm.georelease import ArrayHistograms, RecordHistograms, geo_plan, release_geography
+
+pytest.importorskip("pyspark")
+
+DOMAIN = hdmm.Domain(["a", "b"], [2, 3])
+WP = hdmm.product(DOMAIN, {"a": hdmm.Identity(2), "b": hdmm.Prefix(3)})
+AP = hdmm.Kronecker([hdmm.Identity(2), hdmm.Prefix(3)])
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from hdmm.georelease.spark import spark_session
+
+    session = spark_session("local[2]")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def country():
+    """A small irregular country: 3 states (one without records), counties, tracts; 1,500 people."""
+    rng = np.random.default_rng(0)
+    rows = [(s, f"{c:03d}", f"{t:02d}") for s in ("01", "02", "03") for c in range(int(rng.integers(1, 4)))
+            for t in range(int(rng.integers(1, 3)))]
+    geo = pd.DataFrame(rows, columns=["state", "county", "tract"])
+    tree = GeographyTree.from_table(geo, ["state", "county", "tract"])
+    records = geo.iloc[rng.integers(0, len(geo), 1500)].reset_index(drop=True)
+    records = records[records["state"] != "03"].reset_index(drop=True)
+    records["a"] = rng.integers(0, 2, len(records))
+    records["b"] = rng.integers(0, 3, len(records))
+    return tree, records
+
+
+def _local_table(release):
+    table = release.table()
+    return table.assign(level=table["level"].astype(str), query=table["query"].astype(str))
+
+
+def test_spark_and_local_engines_agree(spark, country, tmp_path):
+    tree, records = country
+    source = RecordHistograms.of(tree, DOMAIN, records)
+    totals, bounds = source.leaf_totals(), tree.leaf_bounds("state")
+    invariants = {"state": {tree.codes("state")[s]: float(totals[bounds[s]:bounds[s + 1]].sum()) for s in range(3)}}
+    plan = geo_plan(tree, WP, hdmm.ZCDP(0.5), strategy=AP, invariants=invariants)
+    local = _local_table(release_geography(plan, source, seed=11))
+    out = tmp_path / "release"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        result = release_geography(plan, spark.createDataFrame(records), engine="spark", seed=11, domain=DOMAIN,
+                                   output=str(out))
+        remote = result.dataframe.toPandas()
+    assert len(remote) == len(local) == sum(tree.sizes) * WP.shape[0]
+    merged = local.merge(remote, on=["level", "code", "query"], suffixes=("_local", "_spark"))
+    assert len(merged) == len(local)
+    np.testing.assert_allclose(merged["answer_local"], merged["answer_spark"], rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(merged["std_error_local"], merged["std_error_spark"], rtol=1e-12)
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("level=")) == sorted(
+        f"level={n}" for n in tree.levels)
+    meta = json.loads((out / "_provenance.json").read_text())
+    assert meta["privacy"]["rho"] == 0.5 and meta["seeded"] is True
+    assert meta["invariants"]["public_not_private"] is True
+    assert not (tmp_path / "release.work").exists()
+
+
+def test_spark_reads_a_histogram_source(spark, country, tmp_path):
+    tree, records = country
+    source = RecordHistograms.of(tree, DOMAIN, records)
+    H = source.histograms(0, tree.leaves)
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, level_weights=[1, 1, 1, 1])
+    local = _local_table(release_geography(plan, source, seed=5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        remote = release_geography(plan, ArrayHistograms(H), engine="spark", seed=5,
+                                   output=str(tmp_path / "o")).dataframe.toPandas()
+    merged = local.merge(remote, on=["level", "code", "query"], suffixes=("_local", "_spark"))
+    np.testing.assert_allclose(merged["answer_local"], merged["answer_spark"], rtol=1e-12, atol=1e-9)
+
+
+def test_spark_refuses_bad_records_before_noise_and_writes_nothing(spark, country, tmp_path):
+    tree, records = country
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP)
+    bad = records.copy()
+    bad.loc[0, "county"] = "999"
+    out = tmp_path / "never"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        with pytest.raises(GeographyError, match="not leaves of the tree"):
+            release_geography(plan, spark.createDataFrame(bad), engine="spark", domain=DOMAIN, output=str(out))
+        bad = records.copy()
+        bad.loc[0, "b"] = 7
+        with pytest.raises(ValueError, match="b"):
+            release_geography(plan, spark.createDataFrame(bad), engine="spark", domain=DOMAIN, output=str(out))
+    assert not out.exists() and not (tmp_path / "never.work").exists()
+
+
+def test_missing_spark_names_the_extra(monkeypatch):
+    import builtins
+
+    import hdmm.georelease.spark as engine
+
+    real_import = builtins.__import__
+
+    def no_pyspark(name, *args, **kwargs):
+        if name.startswith("pyspark"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pyspark)
+    with pytest.raises(ImportError, match=r"pip install 'hdmm\[spark\]'"):
+        engine.spark_session()
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    monkeypatch.setattr(engine.shutil, "which", lambda name: None)
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(RuntimeError, match="Java 17"):
+        engine.spark_session()
