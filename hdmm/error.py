@@ -179,9 +179,9 @@ def _traces_result(union: KronUnion, t: np.ndarray, bad: np.ndarray) -> _Traces:
 
 def _kronecker_traces(w_union: KronUnion, strategy: _KroneckerStrategy) -> _Traces:
     stats = [np.array([strategy.factor_trace(i, f) for f in fs]).reshape(-1, 3) for i, fs in enumerate(w_union.factors)]
-    traces = np.prod(w_union.gather([s[:, 0] for s in stats]), axis=1)
-    nonzero = (np.prod(w_union.gather([s[:, 1] for s in stats]), axis=1) > 0) & (w_union.weights != 0)
-    supported = np.all(w_union.gather([s[:, 2] for s in stats]).astype(bool), axis=1)
+    traces = w_union.products([s[:, 0] for s in stats])
+    nonzero = (w_union.products([(s[:, 1] > 0).astype(float) for s in stats]) > 0) & (w_union.weights != 0)
+    supported = w_union.products([(s[:, 2] != 0).astype(float) for s in stats]) > 0
     if strategy.weight == 0:
         return _traces_result(w_union, np.zeros(w_union.num_terms), nonzero)
     return _traces_result(w_union, traces * (w_union.weights / strategy.weight) ** 2, nonzero & ~supported)

@@ -21,13 +21,14 @@ import functools
 import itertools
 import math
 import operator
+import weakref
 from typing import Sequence
 
 import numpy as np
 
 from .matrix import Identity, Kronecker, Matrix, Ones, VStack, Weighted
 
-__all__ = ["KronUnion", "FactorMismatchError", "kron_union"]
+__all__ = ["KronUnion", "FactorMismatchError", "kron_union", "normal_form"]
 
 
 class FactorMismatchError(ValueError):
@@ -116,14 +117,16 @@ class KronUnion:
         ``factors[i]`` is the list of distinct matrices used on attribute ``i``; all have
         ``sizes[i]`` columns.
     index
-        Integer array of shape ``(terms, d)``: term ``j`` uses ``factors[i][index[j, i]]``.
+        Integer array of shape ``(terms, d)``: term ``j`` uses ``factors[i][index[j, i]]`` (any
+        integer type; a small one keeps unions over many attributes compact).
     weights
         Array of shape ``(terms,)``: the scalar ``c_j`` of each term.
     """
 
     def __init__(self, factors: list[list[Matrix]], index: np.ndarray, weights: np.ndarray):
         self.factors = factors
-        self.index = np.asarray(index, dtype=np.intp)
+        index = np.asarray(index)
+        self.index = index if np.issubdtype(index.dtype, np.integer) else index.astype(np.intp)
         self.weights = np.asarray(weights, dtype=float)
         self.sizes = tuple(int(fs[0].shape[1]) for fs in factors)
         if self.index.shape != (self.weights.size, len(factors)):
@@ -153,7 +156,7 @@ class KronUnion:
         positions: list[dict] = [{} for _ in range(d)]
         blocks = []
         for u in unions:
-            remap = np.empty_like(u.index)
+            remap = np.empty(u.index.shape, dtype=np.intp)
             for i in range(d):
                 lookup = np.empty(len(u.factors[i]), dtype=np.intp)
                 for k, f in enumerate(u.factors[i]):
@@ -223,17 +226,94 @@ class KronUnion:
         return np.stack([values[i][self.index[:, i]] for i in range(self.dim)], axis=1)
 
     def term_rows(self) -> np.ndarray:
-        """Number of queries in each term."""
-        rows = self.per_factor(lambda f: f.shape[0])
-        return np.prod(self.gather(rows), axis=1)
+        """Number of queries in each term (as floats: a term may have more than 2^63 rows)."""
+        return np.rint(self.products(self.per_factor(lambda f: f.shape[0])))
+
+    @functools.cached_property
+    def memo(self) -> dict:
+        """Quantities derived from this union once and reused (e.g. its trace spectrum); unions are not changed."""
+        return {}
+
+    @functools.cached_property
+    def deviations(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The index table in sparse form: ``(defaults, terms, attributes, factors)``.
+
+        ``defaults[i]`` is the factor most terms use on attribute ``i``; the other three arrays
+        list every place where a term uses another factor (term ``terms[k]`` uses factor
+        ``factors[k]`` on attribute ``attributes[k]``), sorted by term. A marginals workload
+        over many attributes deviates from the totals only on each marginal's few attributes,
+        so per-term products cost what those few do.
+        """
+        defaults = np.array([np.bincount(self.index[:, i]).argmax() if self.num_terms else 0
+                             for i in range(self.dim)], dtype=np.intp)
+        terms, attributes = np.nonzero(self.index != defaults)
+        return defaults, terms, attributes, self.index[terms, attributes]
+
+    def products(self, values: Sequence[np.ndarray], exclude: int | None = None) -> np.ndarray:
+        """Per term, ``prod_i values[i][index[j, i]]`` (attribute ``exclude`` left out), in ``O(terms + deviations)``.
+
+        The product of every attribute's default value is taken once and corrected on the
+        attributes where a term deviates (:attr:`deviations`); zero defaults are counted rather
+        than divided by. Falls back to the ``(terms, d)`` table when that product leaves the
+        floating-point range.
+        """
+        defaults, terms, attributes, factors = self.deviations
+        values = [np.asarray(v, dtype=float) for v in values]
+        base = np.array([values[i][defaults[i]] for i in range(self.dim)], dtype=float)
+        offsets = np.cumsum([0] + [v.size for v in values])
+        deviating = np.concatenate(values)[offsets[attributes] + factors]
+        if exclude is not None:
+            base[exclude] = 1.0
+            deviating = np.where(attributes == exclude, 1.0, deviating)
+        zero = base == 0
+        safe = np.where(zero, 1.0, base)
+        total = float(np.prod(safe))
+        if not (0.0 < abs(total) < np.inf):
+            table = self.gather(values)
+            if exclude is not None:
+                table[:, exclude] = 1.0
+            return np.prod(table, axis=1)
+        out = np.full(self.num_terms, total)
+        if terms.size:
+            starts = np.flatnonzero(np.r_[True, terms[1:] != terms[:-1]])
+            out[terms[starts]] *= np.multiply.reduceat(deviating / safe[attributes], starts)
+        if zero.any():
+            covered = np.bincount(terms, weights=zero[attributes], minlength=self.num_terms)
+            out[covered < zero.sum()] = 0.0
+        return out
 
     def __repr__(self) -> str:
         return f"KronUnion({self.num_terms} terms over sizes {self.sizes})"
 
 
 # ====================================================================== normal form
-@functools.singledispatch
+#: Normal forms already computed, per matrix object (matrices are not changed after construction).
+_NORMAL_FORMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def kron_union(M: Matrix) -> KronUnion:
+    """Matrix ``M`` as a union of weighted Kronecker products (its normal form), computed once per matrix.
+
+    See :func:`normal_form`, which computes it; modules register their own matrices with
+    ``kron_union.register`` (the same as ``normal_form.register``).
+
+    >>> from hdmm.matrix import Identity
+    >>> M = Identity(3)
+    >>> kron_union(M) is kron_union(M)
+    True
+    """
+    try:
+        cached = _NORMAL_FORMS.get(M)
+    except TypeError:  # not hashable or not weakly referenceable: compute every time
+        return normal_form(M)
+    if cached is None:
+        cached = normal_form(M)
+        _NORMAL_FORMS[M] = cached
+    return cached
+
+
+@functools.singledispatch
+def normal_form(M: Matrix) -> KronUnion:
     """Matrix ``M`` as a union of weighted Kronecker products (its normal form).
 
     A matrix without Kronecker structure of its own is one term with one factor. Kronecker
@@ -243,7 +323,7 @@ def kron_union(M: Matrix) -> KronUnion:
     attribute.
 
     >>> from hdmm.matrix import Identity, Kronecker, Ones
-    >>> kron_union(Kronecker([Identity(2), 3.0 * Ones(1, 4)]))
+    >>> normal_form(Kronecker([Identity(2), 3.0 * Ones(1, 4)]))
     KronUnion(1 terms over sizes (2, 4))
     """
     if not isinstance(M, Matrix):
@@ -251,16 +331,19 @@ def kron_union(M: Matrix) -> KronUnion:
     return KronUnion.single([M])
 
 
-@kron_union.register
+kron_union.register = normal_form.register
+
+
+@normal_form.register
 def _kronecker_normal_form(M: Kronecker) -> KronUnion:
     return KronUnion.single(M.factors)
 
 
-@kron_union.register
+@normal_form.register
 def _stack_normal_form(M: VStack) -> KronUnion:
     return KronUnion.concatenate([kron_union(b) for b in M.blocks])
 
 
-@kron_union.register
+@normal_form.register
 def _weighted_normal_form(M: Weighted) -> KronUnion:
     return kron_union(M.base).scale(M.weight)

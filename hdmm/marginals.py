@@ -25,6 +25,7 @@ error of any workload under it are read off the spectrum.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Mapping, Sequence
 
@@ -67,6 +68,27 @@ def subset_keys(members: np.ndarray) -> np.ndarray:
     return packed.view(np.dtype((np.void, packed.shape[1]))).ravel()
 
 
+def member_products(members: np.ndarray, inside: np.ndarray, outside: np.ndarray) -> np.ndarray:
+    """Per subset ``T`` (row of ``members``), ``prod_{i in T} inside[i] * prod_{i not in T} outside[i]``.
+
+    Computed from the members only (``O(subsets + members)``, not ``subsets x d``) when every
+    ``outside`` value is positive and their product is a normal float, else row by row.
+
+    >>> member_products(np.array([[True, False], [False, False]]), np.array([2.0, 3.0]), np.array([5.0, 7.0]))
+    array([14., 35.])
+    """
+    inside, outside = np.asarray(inside, dtype=float), np.asarray(outside, dtype=float)
+    total = float(np.prod(outside))
+    if not (np.all(outside > 0) and np.isfinite(total) and total >= np.finfo(float).tiny):
+        return np.prod(np.where(members, inside, outside), axis=1)
+    rows, cols = np.nonzero(members)
+    out = np.full(members.shape[0], total)
+    if rows.size:
+        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        out[rows[starts]] *= np.multiply.reduceat(inside[cols] / outside[cols], starts)
+    return out
+
+
 # ====================================================================== trace spectrum
 def factor_traces(f: Matrix) -> tuple[float, float]:
     r"""``(tr(P G) / n, tr(Q G) / n)`` for the Gram ``G = f^T f`` of a one-attribute factor.
@@ -102,10 +124,10 @@ class TraceSpectrum:
         self.tau = tau
         self.keys = subset_keys(members)
 
-    @property
+    @functools.cached_property
     def trace_E(self) -> np.ndarray:
         r""":math:`\mathrm{tr}(E_T) = \prod_{i \in T} (n_i - 1)` for each subset."""
-        return np.prod(np.where(self.members, np.array(self.sizes, dtype=float) - 1, 1.0), axis=1)
+        return np.rint(member_products(self.members, np.array(self.sizes, dtype=float) - 1, np.ones(len(self.sizes))))
 
     @property
     def eigenvalues(self) -> np.ndarray:
@@ -131,44 +153,76 @@ def _expand(union: KronUnion) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     Term ``j`` contributes ``c_j^2 prod_{i in T} q_ij prod_{i not in T} p_ij`` to tau_T; the
     subsets with a non-zero product contain ``R_j = {i: p_ij = 0}`` and lie inside
     ``F_j = {i: q_ij > 0}``, so only those ``2^{|F_j - R_j|}`` subsets are generated.
+
+    Attributes on which a term uses its attribute's most common factor
+    (:attr:`~hdmm.kron_union.KronUnion.deviations`) and that factor is a total-like one
+    (``q = 0 < p``: never in ``T``) contribute only the factor ``p``: they are folded into one
+    product, so the work follows the terms' few other attributes (a marginal's own), not ``d``.
+    Subsets are returned as packed keys (:func:`subset_keys`' bytes), members only for the
+    distinct ones.
     """
+    d, T = union.dim, union.num_terms
     traces = union.per_factor(factor_traces)  # per attribute: (factors, 2)
-    p = union.gather([t[:, 0] for t in traces])
-    q = union.gather([t[:, 1] for t in traces])
-    allowed = q > 0
-    required = p <= 0
-    live = ~np.any(required & ~allowed, axis=1) & (union.weights != 0)
+    offsets = np.cumsum([0] + [t.shape[0] for t in traces])
+    p_all = np.concatenate([t[:, 0] for t in traces])
+    q_all = np.concatenate([t[:, 1] for t in traces])
+    defaults, dev_terms, dev_attrs, dev_factors = union.deviations
+    p_def, q_def = p_all[offsets[:-1] + defaults], q_all[offsets[:-1] + defaults]
+    static = (q_def <= 0) & (p_def > 0)
+    # the (term, attribute) pairs that matter: deviations, and every term on non-static attributes
+    keep = static[dev_attrs]
+    moving = np.flatnonzero(~static)
+    terms = np.concatenate([dev_terms[keep], np.repeat(np.arange(T), moving.size)])
+    attrs = np.concatenate([dev_attrs[keep], np.tile(moving, T)])
+    factors = union.index[terms, attrs]
+    order = np.lexsort((attrs, terms))
+    terms, attrs, factors = terms[order], attrs[order], factors[order]
+    p, q = p_all[offsets[attrs] + factors], q_all[offsets[attrs] + factors]
+    allowed, required = q > 0, p <= 0
+    dead = np.bincount(terms, weights=required & ~allowed, minlength=T) > 0
+    live = ~dead & (union.weights != 0)
+    # base: c^2, the static defaults' p, each pair's p where T cannot hold it, q where T must
+    base = union.weights**2 * union.products(
+        [np.where((np.arange(t.shape[0]) == defaults[i]) & static[i], p_def[i], 1.0) for i, t in enumerate(traces)])
+    factor = np.where(allowed, 1.0, p) * np.where(required, q, 1.0)
+    if terms.size:
+        starts = np.flatnonzero(np.r_[True, terms[1:] != terms[:-1]])
+        base[terms[starts]] *= np.multiply.reduceat(factor, starts)
     free = allowed & ~required
-    base = union.weights**2 * np.prod(np.where(allowed, 1.0, p), axis=1) * np.prod(np.where(required, q, 1.0), axis=1)
-    counts = free.sum(axis=1)
+    counts = np.bincount(terms[free], minlength=T)
     total = int(np.sum(2.0 ** counts[live]))
     if total > ENUMERATION_LIMIT:
         raise ValueError(
             f"the marginals-algebra computation would enumerate {total:,} attribute subsets "
             f"(limit {ENUMERATION_LIMIT:,}); the workload has terms over too many attributes at once"
         )
-    term_ids, member_rows, values = [], [], []
+    width = (d + 7) // 8
+    bit = (128 >> (np.arange(d) % 8)).astype(np.uint8)
+    byte = np.arange(d) // 8
+    must = np.zeros((T, width), dtype=np.uint8)
+    np.bitwise_or.at(must, (terms[required], byte[attrs[required]]), bit[attrs[required]])
+    free_terms, free_attrs, pf_all, qf_all = terms[free], attrs[free], p[free], q[free]
+    term_ids, keys, values = [], [], []
     for k in np.unique(counts[live]):
         rows = np.flatnonzero(live & (counts == k))
-        if k == 0:
-            term_ids.append(rows)
-            member_rows.append(required[rows])
-            values.append(base[rows])
-            continue
-        cols = np.nonzero(free[rows])[1].reshape(rows.size, k)
-        pf = p[rows[:, None], cols]
-        qf = q[rows[:, None], cols]
+        pick = np.isin(free_terms, rows) if k else np.zeros(0, dtype=bool)
+        cols = free_attrs[pick].reshape(rows.size, k)  # pairs are sorted by term: rows in order
+        pf, qf = pf_all[pick].reshape(rows.size, k), qf_all[pick].reshape(rows.size, k)
+        ar = np.arange(rows.size)
         for mask in range(2**k):
-            sel = np.array([(mask >> b) & 1 for b in range(k)], dtype=bool)
-            members = required[rows].copy()
-            members[np.arange(rows.size)[:, None], cols[:, sel]] = True
+            sel = [(mask >> b) & 1 == 1 for b in range(k)]
+            key = must[rows]
+            value = base[rows].copy()
+            for b in range(k):
+                if sel[b]:
+                    key[ar, byte[cols[:, b]]] |= bit[cols[:, b]]
+                value *= qf[:, b] if sel[b] else pf[:, b]
             term_ids.append(rows)
-            member_rows.append(members)
-            values.append(base[rows] * np.prod(np.where(sel, qf, pf), axis=1))
+            keys.append(key)
+            values.append(value)
     if not term_ids:
-        empty = np.zeros((0, union.dim), dtype=bool)
-        return np.zeros(0, dtype=np.intp), empty, np.zeros(0)
-    return np.concatenate(term_ids), np.vstack(member_rows), np.concatenate(values)
+        return np.zeros(0, dtype=np.intp), np.zeros((0, width), dtype=np.uint8), np.zeros(0)
+    return np.concatenate(term_ids), np.vstack(keys), np.concatenate(values)
 
 
 def trace_spectrum(union: KronUnion, with_terms: bool = False):
@@ -177,14 +231,20 @@ def trace_spectrum(union: KronUnion, with_terms: bool = False):
     With ``with_terms=True`` also returns the per-(term, subset) contributions
     ``(term_ids, position of T in the spectrum, value)`` used for per-query quantities.
     """
-    term_ids, members, values = _expand(union)
-    keys = subset_keys(members)
+    if "trace spectrum" not in union.memo:  # computed once per union
+        union.memo["trace spectrum"] = _trace_spectrum(union)
+    spectrum, terms = union.memo["trace spectrum"]
+    return (spectrum, terms) if with_terms else spectrum
+
+
+def _trace_spectrum(union: KronUnion) -> tuple[TraceSpectrum, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    term_ids, packed, values = _expand(union)
+    keys = np.ascontiguousarray(packed).view(np.dtype((np.void, packed.shape[1]))).ravel()
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
     tau = np.bincount(inverse, weights=values, minlength=first.size)
-    spectrum = TraceSpectrum(union.sizes, members[first], tau)
-    if with_terms:
-        return spectrum, (term_ids, inverse, values)
-    return spectrum
+    members = np.unpackbits(packed[first], axis=1, count=union.dim).astype(bool)
+    return TraceSpectrum(union.sizes, members, tau), (term_ids, inverse, values)
 
 
 # ====================================================================== subset-indexed products
@@ -234,9 +294,9 @@ class SubsetProducts(Matrix):
         self.members = members
         self.weights = weights
         self.factors = [list(self._attribute_factors(n)) for n in domain.shape]
-        rows = [np.array([f.shape[0] for f in fs], dtype=float) for fs in self.factors]
-        chosen = np.stack([rows[i][members[:, i].astype(int)] for i in range(len(domain))], axis=1)
-        self.rows_per_subset = np.prod(chosen, axis=1).astype(np.int64)
+        inside = np.array([fs[1].shape[0] for fs in self.factors], dtype=float)
+        outside = np.array([fs[0].shape[0] for fs in self.factors], dtype=float)
+        self.rows_per_subset = np.rint(member_products(members, inside, outside)).astype(np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.rows_per_subset)])
         self.shape = (int(self.offsets[-1]), domain.size)
 
@@ -428,7 +488,7 @@ class Residuals(SubsetProducts):
             return super().column_norm_powers(p)
         check_norm(p)
         sizes = np.array(self.domain.shape, dtype=float)
-        trace_E = np.prod(np.where(self.members, (sizes - 1) / sizes, 1.0 / sizes), axis=1)
+        trace_E = member_products(self.members, (sizes - 1) / sizes, 1.0 / sizes)
         ones = tuple(np.broadcast_to(1.0, n) for n in self.domain.shape)
         return KronVector(self.domain.shape, [(float(self.weights**2 @ trace_E), ones)])
 
@@ -477,4 +537,4 @@ def AllMarginals(domain: Domain | Sequence[int], max_size: int | None = None) ->
 @kron_union.register
 def _subset_products_normal_form(M: SubsetProducts) -> KronUnion:
     """One term per attribute subset, sharing each attribute's two factors."""
-    return KronUnion(M.factors, M.members.astype(np.intp), M.weights)
+    return KronUnion(M.factors, M.members.view(np.uint8), M.weights)

@@ -209,13 +209,13 @@ def opt_kron_union(
     traces = [traces_of(i, strategy[i]) for i in range(d)]
 
     def objective() -> float:
-        return float(np.sum(w2 * np.prod(union.gather(traces), axis=1)))
+        return float(np.sum(w2 * union.products(traces)))
 
     value = objective()
     for round_ in range(max_rounds if d > 1 else 1):  # one attribute: nothing to cycle
         start_value = value
         for i in range(d):
-            others = np.prod(np.delete(union.gather(traces), i, axis=1), axis=1) * w2
+            others = union.products(traces, exclude=i) * w2
             coef = np.bincount(union.index[:, i], weights=others, minlength=len(grams[i]))
             G_eff = Sum([Weighted(G, c) for G, c in zip(grams[i], coef) if c > 0])
             candidates = factor_candidates(G_eff, privacy, p, restarts if round_ == 0 else 1, rng, strategy[i],
