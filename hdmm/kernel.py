@@ -1,10 +1,13 @@
-r"""The private kernel: the one place where data is touched and noise is drawn.
+r"""The private kernel: the one place where data is touched and noise is drawn for a release.
 
 :func:`measure` takes a :class:`~hdmm.Plan` (made without the data) and a data vector
-:math:`x` and returns :math:`y = Ax + z`, with :math:`z` i.i.d. noise calibrated by the plan's
-privacy definition to the strategy's sensitivity (computed when the plan was made):
-Laplace of scale :math:`b = \Delta_1(A)/\epsilon` for pure DP, Gaussian for approximate DP and
-zCDP (docs/math.md, section 1). Everything before it (the plan) and after it
+:math:`x` and returns :math:`y = s\,(\operatorname{round}(Ax/s) + Z)` on the plan's grid of
+spacing :math:`s` (a power of two), with :math:`Z` i.i.d. integer noise drawn exactly by
+:mod:`hdmm.noise`, calibrated by the plan's privacy definition to the strategy's sensitivity
+plus the grid's rounding bound (computed when the plan was made): discrete Laplace of scale
+:math:`b = \Delta_1/\epsilon` for pure DP, discrete Gaussian for approximate DP and zCDP
+(docs/math.md, section 1; docs/privacy.md). The random bits come from the operating system's
+cryptographic generator unless a seed is given. Everything before it (the plan) and after it
 (reconstruction, answers, post-processing) is data independent or post-processing of
 :math:`y`, which costs no privacy.
 """
@@ -19,6 +22,7 @@ import numpy as np
 
 from .matrix import Matrix
 from .mechanism import Measurement
+from .noise import draw, on_grid, random_bits
 from .planning import Plan, strategy_plan
 from .privacy import Privacy
 
@@ -62,9 +66,10 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
         The data vector: ``N`` finite, non-negative counts of at most ``MAX_COUNT`` (C order
         over the domain), or :class:`Counts` checked already.
     rng
-        ``None`` (default) draws the noise from fresh OS entropy, as a real release must. An int
-        seed or a ``numpy.random.Generator`` makes the noise reproducible: for tests and
-        reproducible research only, since anyone who knows the seed can subtract the noise.
+        ``None`` (default) draws the noise from the operating system's cryptographic generator
+        (``os.urandom``), as a real release must. An int seed or a ``numpy.random.Generator``
+        makes the noise reproducible: for tests and reproducible research only, since anyone who
+        knows the seed can regenerate the noise and subtract it.
 
     Returns
     -------
@@ -101,7 +106,9 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
         raise TypeError(f"measure needs a Plan (from hdmm.plan) or an hdmm matrix strategy and a privacy definition, got {type(plan).__name__}")
     A = plan.strategy
     x = x.values if isinstance(x, Counts) and x.values.shape == (A.shape[1],) else check_data_vector(x, A.shape[1])
-    generator = as_generator(rng)
+    source = random_bits(rng)
+    if not plan.spacing > 0:
+        raise ValueError("the plan has no noise grid (spacing 0): make it with hdmm.plan or hdmm.planning.strategy_plan")
     if x.sum() == 0:
         warnings.warn("the data vector is all zeros (no records): the release is pure noise", stacklevel=2)
     with np.errstate(over="ignore", invalid="ignore"):  # refused just below
@@ -111,15 +118,20 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
             "the strategy's answers on this data vector overflow to infinity (or are NaN): the counts are too large "
             "for floating point; measure counts of at most hdmm.kernel.MAX_COUNT with a strategy of modest entries"
         )
-    noise = plan.privacy.sample(A.shape[0], plan.sensitivity, generator)
-    return Measurement(A, answers + noise, plan.privacy, plan.sensitivity, plan.noise_scale)
+    if plan.noise_scale > 0:
+        steps = draw(plan.privacy.noise, plan.noise_scale / plan.spacing, A.shape[0], source)
+    else:  # a zero strategy (sensitivity 0): its answers are 0 for every data vector
+        steps = np.zeros(A.shape[0], dtype=np.int64)
+    noisy = on_grid(answers, plan.spacing, steps)
+    return Measurement(A, noisy, plan.privacy, plan.sensitivity, plan.noise_scale, plan.spacing)
 
 
 def as_generator(rng: None | int | np.random.Generator) -> np.random.Generator:
-    """The noise source: fresh OS entropy for ``None``, else a seeded or given generator.
+    """A numpy Generator for the data-independent randomness of a release (the optimizer's starts).
 
-    Seeds make the noise reproducible, and therefore guessable: use them for tests and
-    reproducible research only, never for a real release.
+    ``None`` gives one seeded from fresh OS entropy, else the seeded or given generator. Noise is
+    not drawn from it when ``rng`` is ``None``: :func:`measure` then uses the operating system's
+    cryptographic generator.
     """
     if rng is None:
         return np.random.default_rng()

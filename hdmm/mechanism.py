@@ -72,7 +72,12 @@ class Measurement:
     sensitivity : float
         :math:`\\Delta_p(A)`, computed from ``A`` in the norm ``privacy.norm``.
     noise_scale : float
-        Laplace scale :math:`b` or Gaussian standard deviation :math:`\\sigma` of each ``z_i``.
+        Scale of the discrete Laplace (:math:`b`) or discrete Gaussian (:math:`\\sigma`) noise of
+        each ``z_i``, in the data's units.
+    spacing : float or None
+        The noise grid :math:`s` (a power of two): each answer is
+        :math:`s\\,(\\operatorname{round}((Ax)_i/s) + Z_i)` with integer :math:`Z_i`
+        (:mod:`hdmm.noise`). ``None`` when not recorded (a measurement read back from a file).
     """
 
     strategy: Matrix
@@ -80,6 +85,7 @@ class Measurement:
     privacy: Privacy
     sensitivity: float
     noise_scale: float
+    spacing: float | None = None
 
     @property
     def noise_std(self) -> float:

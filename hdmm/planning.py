@@ -38,6 +38,7 @@ from .error import ErrorResult, unit_query_variances
 from .io import FORMAT, MAX_BYTES, VERSION, decode_matrix, encode_matrix, read_archive, write_archive
 from .matrix import DenseLimitError, Kronecker, Matrix, Weighted
 from .mechanism import RECONSTRUCTION_METHODS, reconstruction_method
+from .noise import calibrate_grid
 from .optimizers import OptimizationResult, optimize
 from .privacy import Privacy
 from .structure import Structure, classify
@@ -45,14 +46,20 @@ from .version import HDMM_VERSION
 from .workload import unweighted
 
 __all__ = ["Plan", "plan", "check_inputs", "strategy_plan", "union_variance_bound", "plan_to_json", "plan_from_json",
-           "SENSITIVITY_MARGIN"]
+           "SENSITIVITY_MARGIN", "ROUNDOFF_ALLOWANCE"]
 
 #: Relative safety margin on every computed sensitivity: a plan calibrates its noise to
 #: :math:`\Delta_p(A)\,(1 + 10^{-9})`. Sensitivities computed in floating point can fall a few
-#: ulp (about 1e-15 relative) below the exact column norms; the margin covers that many times
-#: over, and changes noise scales by a relative 1e-9. Applied once, where a plan is made
-#: (:func:`plan`, :func:`strategy_plan`) or read back (:func:`plan_from_json`).
+#: ulp (about 1e-15 relative) below the exact column norms; ``ROUNDOFF_ALLOWANCE`` (1e-12) of the
+#: margin covers that many times over, and the rest holds the rounding bound of the noise grid
+#: (at most a relative ``2**-30`` = 9.3e-10, :func:`hdmm.noise.grid_spacing`; should a tiny privacy
+#: parameter coarsen the grid, the bound is added on top). It changes noise scales by a relative
+#: 1e-9. Applied once, where a plan is made (:func:`plan`, :func:`strategy_plan`) or read back
+#: (:func:`plan_from_json`).
 SENSITIVITY_MARGIN = 1e-9
+
+#: The part of ``SENSITIVITY_MARGIN`` kept for floating-point error in computed sensitivities.
+ROUNDOFF_ALLOWANCE = 1e-12
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,11 +75,15 @@ class Plan:
     privacy : Privacy
         The privacy definition one measurement spends.
     sensitivity : float
-        :math:`\Delta_p(A)` in the norm of ``privacy``, computed from ``A`` and raised by a
-        relative ``SENSITIVITY_MARGIN`` (1e-9) for floating-point rounding, so that the noise
-        is never calibrated below the true sensitivity.
+        The sensitivity the noise is calibrated to: :math:`\Delta_p(A)` in the norm of
+        ``privacy``, computed from ``A`` and raised by a relative ``SENSITIVITY_MARGIN`` (1e-9),
+        which covers floating-point rounding in the computed norms and the rounding bound of the
+        noise grid (:func:`hdmm.noise.rounding_bound`: ``k * spacing`` in L1, ``sqrt(k) * spacing``
+        in L2 for ``k`` strategy rows, at most a relative ``2**-30``; added on top if a tiny
+        privacy parameter coarsens the grid).
     noise_scale : float
-        Laplace scale or Gaussian standard deviation of each noisy strategy answer.
+        Scale of the discrete Laplace or discrete Gaussian noise of each strategy answer, in the
+        data's units (``noise_scale / spacing`` grid steps).
     structure : Structure
         The strategy's form and Kronecker union (:func:`hdmm.structure.classify`).
     method : str
@@ -91,6 +102,10 @@ class Plan:
         Time spent making the plan (optimization included).
     version : str
         The hdmm version that made the plan.
+    spacing : float
+        The noise grid: a power of two :math:`s`; each answer is released as
+        :math:`s\,(\operatorname{round}(a/s) + Z)` with integer noise :math:`Z`
+        (:func:`hdmm.noise.calibrate_grid`).
     """
 
     workload: Matrix
@@ -106,6 +121,7 @@ class Plan:
     weights: np.ndarray | None = None
     seconds: float = 0.0
     version: str = ""
+    spacing: float = 0.0
 
     # ------------------------------------------------------------------ error
     @property
@@ -271,7 +287,7 @@ def _choose(W: Matrix, privacy: Privacy, strategy, seed, progress) -> tuple[Matr
 
 
 def _check_sensitivity(sensitivity: float, A: Matrix) -> float:
-    """The sensitivity the noise is calibrated to: the computed one times ``1 + SENSITIVITY_MARGIN``."""
+    """The computed sensitivity times ``1 + SENSITIVITY_MARGIN`` (before the grid's rounding bound)."""
     if not (math.isfinite(sensitivity) and sensitivity >= 0):
         raise ValueError(
             f"the strategy {A!r} has sensitivity {sensitivity!r}, not a finite number: its entries overflow; "
@@ -282,6 +298,18 @@ def _check_sensitivity(sensitivity: float, A: Matrix) -> float:
         raise ValueError(f"the strategy {A!r} has sensitivity {sensitivity!r}, too large to calibrate noise to; "
                          "rescale the strategy")
     return calibrated
+
+
+def _noise_grid(sensitivity: float, A: Matrix, privacy: Privacy) -> tuple[float, float]:
+    """``(spacing, calibrated sensitivity)`` for a sensitivity from :func:`_check_sensitivity`.
+
+    The margin beyond ``ROUNDOFF_ALLOWANCE`` holds the grid's rounding bound (docs/privacy.md).
+    """
+    if sensitivity == 0:  # a zero strategy: its answers are 0 whatever the data, and need no noise
+        return 1.0, 0.0
+    computed = sensitivity / (1.0 + SENSITIVITY_MARGIN)
+    headroom = sensitivity - computed * (1.0 + ROUNDOFF_ALLOWANCE)
+    return calibrate_grid(sensitivity, A.shape[0], privacy.norm, privacy.noise_scale, headroom=headroom)
 
 
 def check_inputs(W: Matrix, privacy: Privacy, method: str = "auto") -> None:
@@ -328,7 +356,8 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
     Notes
     -----
     The noise is calibrated to the strategy's sensitivity times ``1 + SENSITIVITY_MARGIN``
-    (a relative 1e-9), which covers floating-point rounding in the computed column norms.
+    (a relative 1e-9), which covers floating-point rounding in the computed column norms, plus
+    the rounding bound of the noise grid (:func:`hdmm.noise.calibrate_grid`; docs/privacy.md).
 
     Raises
     ------
@@ -348,7 +377,7 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
         structure = classify(A)
     if sensitivity is None:
         sensitivity = A.sensitivity(privacy.norm)
-    sensitivity = _check_sensitivity(sensitivity, A)
+    spacing, sensitivity = _noise_grid(_check_sensitivity(sensitivity, A), A, privacy)
     resolved = reconstruction_method(A, method, structure=structure)
     queries, weights = unweighted(W)
     unit, exact = _unit_variances(queries, A, structure)
@@ -366,6 +395,7 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
         weights=weights,
         seconds=time.perf_counter() - start,
         version=HDMM_VERSION,
+        spacing=spacing,
     )
 
 
@@ -380,12 +410,12 @@ def strategy_plan(A: Matrix, privacy: Privacy, *, origin: str = "user") -> Plan:
     if not isinstance(privacy, Privacy):
         raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
     structure = classify(A)
-    sensitivity = _check_sensitivity(A.sensitivity(privacy.norm), A)
+    spacing, sensitivity = _noise_grid(_check_sensitivity(A.sensitivity(privacy.norm), A), A, privacy)
     return Plan(
         workload=A, strategy=A, privacy=privacy, sensitivity=sensitivity,
         noise_scale=privacy.noise_scale(sensitivity), structure=structure,
         method=reconstruction_method(A, "auto", structure=structure), variances=None, variance_exact=True,
-        origin=origin, version=HDMM_VERSION,
+        origin=origin, version=HDMM_VERSION, spacing=spacing,
     )
 
 
@@ -409,6 +439,7 @@ def plan_to_json(p: Plan, arrays: dict[str, np.ndarray]) -> dict:
             "origin": p.origin,
             "seconds": p.seconds,
             "version": p.version,
+            "spacing": p.spacing,
         },
     }
 
@@ -434,8 +465,10 @@ def plan_from_json(header: dict, arrays: dict[str, np.ndarray], source: str = "t
     if A.shape[1] != W.shape[1]:
         raise ValueError(f"{source}: the stored strategy and workload are over different domains")
     structure = classify(A)
-    sensitivity = _check_sensitivity(A.sensitivity(privacy.norm), A)
-    if not abs(sensitivity - stored) <= 4 * SENSITIVITY_MARGIN * max(abs(sensitivity), 1e-300):
+    computed = _check_sensitivity(A.sensitivity(privacy.norm), A)
+    spacing, sensitivity = _noise_grid(computed, A, privacy)
+    # files written before the noise grid store the sensitivity without its rounding bound
+    if not any(abs(value - stored) <= 4 * SENSITIVITY_MARGIN * max(abs(value), 1e-300) for value in (sensitivity, computed)):
         raise ValueError(
             f"{source}: the stored sensitivity {stored!r} is not the strategy's ({sensitivity!r}); the file is "
             "damaged or was edited: make the plan again"
@@ -451,4 +484,4 @@ def plan_from_json(header: dict, arrays: dict[str, np.ndarray], source: str = "t
     return Plan(workload=W, strategy=A, privacy=privacy, sensitivity=sensitivity,
                 noise_scale=privacy.noise_scale(sensitivity), structure=structure, method=method,
                 variances=variances, variance_exact=exact, origin=origin, weights=weights, seconds=seconds,
-                version=version)
+                version=version, spacing=spacing)

@@ -445,7 +445,7 @@ def run(
     else:
         chosen = make_plan(W, strategy, privacy, method=method, seed=generator)
     lap("plan")
-    measurement = measure(chosen, x, generator)
+    measurement = measure(chosen, x, None if rng is None else generator)  # None: the OS's cryptographic source
     lap("measure")
     estimate = reconstruct(chosen, measurement, **options)
     lap("reconstruct")

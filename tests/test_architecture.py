@@ -12,7 +12,7 @@ PACKAGES = ("hdmm", "census_workloads")
 
 #: Lower layers first: a module may import from its own layer or below, never above.
 LAYERS = [
-    {"hdmm.version", "hdmm.validation", "hdmm.labels", "hdmm.spectral", "hdmm.slq", "hdmm.domain"},
+    {"hdmm.version", "hdmm.validation", "hdmm.labels", "hdmm.spectral", "hdmm.slq", "hdmm.domain", "hdmm.noise"},
     {"hdmm.matrix", "hdmm.kron_union", "hdmm.marginals", "hdmm.workload", "hdmm.block_diagonal"},
     {"hdmm.privacy", "hdmm.structure"},
     {"hdmm.traces"},
@@ -24,6 +24,8 @@ LAYERS = [
     {"hdmm.kernel", "hdmm.postprocess"},
     {"hdmm.release"},
     {"hdmm.georelease"},
+    {"hdmm.cli_geography"},
+    {"hdmm.cli"},
 ]
 
 

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hdmm.noise import calibrate_grid
 from hdmm.privacy import (
     ZCDP,
     ApproxDP,
@@ -16,6 +17,9 @@ from hdmm.privacy import (
     PureDP,
     analytic_gaussian_sigma,
     classic_gaussian_sigma,
+    discrete_gaussian_sigma,
+    zcdp_delta,
+    zcdp_rho,
 )
 
 
@@ -66,12 +70,14 @@ def test_approx_dp_basics() -> None:
     p = ApproxDP(1, 1e-6)
     assert p.norm == 2 and p.noise == "gaussian"
     assert (p.epsilon, p.delta) == (1.0, 1e-6)
-    assert p.description == "(epsilon=1, delta=1e-06)-DP, analytic Gaussian"
+    assert p.description == "(epsilon=1, delta=1e-06)-DP, discrete Gaussian"
     assert repr(p) == "ApproxDP(epsilon=1.0, delta=1e-06)"
     sigma = p.noise_scale(1.0)
     assert p.noise_scale(2.5) == pytest.approx(2.5 * sigma, rel=1e-15)
     assert p.noise_variance(2.5) == pytest.approx((2.5 * sigma) ** 2, rel=1e-15)
-    assert sigma == analytic_gaussian_sigma(1, 1e-6)
+    assert sigma == discrete_gaussian_sigma(1, 1e-6)
+    # the discrete Gaussian's zCDP guarantee, converted, costs a few percent over the continuous curve
+    assert 1.0 < sigma / analytic_gaussian_sigma(1, 1e-6) < 1.1
 
 
 def test_known_value() -> None:
@@ -133,8 +139,8 @@ def test_classic_rejects_large_epsilon() -> None:
 def test_large_epsilon_does_not_overflow(eps: float) -> None:
     sigma = ApproxDP(eps, 1e-6).noise_scale(1.0)
     assert math.isfinite(sigma) and sigma > 0
-    if eps <= 50:  # exp(eps) is still representable: check directly
-        assert gaussian_delta(sigma, eps) == pytest.approx(1e-6, rel=1e-9)
+    assert zcdp_delta(1 / (2 * sigma**2), eps) <= 1e-6
+    assert sigma >= analytic_gaussian_sigma(eps, 1e-6)
 
 
 def test_tiny_delta() -> None:
@@ -143,9 +149,35 @@ def test_tiny_delta() -> None:
     assert analytic_gaussian_sigma(1.0, 1e-200) < sigma
 
 
-def test_uncomputable_parameters_raise() -> None:
-    with pytest.raises(ValueError, match=r"cannot calibrate .* epsilon=1e-10, delta=1e-50"):
-        ApproxDP(1e-10, 1e-50)
+def test_extreme_parameters_still_calibrate() -> None:
+    # the zCDP conversion has no cancelling terms: even a tiny epsilon with a tiny delta works
+    sigma = ApproxDP(1e-10, 1e-50).noise_scale(1.0)
+    assert math.isfinite(sigma) and zcdp_delta(1 / (2 * sigma**2), 1e-10) <= 1e-50
+    # below the noise of the classical conversion rho + 2 sqrt(rho log(1/delta)) <= epsilon (Bun & Steinke 2016)
+    assert 0.8 < sigma / (math.sqrt(2 * math.log(1e50)) / 1e-10) < 1.0
+
+
+# ------------------------------------------- the zCDP conversion (CKS 2020, Corollary 13)
+def brute_log_delta(rho: float, eps: float) -> float:
+    """The conversion's log delta minimised over a fine grid of orders (independent of the bisection)."""
+    best = math.inf
+    for alpha in np.exp(np.linspace(math.log(1 + 1e-6), math.log((eps + 1) / (2 * rho) + 2), 20_001)):
+        value = (alpha - 1) * (alpha * rho - eps) + alpha * math.log1p(-1 / alpha) - math.log(alpha - 1)
+        best = min(best, value)
+    return best
+
+
+@pytest.mark.parametrize(("eps", "delta"), [(0.1, 1e-6), (1.0, 1e-6), (1.0, 1e-9), (2.0, 1e-3), (10.0, 1e-5)])
+def test_zcdp_conversion(eps: float, delta: float) -> None:
+    rho = zcdp_rho(eps, delta)
+    assert zcdp_delta(rho, eps) <= delta
+    assert zcdp_delta(rho * (1 + 1e-6), eps) > delta  # the largest rho that works
+    # the bisection finds the best order: a brute-force grid does no better
+    assert math.log(zcdp_delta(rho, eps)) <= brute_log_delta(rho, eps) + 1e-6
+    # tighter than the classical bound of Bun & Steinke (2016)
+    assert zcdp_delta(rho, eps) <= math.exp(-((eps - rho) ** 2) / (4 * rho))
+    sigma = ApproxDP(eps, delta).noise_scale(1.0)
+    assert sigma == pytest.approx(1 / math.sqrt(2 * rho), rel=1e-14) and sigma >= 1 / math.sqrt(2 * rho)
 
 
 # ------------------------------------------------------------- validation
@@ -212,6 +244,8 @@ def test_numeric_types_accepted() -> None:
 def test_sample(privacy: Privacy) -> None:
     z = privacy.sample(200_000, 2.0, np.random.default_rng(1))
     assert z.shape == (200_000,) and z.dtype == np.float64
+    spacing, _ = calibrate_grid(2.0, 200_000, privacy.norm, privacy.noise_scale)  # discrete noise on the grid
+    assert math.frexp(spacing)[0] == 0.5 and np.all(z / spacing == np.round(z / spacing))
     assert abs(z.mean()) < 5 * math.sqrt(privacy.noise_variance(2.0) / z.size)
     assert z.var() == pytest.approx(privacy.noise_variance(2.0), rel=0.03)
     again = privacy.sample(200_000, 2.0, np.random.default_rng(1))
@@ -233,11 +267,14 @@ def test_sample_distribution_shape() -> None:
     assert kurt(gau) == pytest.approx(0.0, abs=0.1)
 
 
-def test_sample_requires_generator() -> None:
-    with pytest.raises(TypeError, match=r"numpy\.random\.Generator.*default_rng\(seed\)"):
+def test_sample_takes_the_rng_forms_of_measure() -> None:
+    with pytest.raises(TypeError, match=r"rng must be None .*numpy\.random\.Generator, got RandomState"):
         PureDP(1.0).sample(3, 1.0, np.random.RandomState(0))
-    with pytest.raises(TypeError, match="numpy.random.Generator"):
-        PureDP(1.0).sample(3, 1.0, 0)
+    for bad in (1.5, True, "0"):
+        with pytest.raises(TypeError, match="rng must be"):
+            PureDP(1.0).sample(3, 1.0, bad)
+    np.testing.assert_array_equal(PureDP(1.0).sample(5, 1.0, 3), PureDP(1.0).sample(5, 1.0, np.random.default_rng(3)))
+    assert PureDP(1.0).sample(5, 1.0).shape == (5,)  # None: the OS's cryptographic generator
 
 
 def test_equality_hash_and_dict_round_trip() -> None:
