@@ -25,7 +25,7 @@ def two_terms():
 
 
 def test_the_registry_holds_the_five_optimizers_in_the_order_optimize_runs_them():
-    assert list(REGISTRY) == ["identity", "opt_kron", "opt_marginals", "opt_union", "residual"]
+    assert list(REGISTRY) == ["identity", "residual", "opt_kron", "opt_marginals", "opt_union"]
     assert all(isinstance(o, Optimizer) and o.name == name and o.summary for name, o in REGISTRY.items())
 
 
@@ -35,7 +35,7 @@ def test_applies_needs_several_terms_for_opt_union_and_gaussian_noise_for_residu
     several = Problem(two_terms(), privacy)
     gaussian = privacy.noise == "gaussian"
     assert [n for n, o in REGISTRY.items() if o.applies(single)] == (
-        ["identity", "opt_kron", "opt_marginals"] + (["residual"] if gaussian else []))
+        ["identity"] + (["residual"] if gaussian else []) + ["opt_kron", "opt_marginals"])
     assert REGISTRY["opt_union"].applies(several) and REGISTRY["residual"].applies(several) == gaussian
 
 
@@ -86,7 +86,8 @@ def test_an_optimization_result_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.optimizer = "other"
     assert list(result.report.columns) == ["optimizer", "total squared error", "exact", "seconds", "rmse",
-                                           "RMSE / SVD bound RMSE"]
+                                           "RMSE / SVD bound RMSE", "note"]
+    assert not result.optimal and (result.report["note"] == "").all()
 
 
 def test_an_inexact_candidate_is_reported_at_its_bound():
@@ -178,3 +179,58 @@ def test_the_submodules_are_not_shadowed_by_functions():
     assert importlib.import_module("hdmm.optimizers.registry").REGISTRY is REGISTRY
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("hdmm.optimizers.optimize")
+
+
+# ------------------------------------------------------------------ certified early exit and skips
+def test_a_strategy_equal_to_the_svd_bound_stops_optimize_as_optimal(monkeypatch):
+    ran = []
+    for name, optimizer in list(REGISTRY.items()):
+        monkeypatch.setitem(REGISTRY, name, dataclasses.replace(
+            optimizer, run=lambda problem, run=optimizer.run, name=name: ran.append(name) or run(problem)))
+    W = hdmm.AllMarginals((3, 4, 2, 5), 2)  # in the marginals algebra: the residual strategy is optimal
+    result = hdmm.optimize(W, GAUSS, seed=0)
+    assert ran == ["identity", "residual"]
+    assert result.optimal and result.optimizer == "residual"
+    assert float(result.error) == pytest.approx(result.bound.value, rel=1e-9)
+    report = result.report.set_index("optimizer")
+    assert report.loc["residual", "note"] == "optimal"
+    for name in ("opt_kron", "opt_marginals", "opt_union"):
+        assert report.loc[name, "note"].startswith("skipped: residual is optimal")
+        assert np.isnan(report.loc[name, "rmse"])
+    # exhaustive runs everything and still says which is optimal
+    full = hdmm.optimize(W, GAUSS, seed=0, exhaustive=True)
+    assert full.optimal and full.report["rmse"].notna().all()
+    assert float(full.error) == pytest.approx(float(result.error), rel=1e-9)
+
+
+def test_an_optimum_is_only_certified_against_an_exact_bound():
+    # Laplace: the identity is optimal for the identity workload, at the SVD bound
+    result = hdmm.optimize(hdmm.Identity(6), LAPLACE, seed=0)
+    assert result.optimal and result.optimizer == "identity"
+    assert list(result.report["note"][1:].str.startswith("skipped")) == [True] * (len(result.report) - 1)
+    # prefixes: no strategy reaches the bound, nothing is certified and everything runs
+    result = hdmm.optimize(hdmm.Prefix(8), GAUSS, seed=0)
+    assert not result.optimal and result.report["rmse"].notna().all()
+
+
+def test_optimizers_whose_cost_would_explode_are_skipped_with_a_reason(monkeypatch):
+    monkeypatch.setattr(registry, "MARGINALS_MAX_CANDIDATES", 3)
+    monkeypatch.setattr(registry, "UNION_MAX_SOLVES", 2)
+    W = hdmm.union([hdmm.product(hdmm.Domain(["a", "b"], [4, 5]), {"a": hdmm.Prefix(4)}),
+                    hdmm.product(hdmm.Domain(["a", "b"], [4, 5]), {"b": hdmm.Prefix(5)})])
+    result = hdmm.optimize(W, LAPLACE, seed=0)
+    report = result.report.set_index("optimizer")
+    assert report.loc["opt_marginals", "note"].startswith("skipped: OPT_M over 4 candidate marginals")
+    assert report.loc["opt_union", "note"].startswith("skipped: OPT_+ over 2 groups")
+    assert np.isnan(report.loc["opt_union", "total squared error"]) and report.loc["opt_kron", "note"] == ""
+    # naming an optimizer runs it whatever its cost
+    named = hdmm.optimize(W, LAPLACE, seed=0, optimizers=["identity", "opt_marginals"])
+    assert named.report["note"].eq("").all() and named.report["rmse"].notna().all()
+
+
+def test_all_three_way_marginals_of_100_attributes_stop_at_the_residual_optimum():
+    # ResidualPlanner's benchmark at 1e100 cells: no dense vector, OPT_(x)/OPT_M/OPT_+ never run
+    dom = hdmm.Domain([f"x{i}" for i in range(100)], [10] * 100)
+    result = hdmm.optimize(hdmm.AllMarginals(dom, 3), GAUSS, seed=0)
+    assert result.optimal and result.optimizer == "residual"
+    assert result.rmse == pytest.approx(303.216, abs=5e-4)

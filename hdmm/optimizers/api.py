@@ -36,6 +36,10 @@ from .union import check_groups, default_groups, opt_union_groups
 
 __all__ = ["opt0", "opt_kron", "opt_union", "opt_marginals", "opt_residual", "optimize", "OptimizationResult"]
 
+#: A candidate whose exact error is within this relative tolerance of an exact SVD lower bound is
+#: optimal up to rounding (the two are computed by different formulas).
+OPTIMAL_RTOL = 1e-8
+
 #: The privacy definition each deprecated ``noise`` string stands for (the level does not matter).
 _NOISE = {"laplace": PureDP(1.0).unit_noise(), "gaussian": ZCDP(0.5)}
 
@@ -212,8 +216,13 @@ class OptimizationResult:
     bound : SVDBound
         The SVD lower bound for the workload, under ``privacy``.
     report : pandas.DataFrame
-        One row per candidate: total squared error, whether it is exact, seconds, RMSE, and
-        ``RMSE / SVD bound RMSE`` (a ratio of RMSEs, at least 1).
+        One row per candidate: total squared error, whether it is exact, seconds, RMSE,
+        ``RMSE / SVD bound RMSE`` (a ratio of RMSEs, at least 1) and a note: ``"optimal"`` for a
+        strategy certified optimal, ``"skipped: ..."`` with the reason for an optimizer that did
+        not run (its error and RMSE are then NaN).
+    optimal : bool
+        Whether the strategy is certified optimal: its exact error equals the exact SVD lower
+        bound (to a relative ``OPTIMAL_RTOL``), so no strategy of any kind does better.
     """
 
     strategy: Matrix
@@ -222,6 +231,7 @@ class OptimizationResult:
     privacy: Privacy
     bound: SVDBound
     report: pd.DataFrame = field(repr=False)
+    optimal: bool = False
 
     @property
     def rmse(self) -> float:
@@ -229,24 +239,32 @@ class OptimizationResult:
 
 
 def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=None,
-             optimizers: Sequence[str] | None = None, progress: bool | Callable[[str], None] = False) -> OptimizationResult:
+             optimizers: Sequence[str] | None = None, progress: bool | Callable[[str], None] = False,
+             exhaustive: bool = False) -> OptimizationResult:
     """Run every registered optimizer that applies to ``W`` under ``privacy`` and keep the best strategy.
 
-    The candidates (:data:`~hdmm.optimizers.registry.REGISTRY`): ``identity`` (reference),
-    ``opt_kron`` (OPT_(x)), ``opt_marginals`` (OPT_M), ``opt_union`` (OPT_+, when the workload
-    has several Kronecker terms; its exact error up to
-    :data:`~hdmm.optimizers.registry.UNION_EXACT_MAX_N` cells or when a closed form applies,
-    else the upper bound of :mod:`.union`, marked ``exact=False`` in the report), and
-    ``residual`` (Gaussian noise only). Each candidate's error is computed once, under
-    ``privacy``; the best one's is the result's ``error``. ``optimizers`` names a subset of them
-    (one name or a list). ``restarts``: random starts per optimizer; by default p-Identity makes
-    8 per attribute of up to 512 values and 3 beyond in OPT_(x)
-    (:func:`~hdmm.optimizers.pidentity.default_restarts`), 3 in each OPT_+ group
-    (:data:`~hdmm.optimizers.union.GROUP_RESTARTS`), and OPT_M 3, or 128 on cheap problems
+    The candidates (:data:`~hdmm.optimizers.registry.REGISTRY`, in this order): ``identity``
+    (reference), ``residual`` (Gaussian noise only), ``opt_kron`` (OPT_(x)), ``opt_marginals``
+    (OPT_M) and ``opt_union`` (OPT_+, when the workload has several Kronecker terms; its exact
+    error up to :data:`~hdmm.optimizers.registry.UNION_EXACT_MAX_N` cells or when a closed form
+    applies, else the upper bound of :mod:`.union`, marked ``exact=False`` in the report). Each
+    candidate's error is computed once, under ``privacy``; the best one's is the result's
+    ``error``. ``optimizers`` names a subset of them (one name or a list). ``restarts``: random
+    starts per optimizer; by default p-Identity makes 8 per attribute of up to 512 values and 3
+    beyond in OPT_(x) (:func:`~hdmm.optimizers.pidentity.default_restarts`), 3 in each OPT_+
+    group (:data:`~hdmm.optimizers.union.GROUP_RESTARTS`), and OPT_M 3, or 128 on cheap problems
     (:mod:`.marginals`). Deterministic given ``seed``. ``progress=True`` shows a progress bar
     over the candidates (with each optimizer's own steps, such as OPT_(x)'s rounds, as its
-    status); a callable receives those status lines instead. The SVD bound (:func:`hdmm.bound.svd_bound`)
-    is computed once, for the report's ratios.
+    status); a callable receives those status lines instead.
+
+    The SVD bound (:func:`hdmm.bound.svd_bound`) is computed first. **Certified early exit**:
+    when a candidate's exact error equals an exact bound (to a relative ``OPTIMAL_RTOL``), no
+    strategy can do better: ``optimize`` stops, marks it ``"optimal"`` in the report (and
+    ``result.optimal``) and lists the optimizers left as skipped. An optimizer whose cost would
+    explode on this workload (OPT_M over too many candidate marginals, OPT_+ over too many
+    groups; :attr:`~hdmm.optimizers.registry.Optimizer.skip`) is skipped by default with the
+    reason in the report; naming it in ``optimizers`` runs it. ``exhaustive=True`` runs every
+    chosen optimizer regardless.
     """
     _check(W, restarts=restarts)
     if not isinstance(privacy, Privacy):
@@ -263,22 +281,40 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     unknown = [] if optimizers is None else [o for o in optimizers if o not in available]
     if unknown:
         raise ValueError(f"optimizers {unknown} do not apply here; available: {available}")
+    bound = svd_bound(W, privacy, seed=0)
     bar = tqdm(chosen, desc="optimize", unit="optimizer", disable=progress is not True)
-    rows, best, best_error = [], None, None
+    rows, best, best_error, optimal = [], None, None, None
     for name in bar:
         bar.set_description(f"optimize: {name}")
+        note = f"skipped: {optimal} is optimal (its error equals the SVD lower bound)" if optimal else None
+        if note is None and not exhaustive and optimizers is None:
+            note = REGISTRY[name].skip(problem)
+        if note is not None:
+            rows.append({"optimizer": name, "total squared error": np.nan, "exact": False, "seconds": 0.0,
+                         "note": note})
+            if say:
+                say(f"{name}: {note}")
+            continue
         start = time.perf_counter()
         candidate = REGISTRY[name].run(problem)
         error = problem.total_error(candidate)
         seconds = time.perf_counter() - start
-        rows.append({"optimizer": name, "total squared error": error, "exact": candidate.exact, "seconds": seconds})
+        certified = candidate.exact and bound.exact and error <= bound.value * (1.0 + OPTIMAL_RTOL)
+        rows.append({"optimizer": name, "total squared error": error, "exact": candidate.exact, "seconds": seconds,
+                     "note": "optimal" if certified else ""})
         if say:
-            say(f"{name}: total squared error {error:.6g} ({seconds:.2f} s)")
+            say(f"{name}: total squared error {error:.6g} ({seconds:.2f} s)" + (", optimal" if certified else ""))
         if best is None or error < best_error:
             best, best_error = (name, candidate), error
-    bound = svd_bound(W, privacy, seed=0)
+        if certified and not exhaustive:
+            optimal = name
+    if best is None:
+        raise ValueError("every optimizer chosen was skipped: " + "; ".join(f"{r['optimizer']} {r['note']}" for r in rows))
     report = pd.DataFrame(rows)
     report["rmse"] = np.sqrt(report["total squared error"] / W.shape[0])
     report["RMSE / SVD bound RMSE"] = report["rmse"] / bound.rmse if bound.rmse > 0 else np.inf
+    report = report[["optimizer", "total squared error", "exact", "seconds", "rmse", "RMSE / SVD bound RMSE", "note"]]
     name, candidate = best
-    return OptimizationResult(candidate.strategy, name, problem.error_result(candidate), privacy, bound, report)
+    is_optimal = bool(report.loc[report["optimizer"] == name, "note"].iloc[0] == "optimal")
+    return OptimizationResult(candidate.strategy, name, problem.error_result(candidate), privacy, bound, report,
+                              is_optimal)

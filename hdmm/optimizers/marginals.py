@@ -51,7 +51,8 @@ from ..domain import Domain
 from ..matrix import Kronecker, Matrix, Weighted
 from ..privacy import Privacy
 
-__all__ = ["MarginalsProblem", "optimize_marginal_weights", "opt_marginals_strategy", "residual_strategy"]
+__all__ = ["MarginalsProblem", "marginal_candidate_count", "optimize_marginal_weights", "opt_marginals_strategy",
+           "residual_strategy"]
 
 #: Problems whose superset matrix ``Z`` has at most this many non-zeros are cheap: they get at
 #: least ``MIN_STARTS`` starts (Laplace OPT_M's optimum varies a lot between starts).
@@ -84,6 +85,18 @@ def _domain_of(W: Matrix, union: KronUnion) -> Domain:
                 pass
         parts += [M.base] if isinstance(M, Weighted) else list(getattr(M, "blocks", []))
     return as_domain(union.sizes)
+
+
+def marginal_candidate_count(union: KronUnion) -> int:
+    """How many candidate marginals :class:`MarginalsProblem` would search for ``union`` by default.
+
+    All ``2^d`` subsets up to ``ALL_SUBSETS_MAX_DIM`` attributes, else the workload's downward
+    closure and the full data cube (from the trace spectrum, which the optimizers share).
+    """
+    if union.dim <= ALL_SUBSETS_MAX_DIM:
+        return 2**union.dim
+    members = trace_spectrum(union).members
+    return members.shape[0] + int(not members.all(axis=1).any())
 
 
 def _closure_and_cube(closure: np.ndarray) -> np.ndarray:

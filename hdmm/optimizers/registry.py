@@ -7,19 +7,26 @@ squared error at unit noise variance, and whether that error is exact or an uppe
 computed once), the privacy definition, the random starts, the random generator and the
 progress callback. :data:`REGISTRY` holds the built-in optimizers in the order ``optimize``
 runs them (that order fixes which random numbers each one draws, so it is part of the results
-for a given seed):
+for a given seed; ``identity`` and ``residual`` draw none):
 
 ``identity``
     The identity strategy, the reference every optimizer should beat.
+``residual``
+    The optimal residual strategy (:mod:`.marginals`); applies under Gaussian noise. Closed
+    form and deterministic (it draws no random numbers), so it runs early: on a workload in the
+    marginals algebra it reaches the SVD bound, and ``optimize`` stops there.
 ``opt_kron``
     OPT_(x), one Kronecker strategy (:mod:`.kron`).
 ``opt_marginals``
-    OPT_M, weighted marginals (:mod:`.marginals`).
+    OPT_M, weighted marginals (:mod:`.marginals`). Skipped by default beyond
+    ``MARGINALS_MAX_CANDIDATES`` candidate marginals.
 ``opt_union``
     OPT_+, one Kronecker strategy per group of terms (:mod:`.union`); applies to workloads of
-    several Kronecker terms.
-``residual``
-    The optimal residual strategy (:mod:`.marginals`); applies under Gaussian noise.
+    several Kronecker terms. Skipped by default beyond ``UNION_MAX_SOLVES`` groups x attributes.
+
+An optimizer may also say why it should not run on a problem by default (``skip``): its cost
+estimate is out of proportion (OPT_M over hundreds of thousands of candidate marginals, OPT_+
+over as many groups). ``optimize`` reports the reason instead of running it for minutes.
 
 Strategies are compared at unit noise (``privacy.unit_noise()``): under any privacy level of one
 noise kind every error is the same multiple of its unit-noise error, so the ranking does not
@@ -41,14 +48,24 @@ from ..kron_union import KronUnion, kron_union
 from ..matrix import Identity, Matrix
 from ..privacy import Privacy
 from .kron import opt_kron_union
-from .marginals import opt_marginals_strategy, residual_strategy
+from .marginals import marginal_candidate_count, opt_marginals_strategy, residual_strategy
 from .union import default_groups, opt_union_groups
 
-__all__ = ["Candidate", "Problem", "Optimizer", "REGISTRY", "register", "UNION_EXACT_MAX_N"]
+__all__ = ["Candidate", "Problem", "Optimizer", "REGISTRY", "register", "UNION_EXACT_MAX_N",
+           "MARGINALS_MAX_CANDIDATES", "UNION_MAX_SOLVES"]
 
 #: OPT_+'s strategy has no closed-form error in general; it is computed exactly through a dense
 #: pseudo-inverse up to this many cells and OPT_+'s upper bound is used beyond.
 UNION_EXACT_MAX_N = 1024
+
+#: OPT_M is skipped by default beyond this many candidate marginals (its time grows about
+#: linearly in them: 8 s for the 4,527 of all <= 3-way marginals of 30 attributes, so minutes
+#: for the 166,752 of 100 attributes).
+MARGINALS_MAX_CANDIDATES = 10_000
+
+#: OPT_+ runs one OPT_(x) per group; it is skipped by default when groups x attributes (the
+#: one-attribute solves of one round over all groups) exceed this.
+UNION_MAX_SOLVES = 20_000
 
 
 @dataclass(frozen=True)
@@ -146,12 +163,17 @@ class Optimizer:
         ``applies(problem) -> bool``: whether the optimizer can run on the problem.
     summary : str
         One line for people.
+    skip : callable
+        ``skip(problem) -> str | None``: why the optimizer should not run on the problem by
+        default (its cost would explode), or ``None``. ``optimize`` runs it anyway when it is
+        named in ``optimizers=`` or with ``exhaustive=True``.
     """
 
     name: str
     run: Callable[[Problem], Candidate]
     applies: Callable[[Problem], bool] = field(default=lambda problem: True)
     summary: str = ""
+    skip: Callable[[Problem], str | None] = field(default=lambda problem: None)
 
 
 #: The optimizers :func:`~hdmm.optimizers.optimize` knows, by name, in the order it runs them.
@@ -204,10 +226,33 @@ def _residual(problem: Problem) -> Candidate:
     return problem.candidate(A)
 
 
+def _marginals_skip(problem: Problem) -> str | None:
+    """Why OPT_M should not run by default: more than ``MARGINALS_MAX_CANDIDATES`` candidates."""
+    try:
+        count = marginal_candidate_count(problem.union)
+    except ValueError as error:  # the workload's subsets cannot even be enumerated
+        return f"skipped: {error}"
+    if count > MARGINALS_MAX_CANDIDATES:
+        return (f"skipped: OPT_M over {count:,} candidate marginals would take minutes (limit "
+                f"{MARGINALS_MAX_CANDIDATES:,}; name it in optimizers= to run it)")
+    return None
+
+
+def _union_skip(problem: Problem) -> str | None:
+    """Why OPT_+ should not run by default: its groups times attributes exceed ``UNION_MAX_SOLVES``."""
+    groups = len(default_groups(problem.workload, problem.union))
+    solves = groups * problem.union.dim
+    if solves > UNION_MAX_SOLVES:
+        return (f"skipped: OPT_+ over {groups:,} groups of {problem.union.dim} attributes ({solves:,} one-attribute "
+                f"solves a round, limit {UNION_MAX_SOLVES:,}) would take minutes; name it in optimizers= to run it")
+    return None
+
+
 register(Optimizer("identity", _identity, summary="the identity strategy (reference)"))
-register(Optimizer("opt_kron", _opt_kron, summary="OPT_(x): one Kronecker strategy"))
-register(Optimizer("opt_marginals", _opt_marginals, summary="OPT_M: weighted marginals"))
-register(Optimizer("opt_union", _opt_union, applies=lambda problem: problem.union.num_terms > 1,
-                   summary="OPT_+: one Kronecker strategy per group of terms (several Kronecker terms)"))
 register(Optimizer("residual", _residual, applies=lambda problem: problem.privacy.noise == "gaussian",
                    summary="the optimal residual strategy (Gaussian noise)"))
+register(Optimizer("opt_kron", _opt_kron, summary="OPT_(x): one Kronecker strategy"))
+register(Optimizer("opt_marginals", _opt_marginals, summary="OPT_M: weighted marginals", skip=_marginals_skip))
+register(Optimizer("opt_union", _opt_union, applies=lambda problem: problem.union.num_terms > 1,
+                   summary="OPT_+: one Kronecker strategy per group of terms (several Kronecker terms)",
+                   skip=_union_skip))
