@@ -233,6 +233,20 @@ def _cell_probabilities() -> np.ndarray:
     return probabilities
 
 
+def cell_probabilities() -> np.ndarray:
+    """The model's probability of each cell of ``cph_domain()`` (read only, the domain's shape).
+
+    >>> p = cell_probabilities()
+    >>> p.shape, round(float(p.sum()), 12)
+    ((2, 2, 63, 17, 115), 1.0)
+    """
+    return _cell_probabilities()
+
+
+#: 2010 resident population of the 50 states and DC, in the order of ``STATES`` (FIPS).
+STATE_POPULATION_2010: np.ndarray = _STATE_POPULATION
+
+
 def synthetic_persons(
     n: int, seed: int | np.random.Generator | None = None, states: bool = False
 ) -> pd.DataFrame:

@@ -48,6 +48,7 @@ from tqdm import tqdm
 from .bound import svd_bound
 from .error import per_query_variance
 from .catalog import NamedWorkload, load_workload, named_workload
+from .cli_geography import add_geography_options, geography_release
 from .io import load_strategy, save_strategy
 from .matrix import Identity, Matrix
 from .optimizers import optimize
@@ -383,6 +384,8 @@ def release(args: argparse.Namespace) -> None:
     Everything that can fail on the user's input is checked before the data is measured.
     """
     privacy = _privacy(args)
+    if args.geography is not None:
+        return geography_release(args, privacy, _workload(args.workload))
     if args.output is not None:
         _check_release_output(args.output, args.overwrite)
     named = _workload(args.workload)
@@ -583,6 +586,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file (the release in it "
                    "is lost)")
     _add_search(p)
+    add_geography_options(p)
     p.set_defaults(run=release)
 
     p = sub.add_parser("optimize", help="optimise a strategy for a workload and save it to a file")

@@ -39,7 +39,8 @@ from ..geography import GeographyError, GeographyTree
 from ..geography.solver import TreeSolver
 from ..matrix import Matrix, Weighted
 from ..optimizers import OptimizationResult
-from ..planning import Plan, plan
+from ..noise import calibrate_grid
+from ..planning import SENSITIVITY_MARGIN, Plan, plan
 from ..privacy import Privacy
 from ..structure import classify
 from ..version import HDMM_VERSION
@@ -65,7 +66,11 @@ class GeoPlan:
     privacy : Privacy
         What the whole release spends.
     sensitivity : float
-        :math:`\\Delta(A_{\\text{tree}})\\,\\Delta(A_p)`, with the relative margin ``SENSITIVITY_MARGIN``.
+        :math:`\\Delta(A_{\\text{tree}})\\,\\Delta(A_p)`, with the relative margin ``SENSITIVITY_MARGIN``
+        and the rounding bound of the noise grid (:func:`hdmm.noise.calibrate_grid`) for the
+        answers one person moves: the rows of :math:`A_p` in one unit of each measured level.
+    spacing : float
+        The noise grid (a power of two) every unit's answers are rounded to.
     noise_scale : float
         Laplace scale or Gaussian standard deviation of every noisy strategy answer.
     partition_level : int
@@ -88,6 +93,7 @@ class GeoPlan:
     origin: str
     seconds: float = 0.0
     version: str = HDMM_VERSION
+    spacing: float = 0.0
     _cache: dict = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ structure
@@ -125,6 +131,7 @@ class GeoPlan:
                 sensitivity=self.sensitivity, noise_scale=self.noise_scale, structure=classify(strategy),
                 method=self.person.method, variances=None, variance_exact=True,
                 origin=f"{self.origin}, level {self.tree.levels[level]}", version=self.version,
+                spacing=self.spacing,
             )
         return self._cache[key]
 
@@ -239,7 +246,9 @@ def geo_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, *,
     levels
         The released levels (default: all of them, nation to the finest).
     weights
-        One weight per released level: how much its error counts to the optimizer (default 1).
+        One weight per released level: how much its error counts to the optimizer (the level
+        weights). The default, :math:`1/\\sqrt{\\text{units}}`, makes every level's mean squared
+        error count the same: with weight 1 everywhere the many tracts would outvote the nation.
     strategy
         The person strategy: ``"auto"`` (:func:`hdmm.optimize`), a matrix or an optimization result.
     level_weights
@@ -272,7 +281,10 @@ def geo_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, *,
         raise GeographyError(f"level {twice!r} is named twice; list each level once")
     if not released:
         raise GeographyError("release at least one level")
-    omega = np.ones(len(released)) if weights is None else np.asarray(weights, dtype=float).reshape(-1)
+    if weights is None:  # every level's mean squared error counts the same, however many units it has
+        omega = 1.0 / np.sqrt([tree.sizes[d] for d in released])
+    else:
+        omega = np.asarray(weights, dtype=float).reshape(-1)
     if omega.size != len(released) or not np.all(np.isfinite(omega)) or np.any(omega < 0):
         raise GeographyError(f"give one finite weight >= 0 per released level ({len(released)}), got {weights!r}")
     if isinstance(invariants, Mapping):
@@ -304,11 +316,14 @@ def geo_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, *,
                              f"{tree.levels[solver.finest]!r}")
     norm = privacy.norm
     tree_sensitivity = float(np.sum(w)) if norm == 1 else float(np.sqrt(np.sum(w**2)))
-    sensitivity = tree_sensitivity * person_plan.sensitivity  # the person sensitivity carries the margin
+    A_p = person_plan.strategy
+    raw = tree_sensitivity * A_p.sensitivity(norm) * (1.0 + SENSITIVITY_MARGIN)
+    # one person moves the rows of A_p in one unit of every measured level: that many answers are rounded
+    spacing, sensitivity = calibrate_grid(raw, int(np.count_nonzero(w)) * A_p.shape[0], norm, privacy.noise_scale)
     result = GeoPlan(
         tree=tree, levels=tuple(released), level_weights=w, person=person_plan, privacy=privacy,
         sensitivity=sensitivity, noise_scale=privacy.noise_scale(sensitivity), partition_level=P,
-        invariants=invariants, origin=origin, seconds=time.perf_counter() - start,
+        invariants=invariants, origin=origin, seconds=time.perf_counter() - start, spacing=spacing,
     )
     if invariants is not None:
         result.total_direction  # noqa: B018 -- fails here, before any data, when A_p has no structural pinv

@@ -29,12 +29,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-import scipy.sparse as sp
 
-from ..version import HDMM_VERSION
 from .passes import Partition, TreePasses, partition_down, partition_up, top_passes
 from .plan import GeoPlan
-from .units import HistogramSource, check_source, measure_partition, measure_units
+from .steps import apply_invariants, measure_top, provenance
+from .units import HistogramSource, check_source, measure_partition
 
 __all__ = ["GeoRelease", "release_geography", "ENGINES"]
 
@@ -115,28 +114,6 @@ def _level_table(plan: GeoPlan, d: int, answers: np.ndarray, std_errors: np.ndar
         "answer": answers.ravel(),
         "std_error": std_errors.ravel(),
     })
-
-
-def provenance(plan: GeoPlan, seeded: bool) -> dict:
-    """The release's record of what it spent and how (JSON-able)."""
-    tree = plan.tree
-    return {
-        "hdmm_version": HDMM_VERSION,
-        "privacy": plan.privacy.to_dict(),
-        "privacy_description": plan.privacy.description,
-        "sensitivity": plan.sensitivity,
-        "noise_scale": plan.noise_scale,
-        "levels": [tree.levels[d] for d in plan.levels],
-        "level_weights": {tree.levels[d]: float(plan.level_weights[d]) for d in plan.measured},
-        "person_strategy": repr(plan.person.strategy),
-        "origin": plan.origin,
-        "invariants": None if plan.invariants is None else {
-            "public_not_private": True, "units": plan.invariants.units},
-        "seeded": seeded,
-        "seed_note": "noise from a seed is reproducible and for tests and research only" if seeded else
-        "noise from fresh OS entropy",
-        "variance_exact": plan.variance_exact,
-    }
 
 
 def write_parquet(path, tables, meta: dict) -> None:
@@ -237,17 +214,6 @@ def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, 
     return GeoRelease(plan, estimates, seeded=seed is not None, timings=timings)
 
 
-def measure_top(plan: GeoPlan, roots: np.ndarray, seed: int | None) -> dict[int, np.ndarray]:
-    """Measure the units of the measured levels above the partition level from the partition roots' histograms."""
-    tree, P = plan.tree, plan.partition_level
-    own, X = {}, sp.csr_matrix(roots)
-    for d in range(P - 1, -1, -1):
-        X = sp.csr_matrix(np.add.reduceat(X.toarray(), tree.child_bounds(d)[:-1], axis=0))
-        if plan.level_weights[d] > 0:
-            own[d] = measure_units(plan, d, 0, X, seed)
-    return own
-
-
 def finish(plan: GeoPlan, passes: TreePasses, parts: list[Partition], g_own: np.ndarray, roots: np.ndarray,
            owns, seed: int | None) -> dict[int, np.ndarray]:
     """Steps 3 to 5 for the local engine: top, second passes, invariants."""
@@ -264,16 +230,3 @@ def finish(plan: GeoPlan, passes: TreePasses, parts: list[Partition], g_own: np.
         estimates[d] = np.add.reduceat(estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
     apply_invariants(plan, estimates)
     return {d: estimates[d] for d in plan.levels}
-
-
-def apply_invariants(plan: GeoPlan, estimates: dict[int, np.ndarray]) -> None:
-    """Move every estimate by the invariants' correction, in place (:mod:`hdmm.georelease.invariants`)."""
-    inv = plan.invariants
-    if inv is None:
-        return
-    estimated = np.array([estimates[d][u, -1] for d, u in zip(inv.levels.tolist(), inv.units_at.tolist())])
-    h, gamma = plan.total_direction
-    lam = inv.multipliers(plan.tree, plan.solver, estimated, gamma)
-    direction = np.append(h, gamma)
-    for d in estimates:
-        estimates[d] -= np.outer(lam[d], direction)

@@ -42,16 +42,17 @@ from ..domain import Domain
 from ..geography import GeographyError
 from .passes import Partition, TreePasses, partition_down, partition_up, top_passes
 from .plan import GeoPlan
-from .release import measure_top, provenance
+from .steps import measure_top, provenance
 from .units import check_source, measure_partition
 
-__all__ = ["SparkGeoRelease", "release_spark", "spark_session", "LEAF", "PART"]
+__all__ = ["SparkGeoRelease", "release_spark", "require_spark", "spark_session", "LEAF", "PART"]
 
 #: Columns the engine adds to the records: the leaf position and the partition unit.
 LEAF, PART = "_hdmm_leaf", "_hdmm_partition"
 
 
-def _require_spark():
+def require_spark() -> None:
+    """Refuse early, naming what to install, when PySpark or Java is missing."""
     try:
         import pyspark  # noqa: F401
         from pyspark.sql import SparkSession  # noqa: F401
@@ -64,7 +65,7 @@ def _require_spark():
 
 def spark_session(master: str = "local[2]"):
     """A Spark session for hdmm (the active one if any, else a new one on ``master``)."""
-    _require_spark()
+    require_spark()
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -229,7 +230,7 @@ def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: boo
 
 def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_column, codes, work_dir
          ) -> SparkGeoRelease:
-    _require_spark()
+    require_spark()
     from pyspark.sql import functions as F
 
     say = (progress if callable(progress) else (lambda s: print(s, flush=True)) if progress else (lambda s: None))

@@ -1,0 +1,184 @@
+"""``hdmm release --geography``: a person workload for every unit of nation, states, counties, tracts.
+
+::
+
+    hdmm release --workload sf1 --epsilon 1 --geography state,county --output out/
+    hdmm release --workload sf1 --rho 0.5 --geography state,county,tract --data persons.parquet \\
+        --tree geography.csv --engine spark --output out/
+
+The geography tree must be public: by default the built-in SYNTHETIC United States
+(:mod:`census_workloads.geography`, which the built-in synthetic people live in); for other data
+give ``--tree`` (a CSV or Parquet table with one row per finest unit and the ``--geography``
+columns, e.g. from the Census gazetteer). It is never taken from the data: which units have
+people is private. ``--invariants state`` holds the data's state totals exact: they are then
+published without noise and are not protected. The output is a Parquet dataset partitioned by
+level (``out/level=state/...``) with the provenance in ``out/_provenance.json``. Everything is
+checked before any noise is drawn, and nothing is written unless the whole release succeeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from .catalog import NamedWorkload
+from .geography import GeographyTree
+from .georelease import RecordHistograms, geo_plan, release_geography
+from .io import load_strategy
+from .matrix import Identity
+from .privacy import Privacy
+
+__all__ = ["geography_release", "add_geography_options"]
+
+
+def add_geography_options(p: argparse.ArgumentParser) -> None:
+    """The ``--geography`` options of ``hdmm release``."""
+    g = p.add_argument_group("geography (a release for every unit of every level)")
+    g.add_argument("--geography", help="the levels below the nation, coarsest first, as data columns, e.g. "
+                   "state,county,tract; the output is then a Parquet dataset partitioned by level")
+    g.add_argument("--tree", default=None, help="the public geography: a .csv or .parquet table with one row per "
+                   "finest unit and the --geography columns (default: the built-in synthetic United States, "
+                   "for the built-in synthetic data)")
+    g.add_argument("--levels", help="the released levels (default: nation and every --geography level)")
+    g.add_argument("--engine", choices=["local", "spark"], default="local", help="one process (default) or Apache "
+                   "Spark (pip install 'hdmm[spark]', Java 17+; local[2] unless a Spark session is active)")
+    g.add_argument("--invariants", help="levels whose totals are held exact from the data, e.g. state (those "
+                   "totals are published without noise: they are NOT protected)")
+
+
+def _levels(text: str) -> list[str]:
+    levels = [x.strip() for x in text.split(",") if x.strip()]
+    if not levels:
+        raise ValueError("--geography needs level names, e.g. state,county,tract")
+    return levels
+
+
+def _tree(args: argparse.Namespace, levels: list[str], synthetic: bool) -> GeographyTree:
+    if args.tree is None:
+        if not synthetic:
+            raise ValueError("--tree FILE is needed with --data: the public table of geography units (one row per "
+                             "finest unit); it is never read from the data, since which units have people is private")
+        from census_workloads.geography import us_tree
+
+        if tuple(levels) not in (("state",), ("state", "county"), ("state", "county", "tract")):
+            raise ValueError("the built-in geography has the levels state, county, tract: give --geography state, "
+                             "state,county or state,county,tract")
+        return us_tree(tuple(levels))
+    path = args.tree
+    if not path.endswith((".csv", ".parquet")):
+        raise ValueError(f"--tree {path}: expected a .csv or .parquet table of units")
+    table = pd.read_parquet(path) if path.endswith(".parquet") else pd.read_csv(path, dtype=str)
+    return GeographyTree.from_table(table.astype({c: str for c in levels if c in table.columns}), levels)
+
+
+def _check_output(path: str | None, engine: str) -> None:
+    if path is None:
+        raise ValueError("--geography writes a Parquet dataset: give --output DIRECTORY (a new one)")
+    if os.path.exists(path):
+        raise ValueError(f"--output {path} exists: give a new directory (a release is never overwritten)")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise ValueError(f"--output {path}: cannot create it in {parent} (no such directory, or not writable)")
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise ValueError("--geography writes Parquet, which needs pyarrow: pip install 'hdmm[parquet]'") from None
+    if engine == "spark":
+        from .georelease.spark import require_spark
+
+        try:
+            require_spark()
+        except (ImportError, RuntimeError) as exc:
+            raise ValueError(str(exc)) from None
+
+
+def _person_strategy(spec: str, named: NamedWorkload):
+    """``--strategy``: ``auto`` (optimized), ``identity``, or a strategy file over the person domain."""
+    if spec == "auto":
+        return "auto"
+    if spec == "identity":
+        return Identity(named.domain.size)
+    strategy = load_strategy(spec)
+    if strategy.shape[1] != named.domain.size:
+        raise ValueError(f"--strategy {spec} is over {strategy.shape[1]:,} cells, the person domain has "
+                         f"{named.domain.size:,}: optimize it for the person workload (without geography)")
+    return strategy
+
+
+def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWorkload) -> None:
+    """Run ``hdmm release --geography`` (module docstring)."""
+    levels = _levels(args.geography)
+    _check_output(args.output, args.engine)
+    if any(level in named.domain.names for level in levels):
+        raise ValueError(f"the workload's domain has a {levels[0]!r} attribute already: use a person workload "
+                         "(e.g. sf1, not sf1-states) with --geography")
+    synthetic = args.data in (None, "synthetic")
+    if synthetic and not (named.data or "").startswith("synthetic"):
+        raise ValueError("this workload has no built-in data: give --data FILE.parquet (or .csv) and --tree")
+    tree = _tree(args, levels, synthetic)
+    released = None if args.levels is None else _levels(args.levels)
+    start = time.perf_counter()
+    if synthetic:
+        from census_workloads.geography import synthetic_persons_in
+
+        records = synthetic_persons_in(args.people, tuple(levels), seed=args.data_seed)
+        data_note = f"{args.people:,} built-in SYNTHETIC people"
+    elif args.engine == "spark" and args.data.endswith(".parquet"):
+        records, data_note = args.data, args.data
+    else:
+        if not args.data.endswith((".csv", ".parquet")):
+            raise ValueError(f"--data {args.data}: expected a .csv or .parquet file of records")
+        records = pd.read_parquet(args.data) if args.data.endswith(".parquet") else pd.read_csv(
+            args.data, dtype={c: str for c in levels})
+        data_note = args.data
+    source = None
+    if not isinstance(records, str):
+        records = records.astype({c: str for c in levels})
+        source = RecordHistograms.of(tree, named.domain, records, codes=args.codes)
+    invariants = None
+    if args.invariants:
+        if source is None:
+            raise ValueError("--invariants with --engine spark and a Parquet path: not supported yet; read the data "
+                             "with --engine local, or declare the invariants in Python (hdmm.georelease.geo_plan)")
+        totals = source.leaf_totals()
+        invariants = {}
+        for level in _levels(args.invariants):
+            bounds = tree.leaf_bounds(level)
+            sums = np.add.reduceat(totals, bounds[:-1]) if tree.leaves else totals
+            invariants[level] = dict(zip(tree.codes(level), sums.tolist()))
+    read_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    strategy = _person_strategy(args.strategy, named)
+    plan = geo_plan(tree, named.workload, privacy, levels=released, invariants=invariants, seed=args.seed,
+                    strategy=strategy)
+    plan_seconds = time.perf_counter() - start
+    print(f"{named.description} for every unit of {list(tree.levels)} ({sum(tree.sizes):,} units)")
+    print(f"  data: {data_note}")
+    print(plan.describe())
+    if invariants is not None:
+        print("  note: the invariant totals are published exactly, without noise: they are not protected")
+    start = time.perf_counter()
+    if args.engine == "spark":
+        from .georelease.spark import spark_session
+
+        spark = spark_session()
+        data = records if isinstance(records, str) else spark.createDataFrame(records)
+        release_geography(plan, data, engine="spark", seed=args.noise_seed, output=args.output,
+                          domain=named.domain, codes=args.codes, progress=True)
+    else:
+        with tqdm(total=tree.sizes[plan.partition_level], desc="release: measure", unit="partition",
+                  file=sys.stderr, leave=False) as bar:
+            result = release_geography(plan, source, seed=args.noise_seed, progress=lambda text: bar.update())
+        result.save(args.output)
+    print(f"  read data {read_seconds:.1f} s, plan {plan_seconds:.1f} s, release {time.perf_counter() - start:.1f} s")
+    print(f"wrote the answers of {len(plan.levels)} levels to {args.output} (Parquet, partitioned by level; "
+          f"privacy and provenance in {os.path.join(args.output, '_provenance.json')})")
+    if args.noise_seed is not None:
+        print("  note: the noise came from --noise-seed: reproducible, for tests and research only")
+
