@@ -115,6 +115,10 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     """Run ``hdmm release --geography`` (module docstring)."""
     levels = _levels(args.geography)
     _check_output(args.output, args.engine)
+    if args.postprocess not in (None, "nonnegative"):
+        raise ValueError("--geography releases least squares or --postprocess nonnegative (top down), not integer")
+    if args.postprocess and args.engine == "spark":
+        raise ValueError("--postprocess nonnegative runs on the local engine only: drop --engine spark")
     if any(level in named.domain.names for level in levels):
         raise ValueError(f"the workload's domain has a {levels[0]!r} attribute already: use a person workload "
                          "(e.g. sf1, not sf1-states) with --geography")
@@ -174,7 +178,11 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     else:
         with tqdm(total=tree.sizes[plan.partition_level], desc="release: measure", unit="partition",
                   file=sys.stderr, leave=False) as bar:
-            result = release_geography(plan, source, seed=args.noise_seed, progress=lambda text: bar.update())
+            result = release_geography(plan, source, seed=args.noise_seed, postprocess=args.postprocess,
+                                       progress=lambda text: bar.update())
+        if result.change is not None:
+            print("  non-negative estimates (top down) moved the answers by RMSE " + ", ".join(
+                f"{tree.levels[d]} {v:.3g}" for d, v in result.change.items()))
         result.save(args.output)
     print(f"  read data {read_seconds:.1f} s, plan {plan_seconds:.1f} s, release {time.perf_counter() - start:.1f} s")
     print(f"wrote the answers of {len(plan.levels)} levels to {args.output} (Parquet, partitioned by level; "

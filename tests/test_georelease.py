@@ -240,3 +240,55 @@ def test_data_refusals_come_before_any_noise(monkeypatch):
     with pytest.raises(ValueError, match="unknown engine"):
         release_geography(geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP), ArrayHistograms(H), engine="dask")
     assert calls == []
+
+
+# ====================================================================== non-negative estimates
+@pytest.mark.parametrize("seed", range(5))
+def test_simplex_projection_meets_its_optimality_conditions(seed):
+    from hdmm.georelease.nonneg import simplex_projection
+
+    rng = np.random.default_rng(seed)
+    V = rng.normal(size=(int(rng.integers(1, 6)), 40)) * 3
+    totals = np.abs(rng.normal(size=40)) * 4
+    totals[:3] = 0.0
+    P = simplex_projection(V, totals)
+    assert np.all(P >= 0)
+    np.testing.assert_allclose(P.sum(axis=0), totals, atol=1e-12)
+    for j in range(V.shape[1]):  # KKT: V - P is one threshold on the support and >= V off it
+        positive = P[:, j] > 0
+        if positive.any():
+            theta = (V[:, j] - P[:, j])[positive]
+            np.testing.assert_allclose(theta, theta[0], atol=1e-12)
+            assert np.all(V[~positive, j] <= theta[0] + 1e-12)
+
+
+def test_nonnegative_release_is_consistent_and_reports_its_change():
+    tree = small_country(4)
+    H = sp.csr_matrix(np.random.default_rng(2).integers(0, 3, size=(tree.leaves, DOMAIN.size)).astype(float))
+    total = float(H.sum())
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.3), strategy=AP, invariants={"nation": {"US": total}})
+    ls = release_geography(plan, ArrayHistograms(H), seed=9)
+    nn = release_geography(plan, ArrayHistograms(H), seed=9, postprocess="nonnegative")
+    assert nn.postprocess == "nonnegative" and set(nn.change) == set(plan.levels)
+    assert nn.totals("nation")[0] == pytest.approx(total, rel=1e-12)
+    for d in plan.levels:
+        assert np.all(nn.answers(d) >= -1e-9) and np.all(nn.totals(d) >= -1e-9)
+        rms = np.sqrt(np.mean((nn.answers(d) - ls.answers(d)) ** 2))
+        assert nn.change[d] == pytest.approx(rms, rel=1e-9)
+    for d in range(tree.depth):
+        children = np.add.reduceat(nn.estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
+        np.testing.assert_allclose(nn.estimates[d], children, rtol=1e-9, atol=1e-8)
+    assert np.any(ls.answers(3) < 0)  # the post-processing had something to do
+
+
+def test_nonnegative_refusals_come_before_noise(monkeypatch):
+    tree = small_country()
+    H = sp.csr_matrix(np.ones((tree.leaves, DOMAIN.size)))
+    calls = _count_noise(monkeypatch)
+    totals = {f"s{s}": float(H[tree.leaf_bounds(1)[s]:tree.leaf_bounds(1)[s + 1]].sum()) for s in range(3)}
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, invariants={"state": totals})
+    with pytest.raises(GeographyError, match="invariants below the root"):
+        release_geography(plan, ArrayHistograms(H), postprocess="nonnegative")
+    with pytest.raises(ValueError, match="local engine only"):
+        release_geography(plan, ArrayHistograms(H), engine="spark", postprocess="nonnegative")
+    assert calls == []

@@ -32,7 +32,8 @@ import pandas as pd
 
 from .passes import Partition, TreePasses, partition_down, partition_up, top_passes
 from .plan import GeoPlan
-from .steps import apply_invariants, measure_top, provenance
+from .nonneg import check_nonnegative, nonnegative_estimates
+from .steps import apply_invariants, invariant_multipliers, measure_top, provenance
 from .units import HistogramSource, check_source, measure_partition
 
 __all__ = ["GeoRelease", "release_geography", "ENGINES"]
@@ -53,12 +54,19 @@ class GeoRelease:
         Whether the noise came from a seed (reproducible: for tests and research only).
     timings : dict
         Seconds per step.
+    postprocess : str or None
+        ``"nonnegative"`` for the top-down non-negative estimates (:mod:`hdmm.georelease.nonneg`).
+    change : dict or None
+        With ``postprocess``: per level, the RMSE of the answers' change from least squares (the
+        error the post-processing may add; the standard errors are those of least squares).
     """
 
     plan: GeoPlan
     estimates: dict[int, np.ndarray]
     seeded: bool
     timings: dict[str, float] = field(default_factory=dict)
+    postprocess: str | None = None
+    change: dict[int, float] | None = None
 
     def answers(self, level: str | int) -> np.ndarray:
         """``units x queries`` answers of a released level."""
@@ -147,7 +155,8 @@ def write_parquet(path, tables, meta: dict) -> None:
 
 
 def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "local", seed: int | None = None,
-                      progress: bool | Callable[[str], None] = False, **engine_options):
+                      postprocess: str | None = None, progress: bool | Callable[[str], None] = False,
+                      **engine_options):
     """Release ``plan`` on ``data`` (module docstring).
 
     Parameters
@@ -163,6 +172,9 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
     seed
         ``None`` (default): noise from fresh OS entropy, as a real release must. An int: every
         unit's noise from a stream derived from the seed and the unit (for tests and research only).
+    postprocess
+        ``None`` (least squares) or ``"nonnegative"`` (local engine: top-down non-negative
+        estimates, :mod:`hdmm.georelease.nonneg`; the change it makes is reported).
 
     Returns
     -------
@@ -174,12 +186,18 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
         raise TypeError(f"plan must be a GeoPlan (from geo_plan), got {type(plan).__name__}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
         raise TypeError(f"seed must be None (OS entropy, for real releases) or an int, got {seed!r}")
+    if postprocess not in (None, "nonnegative"):
+        raise ValueError(f"postprocess must be None or 'nonnegative', got {postprocess!r}")
     if engine == "spark":
+        if postprocess is not None:
+            raise ValueError("non-negative estimates run on the local engine only (engine='local')")
         from .spark import release_spark
         return release_spark(plan, data, seed=seed, progress=progress, **engine_options)
     if engine_options:
         raise TypeError(f"the local engine takes no options {sorted(engine_options)}")
-    return _release_local(plan, data, seed=seed, progress=progress)
+    if postprocess == "nonnegative":
+        check_nonnegative(plan)
+    return _release_local(plan, data, seed=seed, progress=progress, postprocess=postprocess)
 
 
 def _say(progress) -> Callable[[str], None]:
@@ -190,8 +208,10 @@ def _say(progress) -> Callable[[str], None]:
     return lambda text: None
 
 
-def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, progress) -> GeoRelease:
+def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, progress,
+                   postprocess: str | None = None) -> GeoRelease:
     say = _say(progress)
+    space = "measurements" if postprocess == "nonnegative" else "answers"
     tree, P = plan.tree, plan.partition_level
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -202,24 +222,34 @@ def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, 
     for i, part in enumerate(parts):
         lo, hi = part.leaves()
         H = source.histograms(lo, hi)
-        own = measure_partition(plan, part, H, seed)
+        own = measure_partition(plan, part, H, seed, space)
         owns.append(own)
         g_own.append(partition_up(passes, part, own))
         roots.append(np.asarray(H.sum(axis=0)).ravel())
         say(f"  measured {tree.label(P, part.unit)} ({i + 1}/{len(parts)})")
     timings["measure"] = time.perf_counter() - start
     start = time.perf_counter()
-    estimates = finish(plan, passes, parts, np.vstack(g_own), np.vstack(roots), owns, seed)
+    estimates = finish(plan, passes, parts, np.vstack(g_own), np.vstack(roots), owns, seed, space)
     timings["estimate"] = time.perf_counter() - start
-    return GeoRelease(plan, estimates, seeded=seed is not None, timings=timings)
+    if postprocess is None:
+        apply_invariants(plan, estimates)
+        return GeoRelease(plan, {d: estimates[d] for d in plan.levels}, seeded=seed is not None, timings=timings)
+    start = time.perf_counter()
+    u = plan.person.strategy.pinv().T @ np.ones(plan.person.cells)  # 1^T A_p^+: a unit's total from z
+    lam = invariant_multipliers(plan, lambda d, units: estimates[d][units] @ u)
+    result = nonnegative_estimates(plan, estimates, lam)
+    timings["non-negative"] = time.perf_counter() - start
+    out = {d: np.column_stack([result.answers[d], result.totals[d]]) for d in plan.levels}
+    return GeoRelease(plan, out, seeded=seed is not None, timings=timings, postprocess=postprocess,
+                      change=result.change)
 
 
 def finish(plan: GeoPlan, passes: TreePasses, parts: list[Partition], g_own: np.ndarray, roots: np.ndarray,
-           owns, seed: int | None) -> dict[int, np.ndarray]:
-    """Steps 3 to 5 for the local engine: top, second passes, invariants."""
+           owns, seed: int | None, space: str = "answers") -> dict[int, np.ndarray]:
+    """Steps 3 and 4 for the local engine: the top and the second passes (every level to the finest measured)."""
     tree, P = plan.tree, plan.partition_level
     k = g_own.shape[1]
-    c, t = top_passes(passes, P, g_own, measure_top(plan, roots, seed))
+    c, t = top_passes(passes, P, g_own, measure_top(plan, roots, seed, space))
     estimates = {d: np.empty((tree.sizes[d], k)) for d in range(passes.finest + 1)}
     for part, own in zip(parts, owns):
         for d, values in partition_down(passes, part, own, c[part.unit:part.unit + 1],
@@ -228,5 +258,4 @@ def finish(plan: GeoPlan, passes: TreePasses, parts: list[Partition], g_own: np.
             estimates[d][lo:hi] = values
     for d in range(P - 1, -1, -1):
         estimates[d] = np.add.reduceat(estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
-    apply_invariants(plan, estimates)
-    return {d: estimates[d] for d in plan.levels}
+    return estimates

@@ -12,28 +12,40 @@ from ..version import HDMM_VERSION
 from .plan import GeoPlan
 from .units import measure_units
 
-__all__ = ["measure_top", "apply_invariants", "provenance"]
+__all__ = ["measure_top", "apply_invariants", "invariant_multipliers", "provenance"]
 
 
-def measure_top(plan: GeoPlan, roots: np.ndarray, seed: int | None) -> dict[int, np.ndarray]:
+def measure_top(plan: GeoPlan, roots: np.ndarray, seed: int | None, space: str = "answers") -> dict[int, np.ndarray]:
     """Measure the units of the measured levels above the partition level from the partition roots' histograms."""
     tree, P = plan.tree, plan.partition_level
     own, X = {}, sp.csr_matrix(roots)
     for d in range(P - 1, -1, -1):
         X = sp.csr_matrix(np.add.reduceat(X.toarray(), tree.child_bounds(d)[:-1], axis=0))
         if plan.level_weights[d] > 0:
-            own[d] = measure_units(plan, d, 0, X, seed)
+            own[d] = measure_units(plan, d, 0, X, seed, space)
     return own
 
 
-def apply_invariants(plan: GeoPlan, estimates: dict[int, np.ndarray]) -> None:
-    """Move every estimate by the invariants' correction, in place (:mod:`hdmm.georelease.invariants`)."""
+def invariant_multipliers(plan: GeoPlan, totals_of) -> dict[int, np.ndarray] | None:
+    r"""The invariants' multipliers :math:`\lambda` per level (``None`` without invariants), from
+    ``totals_of(level, units)``, the least-squares totals of those units."""
     inv = plan.invariants
     if inv is None:
+        return None
+    estimated = np.empty(inv.units)
+    for d in np.unique(inv.levels).tolist():
+        mask = inv.levels == d
+        estimated[mask] = totals_of(d, inv.units_at[mask])
+    return inv.multipliers(plan.tree, plan.solver, estimated, plan.total_direction[1])
+
+
+def apply_invariants(plan: GeoPlan, estimates: dict[int, np.ndarray]) -> None:
+    """Move every estimate (answers and total) by the invariants' correction, in place
+    (:mod:`hdmm.georelease.invariants`)."""
+    lam = invariant_multipliers(plan, lambda d, units: estimates[d][units, -1])
+    if lam is None:
         return
-    estimated = np.array([estimates[d][u, -1] for d, u in zip(inv.levels.tolist(), inv.units_at.tolist())])
     h, gamma = plan.total_direction
-    lam = inv.multipliers(plan.tree, plan.solver, estimated, gamma)
     direction = np.append(h, gamma)
     for d in estimates:
         estimates[d] -= np.outer(lam[d], direction)

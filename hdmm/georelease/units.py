@@ -150,14 +150,33 @@ def unit_histograms(tree: GeographyTree, part: Partition, level: int, H: sp.csr_
     return (S @ H).tocsr()
 
 
-def measure_units(plan: GeoPlan, level: int, first: int, X: sp.csr_matrix | np.ndarray, seed: int | None) -> np.ndarray:
-    """The own estimates :math:`e_u` (``units x (queries + 1)``) of units ``first, first + 1, ...`` of ``level``.
+#: The spaces a unit's own estimate can be held in: the person answers and the unit's total
+#: (``queries + 1`` numbers), or the person strategy's answers divided by the level weight.
+SPACES = ("answers", "measurements")
 
-    Each unit is measured by the kernel (:func:`hdmm.measure`) with its own noise stream.
+
+def measure_units(plan: GeoPlan, level: int, first: int, X: sp.csr_matrix | np.ndarray, seed: int | None,
+                  space: str = "answers") -> np.ndarray:
+    r"""The own estimates :math:`e_u` of units ``first, first + 1, ...`` of ``level``, one row per unit.
+
+    Each unit is measured by the kernel (:func:`hdmm.measure`) with its own noise stream. In the
+    ``"answers"`` space a row is :math:`(W_p\hat x_u, \mathbf 1^T\hat x_u)`; in the ``"measurements"``
+    space it is :math:`y_u / w_l` (whose image under :math:`A_p^+` is :math:`\hat x_u`), for
+    estimates that need the cells afterwards (:mod:`hdmm.georelease.nonneg`).
     """
     unit = plan.unit_plan(level)
     W = plan.person.workload
     name, codes = plan.tree.levels[level], plan.tree.codes(level)
+    if space == "measurements":
+        out = np.empty((X.shape[0], plan.person.strategy.shape[0]))
+        w = float(plan.level_weights[level])
+        for i in range(X.shape[0]):
+            x = X[i].toarray().ravel() if sp.issparse(X) else np.asarray(X[i], dtype=float)
+            rng = None if seed is None else unit_seed(seed, name, codes[first + i])
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="the data vector is all zeros")
+                out[i] = measure(unit, x, rng=rng).answers / w
+        return out
     out = np.empty((X.shape[0], plan.queries + 1))
     for i in range(X.shape[0]):
         x = X[i].toarray().ravel() if sp.issparse(X) else np.asarray(X[i], dtype=float)
@@ -171,10 +190,11 @@ def measure_units(plan: GeoPlan, level: int, first: int, X: sp.csr_matrix | np.n
     return out
 
 
-def measure_partition(plan: GeoPlan, part: Partition, H: sp.csr_matrix, seed: int | None) -> dict[int, np.ndarray]:
+def measure_partition(plan: GeoPlan, part: Partition, H: sp.csr_matrix, seed: int | None,
+                      space: str = "answers") -> dict[int, np.ndarray]:
     """Every measured unit of the partition at levels ``P..l*``: their own estimates, level by level."""
     own = {}
     for d in plan.measured:
         if d >= part.level:
-            own[d] = measure_units(plan, d, part.range(d)[0], unit_histograms(plan.tree, part, d, H), seed)
+            own[d] = measure_units(plan, d, part.range(d)[0], unit_histograms(plan.tree, part, d, H), seed, space)
     return own

@@ -1,0 +1,158 @@
+r"""Non-negative estimates over the tree, top down: each unit's cells sum to its parent's.
+
+The least-squares estimate of a unit's histogram :math:`\hat x_u` can hold negative counts. The
+non-negative estimate is made top down, one parent at a time:
+
+* the root: :math:`x^+_{\text{root}} = \max(\hat x_{\text{root}}, 0)`, or, when the root's total
+  is an invariant ``c``, the Euclidean projection of :math:`\hat x_{\text{root}}` onto
+  :math:`\{x \ge 0, \mathbf 1^Tx = c\}`;
+* the children :math:`c_1..c_k` of a unit ``u``, cell by cell: the vector
+  :math:`(\hat x_{c_1}[j], \dots, \hat x_{c_k}[j])` is projected onto the scaled simplex
+  :math:`\{v \ge 0, \sum_i v_i = x^+_u[j]\}` (:func:`simplex_projection`), so the children are
+  non-negative and add up to their parent exactly (up to rounding) in every cell.
+
+Each step is a Euclidean projection, so it moves the estimate as little as possible; the
+answers move by what :attr:`NonNegative.change` reports (RMSE of the change per level). The
+walk is depth first, holding the cells of one path and of one family of children at a time.
+Invariants below the root are not combined with non-negativity (each family would need a
+transportation projection); such plans are refused.
+
+>>> V = np.array([[3.0, -1.0], [1.0, 2.0]])      # two children, two cells
+>>> simplex_projection(V, np.array([2.0, 1.0])).tolist()
+[[2.0, 0.0], [0.0, 1.0]]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..geography import GeographyError
+from .plan import GeoPlan
+
+__all__ = ["simplex_projection", "NonNegative", "check_nonnegative", "nonnegative_estimates", "MAX_FAMILY_CELLS",
+           "MAX_HELD_MEASUREMENTS"]
+
+#: Largest ``children x cells`` one family may hold in memory (doubles): 2**28, 2 GiB.
+MAX_FAMILY_CELLS = 2**28
+
+#: Largest number of strategy answers (every unit's, doubles) held for the top-down pass: 2**30, 8 GiB.
+MAX_HELD_MEASUREMENTS = 2**30
+
+
+def simplex_projection(V: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    r"""Each column of ``V`` projected onto :math:`\{v \ge 0, \sum_i v_i = t_j\}` (Euclidean).
+
+    The projection is :math:`\max(v - \theta, 0)` with the threshold :math:`\theta` found from
+    the sorted column (the largest ``r`` with :math:`u_r > (\sum_{i \le r} u_i - t)/r`).
+    """
+    V = np.asarray(V, dtype=float)
+    t = np.asarray(totals, dtype=float)
+    if np.any(t < 0):
+        raise ValueError("simplex totals must be >= 0")
+    k = V.shape[0]
+    U = -np.sort(-V, axis=0)
+    excess = np.cumsum(U, axis=0) - t
+    r = np.arange(1, k + 1)[:, None]
+    ok = U - excess / r > 0
+    last = k - 1 - np.argmax(ok[::-1], axis=0)            # largest r with ok (0-based)
+    theta = excess[last, np.arange(V.shape[1])] / (last + 1)
+    theta = np.where(ok.any(axis=0), theta, U[0])        # total 0: everything to 0
+    return np.maximum(V - theta, 0.0)
+
+
+@dataclass(frozen=True)
+class NonNegative:
+    """Non-negative answers per released level and the RMSE of their change from least squares."""
+
+    answers: dict[int, np.ndarray]
+    totals: dict[int, np.ndarray]
+    change: dict[int, float]
+
+
+def check_nonnegative(plan: GeoPlan) -> None:
+    """Refuse, before any noise, a plan whose non-negative estimates this module cannot make in memory."""
+    tree, inv = plan.tree, plan.invariants
+    if inv is not None and np.any(inv.levels > 0):
+        raise GeographyError("non-negative estimates with invariants below the root are not supported: hold only "
+                             "the national total, or release least-squares estimates (postprocess=None)")
+    deepest = max(plan.levels)
+    for d in range(deepest):
+        widest = int(np.diff(tree.child_bounds(d)).max())
+        if widest * plan.person.cells > MAX_FAMILY_CELLS:
+            raise GeographyError(
+                f"non-negative estimates hold a family's cells at once: {widest:,} children of one "
+                f"{tree.levels[d]} x {plan.person.cells:,} cells is more than {MAX_FAMILY_CELLS:,}; release "
+                f"least-squares estimates, or non-negative ones down to a coarser level"
+            )
+    held = sum(tree.sizes[d] for d in range(plan.solver.finest + 1)) * plan.person.strategy.shape[0]
+    if held > MAX_HELD_MEASUREMENTS:
+        raise GeographyError(
+            f"non-negative estimates hold every unit's strategy answers ({held:,} numbers, more than "
+            f"{MAX_HELD_MEASUREMENTS:,}); release least-squares estimates, or non-negative ones for fewer levels"
+        )
+
+
+def nonnegative_estimates(plan: GeoPlan, z: dict[int, np.ndarray], lam: dict[int, np.ndarray] | None
+                          ) -> NonNegative:
+    """Top-down non-negative answers from the least-squares estimates ``z`` in measurement space.
+
+    ``z[d]`` holds every unit of level ``d`` (``units x rows of A_p``) and ``lam`` the invariant
+    multipliers (:mod:`hdmm.georelease.invariants`) or ``None``.
+    """
+    check_nonnegative(plan)
+    tree, A, inv = plan.tree, plan.person.strategy, plan.invariants
+    deepest = max(plan.levels)
+    pinv, W = A.pinv(), plan.person.workload
+    g = None if lam is None else pinv @ (pinv.T @ np.ones(A.shape[1]))  # G_p^+ 1
+
+    def cells(d: int, units: np.ndarray) -> np.ndarray:
+        X = np.vstack([pinv @ z[d][u] for u in units.tolist()])  # one vector at a time: faster than a block
+        if g is not None:
+            X -= np.outer(lam[d][units], g)
+        return X
+
+    answers = {d: np.empty((tree.sizes[d], plan.queries)) for d in plan.levels}
+    totals = {d: np.empty(tree.sizes[d]) for d in plan.levels}
+    squared = {d: 0.0 for d in plan.levels}
+
+    def record(d: int, unit: int, x_plus: np.ndarray, x_ls: np.ndarray) -> None:
+        if d in answers:
+            a = W @ x_plus
+            answers[d][unit] = a
+            totals[d][unit] = x_plus.sum()
+            squared[d] += float(np.sum((a - W @ x_ls) ** 2))
+
+    root_ls = cells(0, np.array([0]))[0]
+    root = _project_total(root_ls, float(inv.values[0])) if inv is not None else np.maximum(root_ls, 0.0)
+    record(0, 0, root, root_ls)
+
+    def descend(d: int, unit: int, x_plus: np.ndarray) -> None:
+        if d >= deepest:
+            return
+        lo, hi = tree.child_bounds(d)[unit], tree.child_bounds(d)[unit + 1]
+        children = np.arange(lo, hi)
+        X = cells(d + 1, children)
+        P = simplex_projection(X, x_plus)
+        for i, c in enumerate(children.tolist()):
+            record(d + 1, c, P[i], X[i])
+        del X
+        for i, c in enumerate(children.tolist()):
+            descend(d + 1, c, P[i])
+
+    descend(0, 0, root)
+    change = {d: float(np.sqrt(squared[d] / (tree.sizes[d] * plan.queries))) for d in plan.levels}
+    return NonNegative(answers, totals, change)
+
+
+def _project_total(x: np.ndarray, total: float) -> np.ndarray:
+    """The projection of ``x`` onto :math:`\\{v \\ge 0, \\mathbf 1^Tv = c\\}`."""
+    u = -np.sort(-x)
+    excess = np.cumsum(u) - total
+    r = np.arange(1, x.size + 1)
+    ok = u - excess / r > 0
+    if not ok.any():
+        return np.zeros_like(x)
+    last = int(np.flatnonzero(ok)[-1])
+    return np.maximum(x - excess[last] / (last + 1), 0.0)
