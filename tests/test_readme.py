@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).parent.parent / "README.md"
 
 
@@ -25,3 +27,17 @@ def test_the_readme_python_examples_run(tmp_path, monkeypatch):
     release = namespace["release"]
     assert "weight" in release.table() and (tmp_path / "release.npz").exists()
     assert namespace["answers"].shape == (namespace["W"].shape[0],)
+
+
+def test_the_readme_geography_example_runs(tmp_path, monkeypatch):
+    text = README.read_text()
+    section = text[text.index("## Geography releases"):text.index("## Layout")]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 1
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(blocks[0], str(README), "exec"), namespace)
+    geo, plan = namespace["geo"], namespace["plan"]
+    assert len(geo.table("county")) == 3 * namespace["W"].shape[0]
+    totals = geo.totals("state")
+    assert totals.tolist() == pytest.approx(list(namespace["state_totals"].values()))
