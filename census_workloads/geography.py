@@ -78,7 +78,8 @@ def _split(total: int, shares: np.ndarray) -> np.ndarray:
     return out
 
 
-def us_geography(levels: tuple[str, ...] = _LEVELS, seed: int = 2010) -> pd.DataFrame:
+def us_geography(levels: tuple[str, ...] = _LEVELS, seed: int = 2010, states: tuple[str, ...] | None = None
+                 ) -> pd.DataFrame:
     """The synthetic geography as a table: one row per finest unit, with its (synthetic) population.
 
     Parameters
@@ -87,20 +88,27 @@ def us_geography(levels: tuple[str, ...] = _LEVELS, seed: int = 2010) -> pd.Data
         ``("state",)``, ``("state", "county")`` or ``("state", "county", "tract")`` (default).
     seed
         Seed of the synthetic county populations and tracts (the default is the published one).
+    states
+        Only these states (FIPS codes, e.g. ``("06",)`` for California); default all.
     """
     levels = tuple(levels)
     if levels not in (_LEVELS[:1], _LEVELS[:2], _LEVELS):
         raise ValueError(f"levels must be a prefix of {list(_LEVELS)}, got {list(levels)}")
     table = _geography(int(seed))
+    if states is not None:
+        unknown = sorted(set(states) - set(table["state"]))
+        if unknown:
+            raise ValueError(f"unknown state codes {unknown}: use FIPS codes such as '06'")
+        table = table[table["state"].isin(states)]
     keep = ["state", "state_name", *levels[1:]]
     return table.groupby(keep, sort=True, as_index=False)["population"].sum()
 
 
-def us_tree(levels: tuple[str, ...] = _LEVELS, seed: int = 2010):
+def us_tree(levels: tuple[str, ...] = _LEVELS, seed: int = 2010, states: tuple[str, ...] | None = None):
     """The synthetic geography as a :class:`hdmm.geography.GeographyTree` (root ``nation``, code ``"US"``)."""
     from hdmm.geography import GeographyTree
 
-    return GeographyTree.from_table(us_geography(levels, seed), list(levels), root_code="US",
+    return GeographyTree.from_table(us_geography(levels, seed, states), list(levels), root_code="US",
                                     root_name="United States", names={"state": "state_name"})
 
 
@@ -131,7 +139,7 @@ class SyntheticHistograms:
     """Each tract's (or finest unit's) histogram over the CPH domain, drawn directly (no records).
 
     For benchmarks at scale: ``people`` synthetic persons are spread over the leaves of the
-    geography in proportion to their populations, and each leaf's histogram is drawn from the
+    geography (of ``states`` only, if given) in proportion to their populations, and each leaf's histogram is drawn from the
     model of :mod:`census_workloads.synthetic` when asked for, from a stream seeded by ``seed``
     and the leaf, so any engine and any order of work sees the same data. A
     :class:`hdmm.georelease.units.HistogramSource`.
@@ -141,10 +149,11 @@ class SyntheticHistograms:
     levels: tuple[str, ...] = _LEVELS
     seed: int = 0
     geography_seed: int = 2010
+    states: tuple[str, ...] | None = None
     _totals: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self):
-        table = us_geography(self.levels, self.geography_seed)
+        table = us_geography(self.levels, self.geography_seed, self.states)
         rng = np.random.default_rng([self.seed, 0])
         shares = table["population"].to_numpy() / table["population"].sum()
         object.__setattr__(self, "_totals", rng.multinomial(self.people, shares).astype(float))
