@@ -94,6 +94,10 @@ def test_level_weights_only_measure_what_helps():
 
 
 # ====================================================================== engine against dense numpy
+UNION_AP = hdmm.matrix.VStack([hdmm.Kronecker([hdmm.Identity(2), hdmm.Prefix(3)]),
+                               hdmm.Kronecker([hdmm.Ones(1, 2), hdmm.Identity(3)])])
+
+
 def _dense_release(tree, plan, H, seed, invariants=None):
     """The constrained least-squares answers of the whole Kronecker strategy, densely."""
     A_tree = TreeStrategy(tree, plan.level_weights)
@@ -103,7 +107,7 @@ def _dense_release(tree, plan, H, seed, invariants=None):
         X = tree.aggregate(d, H)
         ys += [hdmm.measure(unit, X[u], rng=unit_seed(seed, tree.levels[d], tree.codes(d)[u])).answers
                for u in range(tree.sizes[d])]
-    A = np.kron(A_tree.dense(), AP.dense())
+    A = np.kron(A_tree.dense(), plan.person.strategy.dense())
     cov = plan.noise_variance * np.linalg.pinv(A.T @ A)
     xhat = np.linalg.pinv(A) @ np.concatenate(ys)
     if invariants is not None:
@@ -115,16 +119,17 @@ def _dense_release(tree, plan, H, seed, invariants=None):
     return xhat.reshape(tree.leaves, DOMAIN.size), cov
 
 
-@pytest.mark.parametrize("privacy", [hdmm.PureDP(1.0), hdmm.ZCDP(0.5), hdmm.ApproxDP(1.0, 1e-6)])
+@pytest.mark.parametrize("privacy, strategy", [(hdmm.PureDP(1.0), AP), (hdmm.ZCDP(0.5), AP),
+                                               (hdmm.ApproxDP(1.0, 1e-6), AP), (hdmm.PureDP(1.0), UNION_AP)])
 @pytest.mark.parametrize("with_invariants", [False, True])
-def test_local_engine_equals_dense_least_squares(privacy, with_invariants):
+def test_local_engine_equals_dense_least_squares(privacy, strategy, with_invariants):
     tree = small_country()
     H = np.random.default_rng(3).integers(0, 5, size=(tree.leaves, DOMAIN.size)).astype(float)
     invariants = None
     if with_invariants:
         b = tree.leaf_bounds(1)
         invariants = {"state": {f"s{s}": float(H[b[s]:b[s + 1]].sum()) for s in range(3)}}
-    plan = geo_plan(tree, WP, privacy, strategy=AP, invariants=invariants,
+    plan = geo_plan(tree, WP, privacy, strategy=strategy, invariants=invariants,
                     level_weights="auto" if privacy.norm == 2 else [1.0, 1.0, 2.0, 3.0])
     release = release_geography(plan, ArrayHistograms(sp.csr_matrix(H)), seed=7)
     Xhat, cov = _dense_release(tree, plan, H, 7, invariants)

@@ -30,6 +30,8 @@ import scipy.sparse as sp
 from ..domain import Domain
 from ..geography import GeographyError, GeographyTree
 from ..kernel import measure
+from ..kron_union import FactorMismatchError, kron_union
+from ..matrix import Explicit, Kronecker, Matrix, VStack, Weighted
 from ..mechanism import reconstruct
 from .passes import Partition
 from .plan import GeoPlan
@@ -155,6 +157,32 @@ def unit_histograms(tree: GeographyTree, part: Partition, level: int, H: sp.csr_
 SPACES = ("answers", "measurements")
 
 
+def answer_operator(plan: GeoPlan) -> Matrix | None:
+    r""":math:`[W_p; \mathbf 1^T]\,A_p^+` as one union of Kronecker products, or ``None`` if ``A_p`` is no Kronecker product.
+
+    For :math:`A_p = c \bigotimes_j A_j` and a workload term :math:`\bigotimes_j W_{ij}`, the term of
+    :math:`W_pA_p^+` is :math:`c^{-1}\bigotimes_j (W_{ij}A_j^+)`, small dense factors applied to the
+    strategy's answers directly: no cell vector, and the attributes the strategy sums over (a
+    total factor) cost nothing. Built once per plan.
+    """
+    structure = plan.person.structure
+    if structure.form != "kronecker":
+        return None
+    c, a_factors = structure.union.term(0)
+    try:
+        wu = kron_union(plan.person.workload).align([f.shape[1] for f in a_factors])
+    except FactorMismatchError:
+        return None
+    pinvs = [np.asarray(f.pinv().dense()) for f in a_factors]
+    products = [[Explicit(np.asarray(F.dense()) @ pinvs[i]) for F in wu.factors[i]] for i in range(len(pinvs))]
+    terms = []
+    for j in range(wu.num_terms):
+        factors = [products[i][wu.index[j, i]] for i in range(len(pinvs))]
+        terms.append(Weighted(Kronecker(factors), float(wu.weights[j]) / c))
+    total = Weighted(Kronecker([Explicit(p.sum(axis=0, keepdims=True)) for p in pinvs]), 1.0 / c)
+    return VStack(terms + [total])
+
+
 def measure_units(plan: GeoPlan, level: int, first: int, X: sp.csr_matrix | np.ndarray, seed: int | None,
                   space: str = "answers") -> np.ndarray:
     r"""The own estimates :math:`e_u` of units ``first, first + 1, ...`` of ``level``, one row per unit.
@@ -178,13 +206,21 @@ def measure_units(plan: GeoPlan, level: int, first: int, X: sp.csr_matrix | np.n
                 out[i] = measure(unit, x, rng=rng).answers / w
         return out
     out = np.empty((X.shape[0], plan.queries + 1))
+    if "answer operator" not in plan._cache:
+        plan._cache["answer operator"] = answer_operator(plan)
+    fast = plan._cache["answer operator"]
+    w = float(plan.level_weights[level])
     for i in range(X.shape[0]):
         x = X[i].toarray().ravel() if sp.issparse(X) else np.asarray(X[i], dtype=float)
         rng = None if seed is None else unit_seed(seed, name, codes[first + i])
         with warnings.catch_warnings():
             # an empty unit is legitimate, and which units are empty is private: say nothing
             warnings.filterwarnings("ignore", message="the data vector is all zeros")
-            xhat = reconstruct(unit, measure(unit, x, rng=rng))
+            measured = measure(unit, x, rng=rng)
+        if fast is not None:
+            out[i] = fast @ (measured.answers / w)
+            continue
+        xhat = reconstruct(unit, measured)
         out[i, :-1] = W @ xhat
         out[i, -1] = xhat.sum()
     return out
