@@ -352,7 +352,7 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot record {type(value).__name__} in provenance")
 
 
-def _provenance(args: argparse.Namespace, named: NamedWorkload, source: str, records: int, result: Release,
+def _provenance(args: argparse.Namespace, named: NamedWorkload, source: str, records: int | None, result: Release,
                 strategy: dict[str, Any], level: float) -> dict[str, Any]:
     """What a release file records: the release's own provenance, and how the command made it."""
     base = result.provenance()
@@ -410,13 +410,24 @@ def release(args: argparse.Namespace) -> None:
                **{k: v for k, v in result.timings.items() if k not in ("data", "plan", "optimize")}}
     result = dataclasses.replace(result, timings=timings)
 
+    # only differentially private or public numbers are printed: the record count, the time spent
+    # reading the records and the true answers are shown for synthetic data or with --evaluate
+    public = source == "synthetic" or args.evaluate
+    if not public:
+        result = dataclasses.replace(result, timings={k: v for k, v in result.timings.items() if k != "read data"})
     table = result.table()
     print(f"{named.description}: {named.workload.shape[0]:,} queries over {named.domain.size:,} cells")
-    print(f"  data: {len(records):,} records ({'built-in ' + source if built_in else source})")
+    if public:
+        kind = "built-in SYNTHETIC " + source if source == "synthetic" else source + ", shown by --evaluate: NOT private"
+        print(f"  data: {len(records):,} records ({kind})")
+    else:
+        print(f"  data: {'built-in ' + source if built_in else source} (the number of records is private and not shown; "
+              "--evaluate shows it and the true error, for evaluation only)")
     print(result.summary())
-    if built_in:
+    if public:
         truth = result.workload @ x  # the queries released (a weighted workload's queries, unweighted)
-        print(f"  RMSE against the true answers of this built-in data: {_format(np.sqrt(np.mean((result.answers - truth) ** 2)))}")
+        print(f"  RMSE against the true answers ({'synthetic data' if source == 'synthetic' else 'NOT private'}): "
+              f"{_format(np.sqrt(np.mean((result.answers - truth) ** 2)))}")
     print()
     print(_per_table_rmse(result.workload, result.std_errors**2).to_string(index=False, float_format=_format))
     print()
@@ -425,7 +436,8 @@ def release(args: argparse.Namespace) -> None:
         print(f"... {len(table):,} rows; write them all with --output FILE.csv or FILE.parquet")
     else:
         level = float(table.attrs.get("level", 0.95))
-        written = _write(table, args.output, _provenance(args, named, source, len(records), result, provenance, level))
+        written = _write(table, args.output, _provenance(args, named, source, len(records) if public else None, result,
+                                                         provenance, level))
         print(f"wrote {len(table):,} rows to {args.output}"
               + ("" if len(written) == 1 else f"; privacy, strategy and hdmm version to {written[1]}"))
 
@@ -585,6 +597,9 @@ def parser() -> argparse.ArgumentParser:
                    ".parquet file (provenance in its metadata; needs pyarrow)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file (the release in it "
                    "is lost)")
+    p.add_argument("--evaluate", action="store_true", help="also show the number of records, the time spent reading "
+                   "them and the RMSE against the true answers: NOT differentially private, for evaluation on "
+                   "synthetic or public data only (always shown for the built-in synthetic data)")
     _add_search(p)
     add_geography_options(p)
     p.set_defaults(run=release)

@@ -177,7 +177,7 @@ def test_csv_release_records_its_provenance_next_to_it(files, capsys):
     record = json.loads((tmp / "r.csv.json").read_text())
     assert record["privacy"] == {"type": "PureDP", "epsilon": 1.0}
     assert record["strategy"]["origin"] == "identity" and record["hdmm_version"] == hdmm.__version__
-    assert record["data"]["records"] == 200 and record["noise_seed"] == 1
+    assert record["data"]["records"] is None and record["noise_seed"] == 1  # the record count is private
     assert record["workload"]["queries"] == 16 and record["noise_scale"] == pytest.approx(1.0)
     assert not [p for p in tmp.iterdir() if p.name.startswith(".")]  # no temporary files left
     # --overwrite replaces both files
@@ -276,3 +276,14 @@ def test_run_on_an_empty_dataframe_warns():
     records = pd.DataFrame({"a": pd.Series([], dtype=int)})
     with pytest.warns(UserWarning, match="no records"):
         hdmm.run(hdmm.Identity(3), records, hdmm.PureDP(1.0), strategy=hdmm.Identity(3), domain=domain, rng=0)
+
+
+def test_real_data_releases_print_nothing_private(files, capsys):
+    tmp, workload, data = files
+    assert main(release(workload, data, "--noise-seed", "1")) == 0
+    out = capsys.readouterr().out
+    assert "200" not in out.split("Release of")[0] and "is private and not shown" in out
+    assert "true answers" not in out and "read data" not in out
+    assert main(release(workload, data, "--noise-seed", "1", "--evaluate")) == 0
+    out = capsys.readouterr().out
+    assert "200 records" in out and "NOT private" in out and "RMSE against the true answers" in out
