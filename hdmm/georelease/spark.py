@@ -119,11 +119,17 @@ def _schema_units():
 G_ROW, ROOT_ROW = -1, -2
 
 
+_NO_INDEX = np.zeros(0, dtype=np.int64)
+
+#: Units per pandas frame in the answers stage (each unit is ``queries`` rows).
+UNITS_PER_FRAME = 64
+
+
 def _unit_rows(partition: int, vectors: dict[int, np.ndarray], part: Partition) -> list[dict]:
     rows = []
     for d, values in vectors.items():
         lo = part.range(d)[0]
-        rows += [{"partition": partition, "level": d, "unit": lo + i, "index": [], "values": v.tolist()}
+        rows += [{"partition": partition, "level": d, "unit": lo + i, "index": _NO_INDEX, "values": v}
                  for i, v in enumerate(values)]
     return rows
 
@@ -380,23 +386,26 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
                 d = int(d)
                 if d not in std_:
                     continue
-                units = group["unit"].to_numpy()
-                values = np.vstack(group["values"].to_numpy())[:, :-1]
-                tree_var, reduction = std_[d]
-                var = np.outer(tree_var[units], qv)
-                if hg is not None:
-                    values = values - np.outer(lam_[d][units], hg[0])
-                    if reduction is not None:
-                        var = np.maximum(var - p.noise_variance * np.outer(reduction[units], hg[0] ** 2 / hg[1]), 0)
-                q = values.shape[1]
-                codes = np.asarray(p.tree.codes(d), dtype=object)[units]
-                names_ = np.asarray(p.tree.names(d), dtype=object)[units]
-                yield pd.DataFrame({
-                    "code": np.repeat(codes, q), "name": np.repeat(names_, q),
-                    "query": np.tile(np.asarray(labels_, dtype=object), len(units)),
-                    "answer": values.ravel(), "std_error": np.sqrt(var).ravel(),
-                    "level": p.tree.levels[d],
-                })
+                for first in range(0, len(group), UNITS_PER_FRAME):
+                    chunk = group.iloc[first:first + UNITS_PER_FRAME]
+                    units = chunk["unit"].to_numpy()
+                    values = np.vstack(chunk["values"].to_numpy())[:, :-1]
+                    tree_var, reduction = std_[d]
+                    var = np.outer(tree_var[units], qv)
+                    if hg is not None:
+                        values = values - np.outer(lam_[d][units], hg[0])
+                        if reduction is not None:
+                            var = np.maximum(var - p.noise_variance * np.outer(reduction[units], hg[0] ** 2 / hg[1]),
+                                             0)
+                    q = values.shape[1]
+                    codes = np.asarray(p.tree.codes(d), dtype=object)[units]
+                    names_ = np.asarray(p.tree.names(d), dtype=object)[units]
+                    yield pd.DataFrame({
+                        "code": np.repeat(codes, q), "name": np.repeat(names_, q),
+                        "query": np.tile(np.asarray(labels_, dtype=object), len(units)),
+                        "answer": values.ravel(), "std_error": np.sqrt(var).ravel(),
+                        "level": p.tree.levels[d],
+                    })
 
     fine = estimates_df.filter(F.col("level") >= P).filter(F.col("level").isin(released))
     answers = fine.mapInPandas(stage3, out_schema)
