@@ -63,6 +63,7 @@ def test_spark_and_local_engines_agree(spark, country, tmp_path):
                                    output=str(out))
         remote = result.dataframe.toPandas()
     assert len(remote) == len(local) == sum(tree.sizes) * WP.shape[0]
+    assert set(remote["privacy"]) == {"zCDP, rho=0.5"}
     merged = local.merge(remote, on=["level", "code", "query"], suffixes=("_local", "_spark"))
     assert len(merged) == len(local)
     np.testing.assert_allclose(merged["answer_local"], merged["answer_spark"], rtol=1e-12, atol=1e-9)

@@ -126,7 +126,8 @@ def _level_table(plan: GeoPlan, d: int, answers: np.ndarray, std_errors: np.ndar
 
 def write_parquet(path, tables, meta: dict) -> None:
     """Write tables (each one level) as a Parquet dataset partitioned by level, nothing half-written:
-    into ``path.partial`` first, renamed to ``path`` at the end."""
+    into ``path.partial`` first, renamed to ``path`` at the end. Every row names the privacy spent
+    (column ``privacy``, dictionary encoded) and every file holds the provenance (metadata key ``hdmm``)."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -145,7 +146,7 @@ def write_parquet(path, tables, meta: dict) -> None:
         if level is None:
             continue
         table = pa.Table.from_pandas(df.drop(columns=["level"]).assign(
-            query=df["query"].astype(str)), preserve_index=False)
+            query=df["query"].astype(str), privacy=meta["privacy_description"]), preserve_index=False)
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"hdmm": text.encode()})
         os.makedirs(os.path.join(partial, f"level={level}"), exist_ok=True)
         pq.write_table(table, os.path.join(partial, f"level={level}", "part-0.parquet"))

@@ -375,7 +375,9 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     h_gamma = plan.total_direction if inv is not None else None
     labels = [str(x) for x in plan.person.workload.labels]
     aux_b = sc.broadcast((lam, std, h_gamma, labels))
-    out_schema = "code string, name string, query string, answer double, std_error double, level string"
+    out_schema = ("code string, name string, query string, answer double, std_error double, privacy string, "
+                  "level string")
+    spent = plan.privacy.description  # every row says what the release spent (Spark writes many files)
 
     def stage3(batches):
         p = plan_b.value
@@ -403,7 +405,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
                     yield pd.DataFrame({
                         "code": np.repeat(codes, q), "name": np.repeat(names_, q),
                         "query": np.tile(np.asarray(labels_, dtype=object), len(units)),
-                        "answer": values.ravel(), "std_error": np.sqrt(var).ravel(),
+                        "answer": values.ravel(), "std_error": np.sqrt(var).ravel(), "privacy": spent,
                         "level": p.tree.levels[d],
                     })
 
@@ -419,7 +421,8 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
                 "code": np.repeat(np.asarray(tree.codes(d), dtype=object), q),
                 "name": np.repeat(np.asarray(tree.names(d), dtype=object), q),
                 "query": np.tile(np.asarray(labels, dtype=object), tree.sizes[d]),
-                "answer": block.ravel(), "std_error": np.sqrt(var).ravel(), "level": tree.levels[d]}))
+                "answer": block.ravel(), "std_error": np.sqrt(var).ravel(), "privacy": spent,
+                "level": tree.levels[d]}))
     if coarse_rows:
         answers = answers.unionByName(spark.createDataFrame(pd.concat(coarse_rows, ignore_index=True),
                                                             schema=out_schema))
