@@ -157,6 +157,10 @@ def unit_histograms(tree: GeographyTree, part: Partition, level: int, H: sp.csr_
 SPACES = ("answers", "measurements")
 
 
+#: Largest strategy factor (columns) whose pseudo-inverse :func:`answer_operator` forms densely.
+MAX_FACTOR_CELLS = 4096
+
+
 def answer_operator(plan: GeoPlan) -> Matrix | None:
     r""":math:`[W_p; \mathbf 1^T]\,A_p^+` as one union of Kronecker products, or ``None`` if ``A_p`` is no Kronecker product.
 
@@ -169,6 +173,8 @@ def answer_operator(plan: GeoPlan) -> Matrix | None:
     if structure.form != "kronecker":
         return None
     c, a_factors = structure.union.term(0)
+    if max(f.shape[1] for f in a_factors) > MAX_FACTOR_CELLS:  # e.g. one identity over the whole domain
+        return None
     try:
         wu = kron_union(plan.person.workload).align([f.shape[1] for f in a_factors])
     except FactorMismatchError:
