@@ -58,6 +58,11 @@ BLOCK_LIMIT = 4096
 #: largest attribute's classes).
 SCALAR_WORK_LIMIT = 2**31
 SCALAR_TAIL_LIMIT = 2**25
+#: Largest block (in columns) whose trace square root is estimated by stochastic Lanczos
+#: quadrature (its probes hold a few vectors of this length each); a larger block contributes
+#: the lower bound :math:`\|W\|_* \ge (\sum_j \|W_j\|_*^2)^{1/2}` over its Kronecker terms
+#: :math:`W_j` instead (docs/math.md, section 5.4), and the bound is no longer exact.
+SLQ_MAX_N = 2**21
 #: Largest block solved by a dense eigensolver by default (the solve costs the cube of the block
 #: size); larger blocks are estimated.
 EXACT_LIMIT = 8192
@@ -79,7 +84,8 @@ class SVDBound:
     value : float
         The bound, in units of total squared error under ``privacy``.
     exact : bool
-        Whether ``value`` is exact, or an estimate (stochastic Lanczos quadrature).
+        Whether ``value`` is exact, or an estimate (stochastic Lanczos quadrature), or a weaker
+        but still valid lower bound (blocks too large to estimate; ``method`` says so).
     stderr : float
         Standard error of the estimate (0 when exact).
     privacy : Privacy
@@ -106,18 +112,19 @@ class SVDBound:
         return math.sqrt(self.value / self.queries)
 
     def __repr__(self) -> str:
-        est = "exact" if self.exact else f"estimate +/- {self.stderr:.3g}"
+        est = "exact" if self.exact else f"estimate +/- {self.stderr:.3g}" if self.stderr else "weaker lower bound"
         return (f"SVDBound(total squared error {self.value:.6g}, RMSE {self.rmse:.6g}, {est}, {self.method}, "
                 f"{self.privacy.description})")
 
 
 @dataclass(frozen=True)
 class _Norm:
-    """A nuclear norm (possibly estimated) with its standard error."""
+    """A nuclear norm (possibly estimated) with its standard error, or a lower bound on it (``lower``)."""
 
     value: float
     stderr: float
     method: str
+    lower: bool = False
 
 
 def _sqrt_sum(eigenvalues: np.ndarray) -> float:
@@ -396,6 +403,12 @@ def _block_norm(w2: np.ndarray, index: np.ndarray, parts: list[_AttributeSplit],
         ]
         M = np.block(blocks)
         return _Norm(_eig_sqrt_sum(M), 0.0, f"dense eigenvalues ({M.shape[0]:,} x {M.shape[0]:,} row Gram)")
+    if cols > SLQ_MAX_N:
+        # too large to probe: a valid lower bound from the row blocks (one per term), exact=False
+        term_norms = [math.sqrt(float(w)) * math.prod(_sqrt_sum(eig.values(grams[i][k])) for i, k in enumerate(ix))
+                      for w, ix in zip(w2, index)]
+        return _Norm(math.sqrt(sum(v * v for v in term_norms)), 0.0,
+                     f"lower bound from its {len(term_norms)} Kronecker row blocks ({cols:,} columns)", lower=True)
     gram = Sum([Weighted(Kronecker([parts[i].rest_ops[k] for i, k in enumerate(ix)]), w) for w, ix in zip(w2, index)])
     est = trace_sqrt(gram._matmat, cols, probes=probes, max_steps=steps, rng=rng)
     # the quadrature bracket's half-width bounds the Lanczos bias; add it to the sampling error
@@ -469,7 +482,7 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
         i = max(range(union.dim), key=lambda k: splits[k].options)
         splits[i] = whole[i]
     w2 = union.weights**2
-    total, var, methods = 0.0, 0.0, set()
+    total, var, methods, lower = 0.0, 0.0, set(), False
     if all(s.mult.size for s in splits):
         total += _scalar_blocks(w2, union.index, splits)
         methods.add("closed form")
@@ -489,7 +502,8 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
                 total += float(mult * norm.value)
                 var += float(mult * norm.stderr) ** 2
                 methods.add(norm.method)
-    return _Norm(total, math.sqrt(var), "common-eigenvector split; " + "; ".join(sorted(methods)))
+                lower = lower or norm.lower
+    return _Norm(total, math.sqrt(var), "common-eigenvector split; " + "; ".join(sorted(methods)), lower)
 
 
 def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, probes: int = 30, steps: int = 480,
@@ -548,7 +562,7 @@ def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, pr
     N = W.shape[1]
     return SVDBound(
         unit * norm.value**2 / N,
-        norm.stderr == 0.0,
+        norm.stderr == 0.0 and not norm.lower,
         unit * 2 * norm.value * norm.stderr / N,
         method=norm.method,
         **common,

@@ -211,6 +211,24 @@ def test_a_near_multiple_of_a_shared_gram_is_not_taken_for_one():
 
 
 @SETTINGS
+@given(domain_shapes().flatmap(workloads_on))
+def test_blocks_too_large_to_probe_give_a_valid_lower_bound(W):
+    privacy = ZCDP(1.0)
+    truth = dense_svd_bound(W.ref, privacy)
+    limit = hdmm_bound.SLQ_MAX_N
+    hdmm_bound.SLQ_MAX_N = 0
+    try:
+        b = svd_bound(W.mat, privacy, exact_limit=1, seed=0)
+    finally:
+        hdmm_bound.SLQ_MAX_N = limit
+    if b.exact:
+        assert b.value == pytest.approx(truth, rel=1e-7, abs=1e-10)
+    else:
+        assert b.stderr == 0 and "lower bound" in b.method and "weaker lower bound" in repr(b)
+        assert b.value <= truth * (1 + 1e-9) + 1e-12
+
+
+@SETTINGS
 @given(domain_shapes().flatmap(workloads_on), st.integers(0, 2**16))
 def test_slq_fallback_on_random_unions(W, seed):
     privacy = ZCDP(1.0)

@@ -17,13 +17,14 @@ The functions here take the privacy definition (:class:`~hdmm.privacy.PureDP`,
 
 from __future__ import annotations
 
+import hashlib
 from typing import Callable
 
 import numpy as np
 
 from ..block_diagonal import BlockDiagonal, fold, is_local
 from ..kron_union import KronUnion
-from ..matrix import Identity, Kronecker, Matrix, Ones, Sum, Weighted
+from ..matrix import Explicit, Identity, Kronecker, Matrix, Ones, Sum, Weighted
 from ..privacy import Privacy
 from ..traces import factor_trace
 from .convex import ConvexProgress, solve_convex
@@ -46,6 +47,12 @@ ROOT_DENSE_MAX_N = 4096
 #: blocks of at most this many consecutive values (at least an eighth of it), when the folded
 #: Gram is sparse (a local workload; see :mod:`hdmm.block_diagonal`).
 TILE_BLOCK_N = 2048
+
+#: Effective Grams of several terms on at most this many values are summed densely.
+DENSE_EFFECTIVE_N = 512
+
+#: First-round solutions are shared through ``memo`` for effective Grams of at most this many values.
+MEMO_MAX_N = 4096
 
 
 def factor_method(G: Matrix, privacy: Privacy) -> str:
@@ -187,19 +194,51 @@ def _total_supports(factors: list[Matrix]) -> bool:
     return True
 
 
+def _effective_gram(grams: list[Matrix], coef: np.ndarray) -> Matrix:
+    """``sum_k coef_k grams[k]`` over the positive coefficients; dense when small and of several terms.
+
+    A workload built term by term repeats equal factors as distinct objects (13 prefix Grams on
+    one attribute of the 91 two-way products of 14 attributes): a small dense sum makes every
+    product one matrix multiplication instead of one pass per term.
+    """
+    terms = [Weighted(G, c) for G, c in zip(grams, coef) if c > 0]
+    G = Sum(terms)
+    if len(terms) > 1 and G.shape[0] <= DENSE_EFFECTIVE_N:
+        return Explicit(G.dense())
+    return G
+
+
+def _fingerprint(G: Matrix) -> bytes | None:
+    """A key equal for Grams equal up to a positive scale (to 12 digits), for small Grams only."""
+    if G.shape[0] > MEMO_MAX_N:
+        return None
+    D = G.dense()
+    top = float(np.abs(D).max())
+    if not top > 0:
+        return None
+    return hashlib.sha1(np.round(D / top, 12).tobytes()).digest()
+
+
 def opt_kron_union(
     union: KronUnion, privacy: Privacy, p: int | None = None, restarts: int | None = None,
     rng: np.random.Generator | None = None, max_rounds: int = 30, tol: float = 1e-4,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None, memo: dict | None = None,
 ) -> tuple[Kronecker, float]:
     """Cycle per-attribute OPT_0 on effective Grams; returns the strategy and its unit-noise error.
 
     The strategy has sensitivity 1 in the norm of ``privacy``; the error is the workload's
     expected total squared error under unit noise variance (``privacy.unit_noise()``).
+
+    An attribute whose terms all use totals gets the total (optimal for them, the identity
+    aside). One Kronecker product separates by attribute, so it gets one round. ``memo`` (a dict
+    shared by several calls, e.g. OPT_+'s groups) reuses first-round one-attribute solutions
+    for effective Grams equal up to scale (the scale does not change the best strategy).
     """
     rng = np.random.default_rng() if rng is None else rng
     d = union.dim
     w2 = union.weights**2
+    if np.count_nonzero(w2) == 1:
+        max_rounds = 1
     grams = [[f.gram() for f in fs] for fs in union.factors]
     strategy: list[Matrix] = [Identity(n) for n in union.sizes]
 
@@ -217,13 +256,24 @@ def opt_kron_union(
         for i in range(d):
             others = union.products(traces, exclude=i) * w2
             coef = np.bincount(union.index[:, i], weights=others, minlength=len(grams[i]))
-            G_eff = Sum([Weighted(G, c) for G, c in zip(grams[i], coef) if c > 0])
-            candidates = factor_candidates(G_eff, privacy, p, restarts if round_ == 0 else 1, rng, strategy[i],
-                                           progress)
-            candidates.append(Identity(union.sizes[i]))
             used = [f for f, c in zip(union.factors[i], coef) if c > 0]
+            candidates: list[Matrix] = [Identity(union.sizes[i])]
             if _total_supports(used):
                 candidates.append(Ones(1, union.sizes[i]))
+            else:
+                G_eff = _effective_gram(grams[i], coef)
+                key = None
+                if memo is not None and round_ == 0:
+                    fingerprint = _fingerprint(G_eff)
+                    key = None if fingerprint is None else (fingerprint, privacy.norm, p, restarts)
+                if key is not None and key in memo:
+                    found = memo[key]
+                else:
+                    found = factor_candidates(G_eff, privacy, p, restarts if round_ == 0 else 1, rng, strategy[i],
+                                              progress)
+                    if key is not None:
+                        memo[key] = found
+                candidates = found + candidates
             for A in candidates:
                 t = traces_of(i, A)
                 if coef @ t < coef @ traces[i]:

@@ -92,7 +92,8 @@ def opt_union_groups(
 
     Terms of weight zero need no measurement and are left out (a group of only such terms too).
     Each group's OPT_(x) makes ``restarts`` p-Identity starts per attribute, ``GROUP_RESTARTS``
-    by default.
+    by default; groups share first-round one-attribute solutions for effective Grams equal up
+    to scale (the same prefix attribute in many two-way products is optimized once).
     """
     restarts = GROUP_RESTARTS if restarts is None else restarts
     groups = [np.asarray(terms, dtype=np.intp) for terms in groups]
@@ -100,10 +101,10 @@ def opt_union_groups(
     groups = [terms for terms in groups if terms.size]
     if not groups:
         raise ValueError("every term of the workload has weight 0: there is nothing to measure")
-    parts, errors = [], []
+    parts, errors, memo = [], [], {}
     for k, terms in enumerate(groups):
         sub = KronUnion(union.factors, union.index[terms], union.weights[terms])
-        A, e = opt_kron_union(sub, privacy, p, restarts, rng, progress=progress)
+        A, e = opt_kron_union(sub, privacy, p, restarts, rng, progress=progress, memo=memo)
         parts.append(A)
         errors.append(e)
         if progress is not None:
