@@ -4,7 +4,9 @@ Answer large sets of linear counting queries under differential privacy with the
 describe a workload implicitly (Kronecker products, unions, marginals), compute the exact
 expected error of a strategy and the SVD lower bound, without any ``N x N`` matrix; plan a
 release once (:func:`plan`), measure it on data (:func:`measure`, the only step that touches
-data and draws noise) and reconstruct (:func:`reconstruct`), or do all of it with :func:`run`.
+data and draws noise) and reconstruct (:func:`reconstruct`), or do all of it with :func:`run`;
+account for several releases with a :class:`Budget`, and build on earlier releases with
+``run(..., prior=release)``.
 The composite matrix classes (``VStack``, ``Weighted``, ``Sum``, ``Product``, ``Transpose``)
 live in :mod:`hdmm.matrix`.
 
@@ -17,6 +19,7 @@ live in :mod:`hdmm.matrix`.
 
 from .block_diagonal import BlockDiagonal
 from .bound import SVDBound, svd_bound
+from .budget import Budget, BudgetError, BudgetExceeded
 from .datasets import load_adult
 from .domain import Domain
 from .geography import GeographyTree, LevelTotals, TreeStrategy, geography_workload
@@ -70,6 +73,9 @@ __all__ = [
     "AllRange",
     "ApproxDP",
     "BlockDiagonal",
+    "Budget",
+    "BudgetError",
+    "BudgetExceeded",
     "DenseLimitError",
     "Diagonal",
     "DimKMarginals",

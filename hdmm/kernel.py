@@ -7,7 +7,9 @@ spacing :math:`s` (a power of two), with :math:`Z` i.i.d. integer noise drawn ex
 plus the grid's rounding bound (computed when the plan was made): discrete Laplace of scale
 :math:`b = \Delta_1/\epsilon` for pure DP, discrete Gaussian for approximate DP and zCDP
 (docs/math.md, section 1; docs/privacy.md). The random bits come from the operating system's
-cryptographic generator unless a seed is given. Everything before it (the plan) and after it
+cryptographic generator unless a seed is given. Given a :class:`~hdmm.Budget`, it charges the
+budget (and writes a budget file) after the data is checked and before any noise is drawn, and
+refuses a measurement the budget cannot pay for. Everything before it (the plan) and after it
 (reconstruction, answers, post-processing) is data independent or post-processing of
 :math:`y`, which costs no privacy.
 """
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .budget import Budget
 from .matrix import Matrix
 from .mechanism import Measurement
 from .noise import draw, on_grid, random_bits
@@ -52,10 +55,11 @@ class Counts:
         return cls(check_data_vector(x, n))
 
 
-def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator = None) -> Measurement:
+def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator = None, budget: Budget | None = None,
+            label: str | None = None) -> Measurement:
     r"""Answer the plan's strategy queries on data ``x`` with calibrated noise: :math:`y = Ax + z`.
 
-    Called as ``measure(plan, x, rng=None)``.
+    Called as ``measure(plan, x, rng=None, budget=None, label=None)``.
 
     Parameters
     ----------
@@ -70,6 +74,16 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
         (``os.urandom``), as a real release must. An int seed or a ``numpy.random.Generator``
         makes the noise reproducible: for tests and reproducible research only, since anyone who
         knows the seed can regenerate the noise and subtract it.
+    budget
+        A :class:`~hdmm.Budget` to charge the plan's privacy to (:meth:`hdmm.Budget.charge`):
+        charged once the data is checked and before any noise is drawn (a budget kept in a file
+        writes it first), and a measurement the budget cannot pay for is refused with
+        :class:`~hdmm.budget.BudgetExceeded` without drawing anything. The charge is recorded
+        in the measurement (:attr:`Measurement.charge`). If the measurement fails after the
+        charge (it cannot, short of a crash or an interrupt), the charge stays: a budget
+        over-counts, never under-counts.
+    label
+        What the budget records as the release's workload (default: the plan's workload).
 
     Returns
     -------
@@ -87,6 +101,21 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
     ValueError
         If ``x`` is not a 1-D vector of ``N`` finite, non-negative counts of at most
         ``MAX_COUNT``, or the strategy's answers on it overflow (checked before any noise).
+    hdmm.budget.BudgetError
+        If ``budget`` cannot pay for the measurement (:class:`~hdmm.budget.BudgetExceeded`) or
+        the plan's privacy does not compose with it (checked before any noise).
+
+    Examples
+    --------
+    >>> import hdmm
+    >>> budget = hdmm.Budget(hdmm.PureDP(1.5))
+    >>> p = hdmm.plan(hdmm.Prefix(4), hdmm.Identity(4), hdmm.PureDP(1.0))
+    >>> hdmm.measure(p, [3, 1, 4, 1], budget=budget, label="prefix").charge.cost
+    1.0
+    >>> hdmm.measure(p, [3, 1, 4, 1], budget=budget)
+    Traceback (most recent call last):
+    ...
+    hdmm.budget.BudgetExceeded: the privacy budget cannot pay for this release: it costs epsilon = 1 (pure DP, epsilon=1), but 0.5 of the total epsilon = 1.5 is left after 1 charge(s); nothing was measured
     """
     if isinstance(plan, Matrix):  # the earlier form measure(A, x, privacy, rng=None)
         privacy = args[0] if args else None
@@ -109,6 +138,8 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
     source = random_bits(rng)
     if not plan.spacing > 0:
         raise ValueError("the plan has no noise grid (spacing 0): make it with hdmm.plan or hdmm.planning.strategy_plan")
+    if budget is not None and not isinstance(budget, Budget):
+        raise TypeError(f"budget must be an hdmm.Budget, got {type(budget).__name__}")
     if x.sum() == 0:
         warnings.warn("the data vector is all zeros (no records): the release is pure noise", stacklevel=2)
     with np.errstate(over="ignore", invalid="ignore"):  # refused just below
@@ -118,12 +149,15 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
             "the strategy's answers on this data vector overflow to infinity (or are NaN): the counts are too large "
             "for floating point; measure counts of at most hdmm.kernel.MAX_COUNT with a strategy of modest entries"
         )
+    charge = None
+    if budget is not None:  # the last step before the noise: refused here, nothing is drawn
+        charge = budget.charge(plan.privacy, repr(plan.workload) if label is None else label)
     if plan.noise_scale > 0:
         steps = draw(plan.privacy.noise, plan.noise_scale / plan.spacing, A.shape[0], source)
     else:  # a zero strategy (sensitivity 0): its answers are 0 for every data vector
         steps = np.zeros(A.shape[0], dtype=np.int64)
     noisy = on_grid(answers, plan.spacing, steps)
-    return Measurement(A, noisy, plan.privacy, plan.sensitivity, plan.noise_scale, plan.spacing)
+    return Measurement(A, noisy, plan.privacy, plan.sensitivity, plan.noise_scale, plan.spacing, charge)
 
 
 def as_generator(rng: None | int | np.random.Generator) -> np.random.Generator:

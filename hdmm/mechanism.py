@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.sparse.linalg import lsmr
 
+from .budget import Charge
 from .kron_union import KronUnion
 from .marginals import trace_spectrum
 from .matrix import Matrix, cheap_pinv
@@ -78,6 +79,9 @@ class Measurement:
         The noise grid :math:`s` (a power of two): each answer is
         :math:`s\\,(\\operatorname{round}((Ax)_i/s) + Z_i)` with integer :math:`Z_i`
         (:mod:`hdmm.noise`). ``None`` when not recorded (a measurement read back from a file).
+    charge : Charge or None
+        What the measurement was charged to a privacy budget (:class:`hdmm.Budget`), recorded
+        before its noise was drawn; ``None`` when no budget was given.
     """
 
     strategy: Matrix
@@ -86,6 +90,7 @@ class Measurement:
     sensitivity: float
     noise_scale: float
     spacing: float | None = None
+    charge: Charge | None = None
 
     @property
     def noise_std(self) -> float:

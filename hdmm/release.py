@@ -12,40 +12,325 @@ optimizer made it, the privacy guarantee, the sensitivity and noise scale, and t
 Optional post-processing of :math:`\hat x` (non-negativity, integer counts) costs no privacy but
 changes the answers; the change is measured and reported, and the standard errors and intervals
 keep referring to the unprocessed least-squares estimate.
+
+A release can build on earlier ones: ``run(W2, data, privacy, prior=release1)`` measures a new
+strategy :math:`A_2` and reconstructs from *every* measurement taken so far by generalized least
+squares, each weighted by its own noise: with :math:`s_j` the noise standard deviation of
+measurement :math:`j`,
+
+.. math:: \hat x = B^+ b, \qquad B = \begin{bmatrix} A_1/s_1 \\ A_2/s_2 \end{bmatrix}, \quad
+          b = \begin{bmatrix} y_1/s_1 \\ y_2/s_2 \end{bmatrix},
+
+the best linear unbiased estimate from both (Aitken). Every answer read off :math:`\hat x`
+(:meth:`Release.answer` re-answers the first workload) is consistent with every other, and its
+variance :math:`\mathrm{diag}(W (B^TB)^+ W^T)` is at most what either measurement alone gives.
+Only the new measurement costs privacy; the earlier ones are post-processed.
+
+A :class:`~hdmm.Budget` given to :func:`run` is charged before any noise is drawn, and the
+release records the charge in its provenance.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy.stats import norm
 
+from .budget import Budget, Charge
 from .domain import Domain
+from .error import unit_query_variances
 from .kernel import Counts, as_generator, measure
-from .matrix import Matrix, VStack
-from .mechanism import Measurement, reconstruct
+from .matrix import DenseLimitError, Matrix, VStack, Weighted
+from .mechanism import Measurement, least_squares, reconstruct, reconstruction_method
 from .optimizers import OptimizationResult
-from .planning import Plan, check_inputs, plan_from_json, plan_to_json
+from .planning import Plan, check_inputs, plan_from_json, plan_to_json, strategy_plan, union_variance_bound
 from .postprocess import nonnegative_least_squares, round_to_total
-from .io import FORMAT, MAX_BYTES, VERSION, read_archive, write_archive
+from .io import FORMAT, MAX_BYTES, VERSION, decode_matrix, encode_matrix, read_archive, write_archive
 from .planning import plan as make_plan
 from .privacy import Privacy
+from .structure import Structure, classify
+from .workload import unweighted
 
-__all__ = ["Release", "run", "POSTPROCESS_OPTIONS", "table_names"]
+__all__ = ["Release", "Answers", "Combined", "run", "combine", "POSTPROCESS_OPTIONS", "table_names"]
 
 #: The values ``run(postprocess=...)`` accepts.
 POSTPROCESS_OPTIONS = (None, "nonnegative", "integer")
 
 
-def _postprocess(measurement: Measurement, estimate: np.ndarray, kind: str) -> np.ndarray:
-    nonnegative = nonnegative_least_squares(measurement.strategy, estimate, measurement.noise_std)
+def _postprocess(A: Matrix, noise_std: float, estimate: np.ndarray, kind: str) -> np.ndarray:
+    nonnegative = nonnegative_least_squares(A, estimate, noise_std)
     return nonnegative if kind == "nonnegative" else round_to_total(nonnegative)
+
+
+# ====================================================================== several measurements
+def _same_matrix(A: Matrix, B: Matrix) -> bool:
+    """Whether two strategies are the same matrix: the same object, or the same saved form (tree and arrays)."""
+    if A is B:
+        return True
+    if A.shape != B.shape:
+        return False
+    try:
+        arrays_a: dict[str, np.ndarray] = {}
+        arrays_b: dict[str, np.ndarray] = {}
+        if encode_matrix(A, arrays_a) != encode_matrix(B, arrays_b):
+            return False
+    except TypeError:  # a matrix class that cannot be saved: compared by identity only
+        return False
+    return all(np.array_equal(arrays_a[k], arrays_b[k]) for k in arrays_a)
+
+
+@dataclass(frozen=True, eq=False)
+class Combined:
+    r"""Several measurements of the same data, reconstructed together by generalized least squares.
+
+    Measurements of the same strategy are merged first (their answers averaged with weights
+    :math:`1/s_j^2`, which is exact), so that the stacked strategy
+    :math:`B = [\,A_g \sqrt{w_g}\,]_g`, :math:`w_g = \sum_{j \in g} s_j^{-2}`, has one block per
+    distinct strategy and unit noise in every row.
+
+    Attributes
+    ----------
+    measurements : tuple of Measurement
+        Every measurement, oldest first (the release's own measurement last).
+    stacked : Matrix
+        :math:`B`, whose rows have noise of variance at most 1.
+    answers : numpy.ndarray
+        :math:`b`, the merged and scaled noisy answers: :math:`\hat x = B^+ b`.
+    structure : Structure
+        ``B``'s structure (:func:`hdmm.structure.classify`).
+    method : str
+        How :math:`B^+ b` is computed (``"kronecker"``, ``"marginals"`` or ``"lsmr"``).
+    groups : tuple of (Matrix, float)
+        Each distinct strategy with its weight :math:`w_g` (the sum of its measurements' inverse
+        noise variances).
+    members : tuple of int
+        The group of each measurement (-1 for one without noise, left out).
+    variances : numpy.ndarray
+        The variance of each answer of the release's workload from the combined estimate.
+    variance_exact : bool
+        False when ``variances`` are upper bounds (see :func:`combine`).
+    prior : dict
+        The provenance of the release this one builds on (:meth:`Release.provenance`, which
+        holds its own prior's in turn).
+    """
+
+    measurements: tuple[Measurement, ...]
+    stacked: Matrix
+    answers: np.ndarray
+    structure: Structure
+    method: str
+    groups: tuple[tuple[Matrix, float], ...]
+    members: tuple[int, ...]
+    variances: np.ndarray
+    variance_exact: bool
+    prior: dict
+
+    def with_last(self, measurement: Measurement) -> Combined:
+        """The combination with its last measurement replaced by ``measurement`` (same strategy and noise), answers restacked.
+
+        :func:`run` combines before it measures (to check, before any noise, that the
+        measurements support the workload) and puts the real measurement in afterwards.
+        """
+        last = self.measurements[-1]
+        if measurement.strategy is not last.strategy or measurement.noise_std != last.noise_std:
+            raise ValueError("the measurement replacing the last one must be of the same strategy and noise")
+        measurements = self.measurements[:-1] + (measurement,)
+        totals = [np.zeros(A.shape[0]) for A, _ in self.groups]
+        for m, k in zip(measurements, self.members):
+            if k >= 0:
+                totals[k] += m.answers / m.noise_std**2
+        answers = np.concatenate([t / math.sqrt(weight) for t, (_, weight) in zip(totals, self.groups)])
+        return dataclasses.replace(self, measurements=measurements, answers=answers)
+
+    def variances_of(self, W: Matrix, known: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
+        r"""Per-query variances of workload ``W`` (unweighted) answered from the combined estimate, and whether exact.
+
+        Exact, :math:`\mathrm{diag}(W (B^TB)^+ W^T)`, when :math:`B`'s structure has a closed form
+        (Kronecker, marginals algebra) or the domain is small enough for a dense pseudo-inverse.
+        Otherwise an upper bound: least squares on all measurements (the best linear unbiased
+        estimator) does at least as well as any one distinct strategy alone, or any single
+        Kronecker term of :math:`B` alone, whose variances are exact and cheap; ``known`` adds
+        variances known for ``W`` another way (a plan's). ``inf`` for a query nothing supports.
+        """
+        try:
+            return unit_query_variances(W, self.stacked, self.structure), True
+        except DenseLimitError:
+            pass
+        best = union_variance_bound(W, self.structure)
+        if known is not None:
+            best = np.minimum(best, known)
+        for A, weight in self.groups:
+            try:
+                best = np.minimum(best, unit_query_variances(W, A, classify(A)) / weight)
+            except DenseLimitError:
+                continue
+        return best, False
+
+
+def combine(measurements: Sequence[Measurement], W: Matrix, *, prior: Mapping[str, Any] | None = None,
+            known: np.ndarray | None = None) -> Combined:
+    r"""Stack ``measurements`` of the same data for generalized least squares, with the variances of workload ``W``.
+
+    Each measurement :math:`y_j = A_j x + z_j` with noise standard deviation :math:`s_j`
+    (:attr:`Measurement.noise_std`, an upper bound of the discrete noise's, exact to a relative
+    1e-18) becomes the rows :math:`A_j/s_j`, :math:`y_j/s_j`; measurements of the same strategy
+    are merged. A measurement without noise (a zero strategy) carries no information and is
+    left out. ``W`` is the workload released (unweighted), ``known`` its variances known
+    otherwise (used only where the exact variances are out of reach), ``prior`` the provenance
+    recorded as :attr:`Combined.prior`.
+
+    Raises
+    ------
+    ValueError
+        If the measurements are over different domains, or none has noise.
+    """
+    measurements = tuple(measurements)
+    cells = {m.strategy.shape[1] for m in measurements}
+    if len(cells) != 1 or W.shape[1] not in cells:
+        raise ValueError(
+            f"the measurements and the workload are over different domains ({sorted(cells | {W.shape[1]})} cells): a "
+            "release can only build on releases of the same data over the same domain"
+        )
+    groups: list[tuple[Matrix, float]] = []
+    members = []
+    for m in measurements:
+        std = m.noise_std
+        if std == 0:
+            members.append(-1)
+            continue
+        for k, (A, weight) in enumerate(groups):
+            if _same_matrix(A, m.strategy):
+                groups[k] = (A, weight + 1.0 / (std * std))
+                members.append(k)
+                break
+        else:
+            members.append(len(groups))
+            groups.append((m.strategy, 1.0 / (std * std)))
+    if not groups:
+        raise ValueError("no measurement has noise (all strategies are zero): there is nothing to reconstruct from")
+    blocks = [Weighted(A, math.sqrt(weight)) for A, weight in groups]
+    stacked = blocks[0] if len(blocks) == 1 else VStack(blocks)
+    structure = classify(stacked)
+    combined = Combined(measurements=measurements, stacked=stacked, answers=np.zeros(0), structure=structure,
+                        method=reconstruction_method(stacked, "auto", structure=structure), groups=tuple(groups),
+                        members=tuple(members), variances=np.zeros(0), variance_exact=True, prior=dict(prior or {}))
+    combined = combined.with_last(measurements[-1])
+    variances, exact = combined.variances_of(W, known)
+    _check_supported(W, variances, exact, stacked)
+    return dataclasses.replace(combined, variances=variances, variance_exact=exact)
+
+
+def _check_supported(W: Matrix, variances: np.ndarray, exact: bool, stacked: Matrix) -> None:
+    bad = ~np.isfinite(variances)
+    if not bad.any():
+        return
+    first = W.labels[int(np.flatnonzero(bad)[0])]
+    if exact:
+        raise ValueError(
+            f"the measurements do not support the workload: {int(bad.sum()):,} of {W.shape[0]:,} queries (the first: "
+            f"{first!r}) are not combinations of the measured queries, so they cannot be answered without bias"
+        )
+    raise ValueError(
+        f"cannot verify that the measurements ({stacked!r}) support {int(bad.sum()):,} of the {W.shape[0]:,} queries "
+        f"(the first: {first!r}) on {W.shape[1]:,} cells: no single measured strategy or Kronecker term supports "
+        "them, and the exact check needs a dense pseudo-inverse"
+    )
+
+
+def _interval_method(noises: set[str], exact: bool) -> str:
+    if noises == {"gaussian"}:
+        text = "exact (Gaussian noise)"
+    elif noises == {"laplace"}:
+        text = "normal approximation (Laplace noise)"
+    else:
+        text = "normal approximation (Laplace noise in some measurements)"
+    if not exact:
+        text += "; conservative (standard errors are upper bounds)"
+    return text
+
+
+def _intervals(answers: np.ndarray, std_errors: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(level, bool) or not (isinstance(level, numbers.Real) and 0 < level < 1):
+        raise ValueError(f"level must be a number strictly between 0 and 1 (e.g. 0.95), got {level!r}")
+    half = norm.ppf(0.5 + level / 2) * std_errors
+    return answers - half, answers + half
+
+
+def _table(W: Matrix, answers: np.ndarray, unprocessed: np.ndarray | None, std_errors: np.ndarray,
+           weights: np.ndarray | None, level: float, attrs: dict[str, Any]) -> pd.DataFrame:
+    """The columns of :meth:`Release.table` (``unprocessed`` only when post-processed)."""
+    lower, upper = _intervals(answers if unprocessed is None else unprocessed, std_errors, level)
+    columns: dict[str, Any] = {}
+    tables = table_names(W)
+    if tables is not None:
+        columns["table"] = tables
+    columns["query"] = list(W.labels)
+    columns["answer"] = answers
+    columns["std_error"] = std_errors
+    columns["lower"] = lower
+    columns["upper"] = upper
+    if weights is not None:
+        columns["weight"] = weights
+    if unprocessed is not None:
+        columns["unprocessed_answer"] = unprocessed
+    df = pd.DataFrame(columns)
+    df.attrs["level"] = level
+    df.attrs.update(attrs)
+    return df
+
+
+@dataclass(frozen=True, eq=False)
+class Answers:
+    r"""Answers to a workload read off a release's estimate (:meth:`Release.answer`), free of privacy cost.
+
+    Attributes
+    ----------
+    workload : Matrix
+        The queries answered, without :func:`hdmm.union` weights.
+    answers, unprocessed_answers : numpy.ndarray
+        :math:`W\hat x` from the release's (post-processed) estimate, and from the least-squares
+        estimate the standard errors refer to (the same array without post-processing).
+    std_errors : numpy.ndarray
+        Standard error of each unprocessed answer (upper bounds unless ``variance_exact``).
+    variance_exact : bool
+    interval_method : str
+        How :meth:`intervals` are obtained (see :meth:`Release.intervals`).
+    weights : numpy.ndarray or None
+        Each query's :func:`hdmm.union` weight, if any.
+    provenance : dict
+        The release's :meth:`Release.provenance`.
+    """
+
+    workload: Matrix
+    answers: np.ndarray
+    unprocessed_answers: np.ndarray
+    std_errors: np.ndarray
+    variance_exact: bool
+    interval_method: str
+    weights: np.ndarray | None
+    provenance: dict
+
+    @property
+    def rmse(self) -> float:
+        """Expected root mean squared error per query of the unprocessed answers."""
+        return float(np.sqrt(np.mean(self.std_errors**2)))
+
+    def intervals(self, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+        """Confidence intervals around the unprocessed answers, as :meth:`Release.intervals`."""
+        return _intervals(self.unprocessed_answers, self.std_errors, level)
+
+    def table(self, level: float = 0.95) -> pd.DataFrame:
+        """The answers as a DataFrame with the columns of :meth:`Release.table`."""
+        processed = self.answers is not self.unprocessed_answers
+        return _table(self.workload, self.answers, self.unprocessed_answers if processed else None, self.std_errors,
+                      self.weights, level, {"interval_method": self.interval_method, "provenance": self.provenance})
 
 
 # ====================================================================== the release
@@ -81,6 +366,10 @@ class Release:
         Seconds spent in each step: ``data`` (checking or vectorizing it), ``plan`` (choosing
         the strategy, optimization included, and its error), ``measure``, ``reconstruct``,
         ``answer`` and, when used, ``postprocess``.
+    combined : Combined or None
+        For a release that builds on earlier ones (``run(..., prior=...)``): every measurement
+        it was reconstructed from, and the variances of its answers from all of them. ``None``
+        for a release from its own measurement alone.
     """
 
     plan: Plan
@@ -91,6 +380,7 @@ class Release:
     unprocessed_answers: np.ndarray
     unprocessed_estimate: np.ndarray
     timings: dict[str, float]
+    combined: Combined | None = None
 
     # ------------------------------------------------------------------ provenance
     @property
@@ -99,12 +389,32 @@ class Release:
         return self.plan.workload
 
     @property
+    def variances(self) -> np.ndarray:
+        r"""Variance of each unprocessed answer: :math:`\mathrm{Var}(z)\,\mathrm{diag}(W(A^TA)^+W^T)`, or from all
+        measurements when the release builds on earlier ones (:attr:`combined`).
+
+        Upper bounds when :attr:`variance_exact` is False.
+        """
+        return self.plan.variances if self.combined is None else self.combined.variances
+
+    @property
     def std_errors(self) -> np.ndarray:
         r"""Standard error of each unprocessed answer, :math:`\sqrt{\mathrm{Var}(z)\,\mathrm{diag}(W(A^TA)^+W^T)}`.
 
-        An upper bound when :attr:`variance_exact` is False.
+        From all measurements when the release builds on earlier ones; an upper bound when
+        :attr:`variance_exact` is False.
         """
-        return self.plan.std_errors
+        return np.sqrt(self.variances)
+
+    @property
+    def measurements(self) -> tuple[Measurement, ...]:
+        """Every measurement the release rests on, oldest first (its own last): pass the release as ``prior=``."""
+        return (self.measurement,) if self.combined is None else self.combined.measurements
+
+    @property
+    def charge(self) -> Charge | None:
+        """What this release's own measurement was charged to a privacy budget, if one was given."""
+        return self.measurement.charge
 
     @property
     def optimizer(self) -> str:
@@ -113,13 +423,13 @@ class Release:
 
     @property
     def method(self) -> str:
-        """The reconstruction method (``"kronecker"``, ``"marginals"`` or ``"lsmr"``)."""
-        return self.plan.method
+        """The reconstruction method (``"kronecker"``, ``"marginals"`` or ``"lsmr"``): the plan's, or the combination's."""
+        return self.plan.method if self.combined is None else self.combined.method
 
     @property
     def variance_exact(self) -> bool:
         """True when the standard errors are exact; else upper bounds and the intervals are conservative."""
-        return self.plan.variance_exact
+        return self.plan.variance_exact if self.combined is None else self.combined.variance_exact
 
     @property
     def strategy(self) -> Matrix:
@@ -128,7 +438,7 @@ class Release:
 
     @property
     def privacy(self) -> Privacy:
-        """The privacy definition spent by this release (the whole budget, spent once)."""
+        """The privacy definition spent by this release's own measurement (earlier ones were spent by their releases)."""
         return self.plan.privacy
 
     @property
@@ -137,8 +447,14 @@ class Release:
         return self.privacy.description
 
     def provenance(self) -> dict[str, Any]:
-        """What every file written from this release records: privacy spent, strategy origin, versions."""
-        return {
+        """What every file written from this release records: privacy spent, strategy origin, versions.
+
+        With a budget, ``charge`` is what the release's measurement was charged (see
+        :class:`hdmm.budget.Charge`); for a release that builds on earlier ones, ``prior`` is the
+        earlier release's provenance (holding its own prior's in turn) and ``measurements`` how
+        many measurements it was reconstructed from (``reconstruction`` says how).
+        """
+        out = {
             "privacy": self.privacy.to_dict(),
             "privacy_description": self.privacy_description,
             "sensitivity": self.plan.sensitivity,
@@ -151,7 +467,11 @@ class Release:
             "standard_errors": "exact" if self.variance_exact else "upper bounds",
             "postprocess": self.postprocess,
             "hdmm_version": self.plan.version,
+            "charge": None if self.charge is None else self.charge.to_dict(),
         }
+        if self.combined is not None:
+            out.update(measurements=len(self.combined.measurements), prior=self.combined.prior)
+        return out
 
     # ------------------------------------------------------------------ files
     def save(self, path) -> None:
@@ -159,7 +479,9 @@ class Release:
 
         One hdmm archive (no pickle) with the plan (strategy, workload, privacy, sensitivity,
         variances), the noisy measurement, the answers and estimates, the post-processing and
-        :meth:`provenance`. :meth:`load` reads it back.
+        :meth:`provenance`; for a release that builds on earlier ones, also every earlier
+        measurement (strategy, privacy and noisy answers), so that the loaded release can be a
+        ``prior`` in turn. :meth:`load` reads it back.
         """
         arrays = {
             "measurement": self.measurement.answers,
@@ -168,9 +490,17 @@ class Release:
             "unprocessed_answers": self.unprocessed_answers,
             "unprocessed_estimate": self.unprocessed_estimate,
         }
+        info: dict[str, Any] = {"postprocess": self.postprocess, "timings": dict(self.timings),
+                                "charge": None if self.charge is None else self.charge.to_dict()}
+        if self.combined is not None:
+            earlier = []
+            for i, m in enumerate(self.combined.measurements[:-1]):
+                arrays[f"prior_answers_{i}"] = m.answers
+                earlier.append({"tree": encode_matrix(m.strategy, arrays), "privacy": m.privacy.to_dict(),
+                                "sensitivity": m.sensitivity, "charge": None if m.charge is None else m.charge.to_dict()})
+            info["prior"] = {"measurements": earlier, "provenance": self.combined.prior}
         header = {"format": FORMAT, "version": VERSION, "kind": "release", **plan_to_json(self.plan, arrays),
-                  "release": {"postprocess": self.postprocess, "timings": dict(self.timings)},
-                  "metadata": self.provenance()}
+                  "release": info, "metadata": self.provenance()}
         write_archive(path, header, arrays)
 
     @staticmethod
@@ -178,7 +508,8 @@ class Release:
         """Read a release written by :meth:`save` (its plan validated as :meth:`hdmm.Plan.load` does).
 
         A file larger than ``max_bytes`` is refused unread; the measurement, answers and
-        estimates must be finite, one per strategy row, query and cell.
+        estimates must be finite, one per strategy row, query and cell; earlier measurements
+        are checked the same way, their sensitivities recomputed from their strategies.
         """
         header, arrays = read_archive(path, max_bytes=max_bytes)
         if header.get("kind") != "release":
@@ -187,6 +518,7 @@ class Release:
         try:
             info = header["release"]
             postprocess, timings = info["postprocess"], {str(k): float(v) for k, v in info["timings"].items()}
+            charge = None if info.get("charge") is None else Charge.from_dict(info["charge"], str(path))
             parts = {k: np.asarray(arrays[k], dtype=float) for k in
                      ("measurement", "answers", "estimate", "unprocessed_answers", "unprocessed_estimate")}
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -200,21 +532,29 @@ class Release:
                 raise ValueError(f"{path}: {key} has shape {parts[key].shape}, expected ({size},)")
             if not np.all(np.isfinite(parts[key])):
                 raise ValueError(f"{path}: {key} holds NaN or infinite values; the file is damaged")
-        measurement = Measurement(p.strategy, parts["measurement"], p.privacy, p.sensitivity, p.noise_scale)
+        measurement = Measurement(p.strategy, parts["measurement"], p.privacy, p.sensitivity, p.noise_scale,
+                                  p.spacing, charge)
+        combined = None
+        if info.get("prior") is not None:
+            earlier, provenance = _read_prior(info["prior"], arrays, str(path), p.cells)
+            combined = combine(earlier + (measurement,), p.workload, prior=provenance, known=p.variances)
         return Release(plan=p, measurement=measurement, answers=parts["answers"], estimate=parts["estimate"],
                        postprocess=postprocess, unprocessed_answers=parts["unprocessed_answers"],
-                       unprocessed_estimate=parts["unprocessed_estimate"], timings=timings)
+                       unprocessed_estimate=parts["unprocessed_estimate"], timings=timings, combined=combined)
 
     # ------------------------------------------------------------------ error
     @property
     def expected_error(self) -> float:
-        r"""Expected total squared error of the unprocessed answers, :math:`\sum_i \mathrm{se}_i^2` (the plan's)."""
-        return float(self.plan.error)
+        r"""Expected total squared error of the unprocessed answers, :math:`\sum_i \mathrm{se}_i^2`.
+
+        The plan's, or from all measurements when the release builds on earlier ones.
+        """
+        return float(self.plan.error) if self.combined is None else float(np.sum(self.combined.variances))
 
     @property
     def rmse(self) -> float:
-        """Root mean squared error per query of the unprocessed answers (expected; the plan's)."""
-        return self.plan.rmse
+        """Root mean squared error per query of the unprocessed answers (expected)."""
+        return self.plan.rmse if self.combined is None else math.sqrt(self.expected_error / self.plan.queries)
 
     @property
     def postprocess_change(self) -> float:
@@ -224,13 +564,7 @@ class Release:
     @property
     def interval_method(self) -> str:
         """How :meth:`intervals` are obtained: exact (Gaussian noise) or a normal approximation (Laplace)."""
-        if self.privacy.noise == "gaussian":
-            text = "exact (Gaussian noise)"
-        else:
-            text = "normal approximation (Laplace noise)"
-        if not self.variance_exact:
-            text += "; conservative (standard errors are upper bounds)"
-        return text
+        return _interval_method({m.privacy.noise for m in self.measurements}, self.variance_exact)
 
     def intervals(self, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
         r"""Confidence intervals :math:`W\hat x \pm z_{(1+\text{level})/2}\,\mathrm{se}` for the true answers.
@@ -250,10 +584,44 @@ class Release:
         -------
         (lower, upper) : tuple of numpy.ndarray
         """
-        if isinstance(level, bool) or not (isinstance(level, numbers.Real) and 0 < level < 1):
-            raise ValueError(f"level must be a number strictly between 0 and 1 (e.g. 0.95), got {level!r}")
-        half = norm.ppf(0.5 + level / 2) * self.std_errors
-        return self.unprocessed_answers - half, self.unprocessed_answers + half
+        return _intervals(self.unprocessed_answers, self.std_errors, level)
+
+    def answer(self, W: Matrix) -> Answers:
+        r"""Answer another workload ``W`` from this release's estimate: post-processing, free of privacy cost.
+
+        For a release that builds on earlier ones, ``release2.answer(W1)`` re-answers the first
+        release's workload from every measurement: the answers agree with ``release2``'s
+        wherever the queries overlap (both are read off one estimate), and their standard
+        errors are at most ``release1``'s. ``release1`` itself is not changed (its answers may
+        already be published); publish the new ones in their place if consistency matters.
+
+        The standard errors are computed as the release's are (exact where the structure or a
+        small domain allows, else upper bounds, flagged by ``variance_exact``).
+
+        Raises
+        ------
+        ValueError
+            If ``W`` is over another domain, or the measurements do not support it (some query
+            cannot be answered without bias).
+        """
+        if not isinstance(W, Matrix):
+            raise TypeError(f"the workload must be an hdmm matrix, got {type(W).__name__}")
+        if W.shape[1] != self.plan.cells:
+            raise ValueError(f"the workload has {W.shape[1]:,} columns but the release is over {self.plan.cells:,} "
+                             "cells: answer queries over the release's domain")
+        queries, weights = unweighted(W)
+        if self.combined is None:
+            own = combine(self.measurements, queries)  # refuses queries the measurement does not support
+            variances, exact = own.variances, own.variance_exact
+        else:
+            variances, exact = self.combined.variances_of(queries)
+            _check_supported(queries, variances, exact, self.combined.stacked)
+        unprocessed = queries @ self.unprocessed_estimate
+        answers = unprocessed if self.postprocess is None else queries @ self.estimate
+        return Answers(workload=queries, answers=answers, unprocessed_answers=unprocessed,
+                       std_errors=np.sqrt(variances), variance_exact=exact,
+                       interval_method=_interval_method({m.privacy.noise for m in self.measurements}, exact),
+                       weights=weights, provenance=self.provenance())
 
     # ------------------------------------------------------------------ views
     def table(self, level: float = 0.95) -> pd.DataFrame:
@@ -266,26 +634,9 @@ class Release:
         count) when the workload has weights, and ``unprocessed_answer`` when post-processed.
         ``DataFrame.attrs`` records the level, :attr:`interval_method` and :meth:`provenance`.
         """
-        lower, upper = self.intervals(level)
-        columns: dict[str, Any] = {}
-        W = self.workload
-        tables = table_names(W)
-        if tables is not None:
-            columns["table"] = tables
-        columns["query"] = list(W.labels)
-        columns["answer"] = self.answers
-        columns["std_error"] = self.std_errors
-        columns["lower"] = lower
-        columns["upper"] = upper
-        if self.plan.weights is not None:
-            columns["weight"] = self.plan.weights
-        if self.postprocess is not None:
-            columns["unprocessed_answer"] = self.unprocessed_answers
-        df = pd.DataFrame(columns)
-        df.attrs["level"] = level
-        df.attrs["interval_method"] = self.interval_method
-        df.attrs["provenance"] = self.provenance()
-        return df
+        return _table(self.workload, self.answers, None if self.postprocess is None else self.unprocessed_answers,
+                      self.std_errors, self.plan.weights, level,
+                      {"interval_method": self.interval_method, "provenance": self.provenance()})
 
     def summary(self) -> str:
         """A few readable lines: sizes, privacy, strategy, error, post-processing and timings."""
@@ -299,6 +650,14 @@ class Release:
             + ("" if self.variance_exact else " (upper bound)"),
             f"  intervals: {self.interval_method}",
         ]
+        if self.combined is not None:
+            alone = "" if self.plan.variances is None else (
+                f"; expected RMSE from this release's measurement alone {self.plan.rmse:.6g}")
+            lines.insert(4, f"  built on earlier releases: reconstructed from {len(self.combined.measurements)} "
+                         f"measurements by generalized least squares{alone}")
+        if self.charge is not None:
+            c = self.charge
+            lines.insert(2, f"  budget charge {c.number}: {c.unit} {c.cost:.6g} ({c.status})")
         if self.postprocess is not None:
             lines.append(
                 f"  post-processing: {self.postprocess}; answers moved by {self.postprocess_change:.6g} RMS "
@@ -316,6 +675,38 @@ class Release:
             f"Release({self.answers.size:,} answers; {self.privacy_description}; strategy from {self.optimizer}; "
             f"RMSE {self.rmse:.4g}{'' if self.variance_exact else ' (bound)'}{post})"
         )
+
+
+def _read_prior(info: Any, arrays: dict[str, np.ndarray], source: str, cells: int) -> tuple[tuple[Measurement, ...], dict]:
+    """The earlier measurements and the prior's provenance a release file holds (see :meth:`Release.save`)."""
+    try:
+        entries, provenance = info["measurements"], info["provenance"]
+        if not isinstance(entries, list) or not isinstance(provenance, dict):
+            raise TypeError("'measurements' must be a list and 'provenance' an object")
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{source} is not a valid hdmm release file: its earlier measurements are malformed ({exc})") \
+            from None
+    out = []
+    for i, entry in enumerate(entries):
+        where = f"{source}: earlier measurement {i + 1}"
+        try:
+            A = decode_matrix(entry["tree"], arrays, source=where)
+            privacy = Privacy.from_dict(entry["privacy"])
+            stored = float(entry["sensitivity"])
+            answers = np.asarray(arrays[f"prior_answers_{i}"], dtype=float)
+            charge = None if entry.get("charge") is None else Charge.from_dict(entry["charge"], where)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"{where} is not valid: {exc}") from None
+        if A.shape[1] != cells:
+            raise ValueError(f"{where} is over {A.shape[1]:,} cells, not the release's {cells:,}")
+        if answers.shape != (A.shape[0],) or not np.all(np.isfinite(answers)):
+            raise ValueError(f"{where}: its answers are not one finite number per strategy row")
+        p = strategy_plan(A, privacy)  # the sensitivity and noise scale, recomputed from the strategy
+        if not math.isclose(p.sensitivity, stored, rel_tol=1e-8):
+            raise ValueError(f"{where}: the stored sensitivity {stored!r} is not the strategy's ({p.sensitivity!r}); "
+                             "the file is damaged or was edited")
+        out.append(Measurement(A, answers, privacy, p.sensitivity, p.noise_scale, p.spacing, charge))
+    return tuple(out), provenance
 
 
 # ====================================================================== run
@@ -349,6 +740,9 @@ def run(
     method: str = "auto",
     postprocess: str | None = None,
     reconstruct_options: Mapping[str, Any] | None = None,
+    budget: Budget | None = None,
+    prior: Release | None = None,
+    label: str | None = None,
 ) -> Release:
     r"""Release the answers to workload ``W`` on ``data`` under ``privacy`` (the matrix mechanism).
 
@@ -401,6 +795,24 @@ def run(
         Extra keywords for :func:`~hdmm.mechanism.reconstruct` (``x0``, ``tol``, ``maxiter``); LSMR
         is stopped once more iterations move no workload answer by more than ``tol`` (default 1%)
         of its standard error.
+    budget
+        A :class:`~hdmm.Budget` to charge ``privacy`` to. Checked first (a release the budget
+        cannot pay for, or whose privacy does not compose with it, is refused before any
+        optimization), and charged by :func:`hdmm.measure` once the data is checked and before
+        any noise is drawn (a budget file is written then). When the release is complete the
+        charge is marked ``"released"`` (:meth:`hdmm.Budget.settle`); it is recorded in the
+        release (:attr:`Release.charge`, :meth:`Release.provenance`).
+    prior
+        An earlier :class:`Release` **of the same data** to build on: the new measurement and
+        every measurement the prior rests on are reconstructed together by generalized least
+        squares (the module docstring), so the answers agree with :meth:`Release.answer` of any
+        earlier workload and have smaller errors. Only the new measurement is charged to
+        ``budget``. hdmm cannot check privately that the data is the same (it checks the
+        domain size): reconstructing measurements of different data together gives
+        meaningless answers. The reconstruction route is chosen for the stacked measurements
+        (``method`` applies to the new plan); the new strategy must support ``W`` by itself.
+    label
+        What ``budget`` records as the release's workload (default: the workload's ``repr``).
 
     Returns
     -------
@@ -411,7 +823,10 @@ def run(
     ValueError
         Bad data (shape, NaN, negative counts), a DataFrame without a domain, a strategy over
         another domain or that does not support the workload, an unknown ``method`` or
-        ``postprocess``.
+        ``postprocess``, a ``prior`` over another domain.
+    hdmm.budget.BudgetError
+        A release ``budget`` cannot pay for (:class:`~hdmm.budget.BudgetExceeded`) or whose
+        privacy does not compose with it; nothing is measured.
 
     Notes
     -----
@@ -437,25 +852,58 @@ def run(
     unknown = set(options) - {"x0", "tol", "maxiter"}
     if unknown:
         raise TypeError(f"reconstruct_options takes x0, tol and maxiter, got {sorted(unknown)}")
+    if budget is not None:
+        if not isinstance(budget, Budget):
+            raise TypeError(f"budget must be an hdmm.Budget, got {type(budget).__name__}")
+        budget.check(privacy)  # refused now, before optimizing; charged by measure, before the noise
+    if prior is not None:
+        if not isinstance(prior, Release):
+            raise TypeError(f"prior must be an hdmm Release (from hdmm.run or Release.load), got {type(prior).__name__}")
+        if prior.plan.cells != W.shape[1]:
+            raise ValueError(f"the prior release is over {prior.plan.cells:,} cells but the workload has "
+                             f"{W.shape[1]:,} columns: a release can only build on releases of the same data over the "
+                             "same domain")
     x = _data_vector(data, domain, W.shape[1])
     generator = as_generator(rng)
     lap("data")
     if isinstance(strategy, Plan):
         chosen = _check_plan(strategy, W, privacy, method)
+    elif prior is not None and isinstance(strategy, Matrix):
+        chosen = _measurement_plan(W, strategy, privacy, method)
     else:
         chosen = make_plan(W, strategy, privacy, method=method, seed=generator)
+    combined = None
+    if prior is not None:  # before any noise: the measurements must support the workload together
+        pending = Measurement(chosen.strategy, np.zeros(chosen.strategy.shape[0]), privacy, chosen.sensitivity,
+                              chosen.noise_scale, chosen.spacing)
+        combined = combine(prior.measurements + (pending,), chosen.workload, prior=prior.provenance(),
+                           known=chosen.variances)
     lap("plan")
-    measurement = measure(chosen, x, None if rng is None else generator)  # None: the OS's cryptographic source
+    # None: the OS's cryptographic source
+    measurement = measure(chosen, x, None if rng is None else generator, budget=budget, label=label)
     lap("measure")
-    estimate = reconstruct(chosen, measurement, **options)
+    if combined is None:
+        estimate = reconstruct(chosen, measurement, **options)
+        fit, fit_std = measurement.strategy, measurement.noise_std
+    else:
+        combined = combined.with_last(measurement)
+        options.setdefault("x0", prior.unprocessed_estimate if combined.method == "lsmr" else None)
+        estimate = least_squares(combined.stacked, combined.answers, combined.method, combined.structure,
+                                 noise_std=1.0, workload=chosen.workload, std_errors=np.sqrt(combined.variances),
+                                 **options)
+        fit, fit_std = combined.stacked, 1.0
     lap("reconstruct")
     answers = chosen.workload @ estimate
     lap("answer")
     final_estimate, final_answers = estimate, answers
     if postprocess is not None:
-        final_estimate = _postprocess(measurement, estimate, postprocess)
+        final_estimate = _postprocess(fit, fit_std, estimate, postprocess)
         final_answers = chosen.workload @ final_estimate
         lap("postprocess")
+    if budget is not None:  # the release is complete: its charge (written before the noise) is marked so
+        measurement = dataclasses.replace(measurement, charge=budget.settle(measurement.charge))
+        if combined is not None:
+            combined = dataclasses.replace(combined, measurements=combined.measurements[:-1] + (measurement,))
     return Release(
         plan=chosen,
         measurement=measurement,
@@ -465,7 +913,31 @@ def run(
         unprocessed_answers=answers,
         unprocessed_estimate=estimate,
         timings=timings,
+        combined=combined,
     )
+
+
+def _measurement_plan(W: Matrix, A: Matrix, privacy: Privacy, method: str) -> Plan:
+    """The plan of a release that builds on earlier ones with strategy ``A``.
+
+    ``A`` need only support ``W`` together with the earlier measurements (checked by
+    :func:`combine` before any noise). The plan's variances are those of ``A`` alone when it
+    supports ``W`` by itself (exact, or upper bounds as :func:`hdmm.plan` computes them), else
+    ``None``; the release's come from all measurements.
+    """
+    if A.shape[1] != W.shape[1]:
+        raise ValueError(f"the strategy has {A.shape[1]:,} columns but the workload has {W.shape[1]:,}: both must be "
+                         "over the same domain")
+    p = strategy_plan(A, privacy)
+    queries, weights = unweighted(W)
+    resolved = reconstruction_method(A, method, structure=p.structure)
+    try:
+        unit, exact = unit_query_variances(queries, A, p.structure), True
+    except DenseLimitError:
+        unit, exact = union_variance_bound(queries, p.structure), False
+    variances = privacy.noise_variance(p.sensitivity) * unit if np.all(np.isfinite(unit)) else None
+    return dataclasses.replace(p, workload=queries, weights=weights, method=resolved, variances=variances,
+                               variance_exact=exact)
 
 
 def _check_plan(p: Plan, W: Matrix, privacy: Privacy, method: str) -> Plan:

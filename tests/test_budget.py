@@ -1,0 +1,294 @@
+"""The privacy budget across releases: composition, refusal before any noise, and the budget file."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+import hdmm
+import hdmm.kernel
+from hdmm.budget import Budget, BudgetError, BudgetExceeded, Charge, zcdp_epsilon
+from hdmm.privacy import ZCDP, ApproxDP, PureDP, zcdp_delta, zcdp_rho
+
+X = np.array([3.0, 1.0, 4.0, 1.0, 5.0, 9.0])
+
+
+@pytest.fixture
+def draws(monkeypatch):
+    """Counts the kernel's noise draws (hdmm.noise.draw as the kernel calls it)."""
+    calls = []
+    real = hdmm.kernel.draw
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hdmm.kernel, "draw", counting)
+    return calls
+
+
+def _plan(privacy):
+    return hdmm.plan(hdmm.Prefix(6), hdmm.Identity(6), privacy)
+
+
+# ---------------------------------------------------------------------------------- composition
+def test_pure_dp_adds_epsilons_and_refuses_beyond_the_total():
+    b = Budget(PureDP(1.0))
+    for part in (0.1, 0.2, 0.7):  # decimal parts whose doubles add up to a hair above 1
+        b.charge(PureDP(part), workload="part")
+    assert b.spent == pytest.approx(1.0) and len(b.charges) == 3
+    assert [c.number for c in b.charges] == [1, 2, 3] and all(c.unit == "epsilon" for c in b.charges)
+    with pytest.raises(BudgetExceeded, match="cannot pay"):
+        b.charge(PureDP(1e-6))
+    assert len(b.charges) == 3  # a refused charge records nothing
+
+
+def test_zcdp_adds_rho_and_converts_pure_and_approximate_dp():
+    b = Budget(ZCDP(1.0))
+    assert b.charge(ZCDP(0.25)).cost == 0.25
+    assert b.charge(PureDP(0.5)).cost == pytest.approx(0.125)  # eps^2 / 2
+    rho = zcdp_rho(1.0, 1e-6)
+    assert b.charge(ApproxDP(1.0, 1e-6)).cost == rho  # the rho the discrete Gaussian was calibrated to
+    assert b.spent == pytest.approx(0.375 + rho)
+    assert b.remaining == pytest.approx(1.0 - 0.375 - rho)
+    with pytest.raises(BudgetExceeded):
+        b.check(ZCDP(0.7))
+
+
+def test_approximate_dp_release_noise_satisfies_the_rho_charged():
+    privacy = ApproxDP(1.0, 1e-6)
+    sigma = privacy.noise_scale(1.0)
+    assert 1.0 / (2 * sigma**2) <= Budget(ZCDP(1.0)).cost(privacy)
+
+
+def test_combinations_that_do_not_compose_are_refused():
+    pure = Budget(PureDP(5.0))
+    for privacy in (ZCDP(0.1), ApproxDP(1.0, 1e-6)):
+        with pytest.raises(BudgetError, match="cannot be charged to a pure-DP budget"):
+            pure.charge(privacy)
+    with pytest.raises(BudgetError, match="from_approx_dp"):
+        Budget(ApproxDP(1.0, 1e-6))
+    with pytest.raises(BudgetError, match="zCDP budgets only"):
+        Budget(PureDP(1.0), delta=1e-6)
+    with pytest.raises(TypeError):
+        Budget(1.0)
+
+
+def test_epsilon_delta_reports_by_the_standard_conversion():
+    b = Budget.from_approx_dp(2.0, 1e-6)
+    assert b.total.rho == zcdp_rho(2.0, 1e-6) and b.delta == 1e-6
+    assert b.epsilon_at(total=True) == pytest.approx(2.0, rel=1e-6) and b.epsilon_at(total=True) <= 2.0
+    assert b.epsilon_at() == 0.0
+    b.charge(ApproxDP(1.0, 1e-6))
+    assert b.epsilon_at() == pytest.approx(1.0, rel=1e-6)
+    # two (1, 1e-6) releases: rho adds, so together they cost less than 2 epsilon at the same delta
+    b.charge(ApproxDP(1.0, 1e-6))
+    assert 1.0 < b.epsilon_at() < 2.0
+    assert Budget(PureDP(3.0)).epsilon_at(1e-6, total=True) == 3.0
+    with pytest.raises(BudgetError, match="delta"):
+        Budget(ZCDP(1.0)).epsilon_at()
+
+
+@pytest.mark.parametrize("rho, delta", [(1e-4, 1e-9), (0.01, 1e-6), (0.5, 1e-6), (3.0, 1e-3), (50.0, 1e-10)])
+def test_zcdp_epsilon_inverts_the_conversion(rho, delta):
+    eps = zcdp_epsilon(rho, delta)
+    assert zcdp_delta(rho, eps) <= delta
+    assert zcdp_delta(rho, eps * (1 - 1e-9)) > delta * (1 - 1e-6)  # tight
+    assert eps <= rho + 2 * math.sqrt(rho * math.log(1 / delta))  # at most the classical bound
+    assert zcdp_rho(eps * (1 + 1e-9), delta) >= rho * (1 - 1e-6)
+
+
+# ---------------------------------------------------------------------------------- refusal before noise
+def test_measure_charges_before_the_noise_and_refuses_without_drawing(draws):
+    b = Budget(PureDP(1.5))
+    p = _plan(PureDP(1.0))
+    m = hdmm.measure(p, X, budget=b, label="prefix")
+    assert len(draws) == 1 and m.charge == b.charges[0] and m.charge.workload == "prefix"
+    with pytest.raises(BudgetExceeded, match="nothing was measured"):
+        hdmm.measure(p, X, budget=b)
+    with pytest.raises(BudgetError, match="pure-DP budget"):
+        hdmm.measure(_plan(ZCDP(0.01)), X, budget=b)
+    assert len(draws) == 1 and len(b.charges) == 1
+
+
+def test_run_refuses_an_exhausted_budget_before_planning(draws, monkeypatch):
+    b = Budget(ZCDP(0.1))
+    planned = []
+    monkeypatch.setattr(hdmm.release, "make_plan", lambda *a, **k: planned.append(a))
+    with pytest.raises(BudgetExceeded):
+        hdmm.run(hdmm.Prefix(6), X, ZCDP(0.2), budget=b)
+    assert not draws and not planned and not b.charges
+
+
+def test_bad_data_is_refused_before_the_charge(draws):
+    b = Budget(PureDP(1.0))
+    with pytest.raises(ValueError, match="negative"):
+        hdmm.measure(_plan(PureDP(1.0)), -X, budget=b)
+    assert not b.charges and not draws
+
+
+def test_run_records_and_settles_its_charge():
+    b = Budget(ZCDP(1.0))
+    release = hdmm.run(hdmm.Prefix(6), X, PureDP(1.0), strategy=hdmm.Identity(6), rng=0, budget=b, label="ages")
+    (charge,) = b.charges
+    assert charge.status == "released" and charge.cost == 0.5 and charge.workload == "ages"
+    assert release.charge == charge and release.provenance()["charge"] == charge.to_dict()
+    assert "budget charge 1" in release.summary()
+    plain = hdmm.run(hdmm.Prefix(6), X, PureDP(1.0), strategy=hdmm.Identity(6), rng=0)
+    assert plain.charge is None and plain.provenance()["charge"] is None
+
+
+# ---------------------------------------------------------------------------------- the budget file
+def test_budget_file_round_trip(tmp_path):
+    path = tmp_path / "budget.json"
+    b = Budget.from_approx_dp(3.0, 1e-6)
+    b.save(path)
+    assert b.path == str(path)
+    b.charge(PureDP(0.5), workload="sf1")
+    b.settle(b.charges[0], output="/out/sf1.csv")
+    b.charge(ApproxDP(1.0, 1e-6), workload="pl94")
+    loaded = Budget.load(path)
+    assert loaded.total == b.total and loaded.delta == 1e-6 and loaded.charges == b.charges
+    assert loaded.spent == b.spent and loaded.charges[0].output == "/out/sf1.csv"
+    listed = json.loads(path.read_text())["charges"]
+    assert [set(c) >= {"time", "workload", "privacy", "charge"} for c in listed] == [True, True]
+    assert "pl94" in loaded.summary() and "epsilon" in loaded.summary()
+
+
+def test_each_charge_is_on_disk_before_the_noise_is_drawn(tmp_path, monkeypatch):
+    path = tmp_path / "budget.json"
+    Budget(PureDP(2.0)).save(path)
+    b = Budget.load(path)
+    seen = []
+
+    def draw(*args, **kwargs):
+        seen.append(len(Budget.load(path).charges))
+        raise RuntimeError("power cut")
+
+    monkeypatch.setattr(hdmm.kernel, "draw", draw)
+    with pytest.raises(RuntimeError, match="power cut"):
+        hdmm.measure(_plan(PureDP(1.5)), X, budget=b)
+    assert seen == [1]
+    after = Budget.load(path)  # the failed measurement left its charge: over-counted, never under-counted
+    assert after.spent == 1.5 and after.charges[0].status == "charged"
+    with pytest.raises(BudgetExceeded):
+        hdmm.measure(_plan(PureDP(1.0)), X, budget=after)
+
+
+def test_the_file_is_replaced_atomically(tmp_path, monkeypatch):
+    path = tmp_path / "budget.json"
+    b = Budget(PureDP(2.0))
+    b.save(path)
+    b.charge(PureDP(0.5))
+    before = path.read_bytes()
+
+    def fail(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        b.charge(PureDP(0.5))
+    monkeypatch.undo()
+    assert path.read_bytes() == before and len(b.charges) == 1  # neither file nor budget changed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["budget.json"]  # no temporary left behind
+    b.charge(PureDP(0.5))
+    assert Budget.load(path).spent == 1.0
+
+
+def test_a_file_changed_by_someone_else_is_not_overwritten(tmp_path):
+    path = tmp_path / "budget.json"
+    Budget(PureDP(2.0)).save(path)
+    first, second = Budget.load(path), Budget.load(path)
+    first.charge(PureDP(1.5))
+    with pytest.raises(BudgetError, match="changed since it was read"):
+        second.charge(PureDP(1.5))
+    assert Budget.load(path).spent == 1.5
+
+
+def test_save_never_replaces_another_budget(tmp_path):
+    path = tmp_path / "budget.json"
+    Budget(PureDP(1.0)).save(path)
+    with pytest.raises(BudgetError, match="never replaced"):
+        Budget(PureDP(5.0)).save(path)
+    assert Budget.load(path).total == PureDP(1.0)
+
+
+def _valid() -> dict:
+    b = Budget(ZCDP(1.0))
+    b.charge(ZCDP(0.25), workload="w")
+    return b.to_dict()
+
+
+def _edit(**changes):
+    def make():
+        d = _valid()
+        for key, value in changes.items():
+            if key.startswith("charge_"):
+                d["charges"][0][key[len("charge_"):]] = value
+            else:
+                d[key] = value
+        return json.dumps(d)
+    return make
+
+
+HOSTILE = {
+    "empty": lambda: "",
+    "not json": lambda: "{budget",
+    "a list": lambda: "[1, 2]",
+    "nan": lambda: json.dumps(_valid()).replace('"charge": 0.25', '"charge": NaN'),
+    "deep": lambda: "[" * 100_000 + "]" * 100_000,
+    "huge int": lambda: json.dumps(_valid()).replace('"charge": 0.25', '"charge": ' + "9" * 5000),
+    "wrong format": _edit(format="hdmm-strategy"),
+    "version text": _edit(version="1"),
+    "newer version": _edit(version=99),
+    "unknown entry": _edit(extra=1),
+    "total approx": _edit(total={"type": "ApproxDP", "epsilon": 1.0, "delta": 1e-6}),
+    "total unknown": _edit(total={"type": "Renyi", "alpha": 2}),
+    "total negative": _edit(total={"type": "ZCDP", "rho": -1}),
+    "total text": _edit(total="rho=1"),
+    "bad delta": _edit(delta=2.0),
+    "charges dict": _edit(charges={}),
+    "cost edited": _edit(charge_charge=0.01),
+    "cost negative": _edit(charge_charge=-0.25),
+    "cost text": _edit(charge_charge="0.25"),
+    "number": _edit(charge_number=2),
+    "number bool": _edit(charge_number=True),
+    "status": _edit(charge_status="refunded"),
+    "unit": _edit(charge_unit="epsilon"),
+    "privacy": _edit(charge_privacy={"type": "ZCDP"}),
+    "privacy kind": _edit(charge_privacy={"type": "PureDP", "epsilon": 1.0, "extra": 2}),
+    "time": _edit(charge_time=17),
+    "output": _edit(charge_output=[1]),
+    "binary": lambda: b"\xff\xfe\x00garbage",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_a_hostile_or_malformed_file_gives_one_clear_error(tmp_path, name):
+    path = tmp_path / "budget.json"
+    content = HOSTILE[name]()
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ValueError) as info:
+        Budget.load(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_missing_directory_and_oversized_files(tmp_path):
+    with pytest.raises(ValueError, match="does not exist.*hdmm budget create"):
+        Budget.load(tmp_path / "none.json")
+    with pytest.raises(ValueError, match="is a directory"):
+        Budget.load(tmp_path)
+    path = tmp_path / "budget.json"
+    Budget(PureDP(1.0)).save(path)
+    with pytest.raises(ValueError, match="larger than 10 bytes"):
+        Budget.load(path, max_bytes=10)
+
+
+def test_charge_records_round_trip():
+    c = Charge(number=3, time="2024-01-01T00:00:00+00:00", workload="sf1", privacy=ApproxDP(1.0, 1e-6), cost=0.1,
+               unit="rho", status="released", output="out.csv")
+    assert Charge.from_dict(json.loads(json.dumps(c.to_dict()))) == c
