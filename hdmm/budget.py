@@ -263,7 +263,7 @@ class Budget:
     >>> Budget(PureDP(1.0)).charge(ZCDP(0.1))
     Traceback (most recent call last):
     ...
-    hdmm.budget.BudgetError: a zCDP, rho=0.1 release (Gaussian noise) cannot be charged to a pure-DP budget: Gaussian noise is not pure DP for any epsilon; keep a zCDP budget (Budget(ZCDP(rho)) or Budget.from_approx_dp) for Gaussian releases
+    hdmm.budget.BudgetError: a zCDP, rho=0.1 release (Gaussian noise) cannot be charged to a pure-DP budget: Gaussian noise is not pure DP for any epsilon; keep a zCDP budget for Gaussian releases (Budget(ZCDP(rho)), Budget.from_approx_dp, or hdmm budget create FILE --rho R)
     """
 
     __slots__ = ("_total", "_delta", "_charges", "_created", "_path", "_digest")
@@ -354,8 +354,8 @@ class Budget:
                 return privacy.epsilon
             raise BudgetError(
                 f"a {privacy.description} release (Gaussian noise) cannot be charged to a pure-DP budget: Gaussian "
-                "noise is not pure DP for any epsilon; keep a zCDP budget (Budget(ZCDP(rho)) or "
-                "Budget.from_approx_dp) for Gaussian releases"
+                "noise is not pure DP for any epsilon; keep a zCDP budget for Gaussian releases (Budget(ZCDP(rho)), "
+                "Budget.from_approx_dp, or hdmm budget create FILE --rho R)"
             )
         if isinstance(privacy, PureDP):
             return privacy.epsilon**2 / 2.0
@@ -605,12 +605,19 @@ def _replace_file(path: str, text: str, digest: str | None, *, new: bool = False
                               "nothing was charged: load it again with Budget.load and retry")
     data = text.encode("utf-8")
     directory, name = os.path.split(path)
+    try:  # the file keeps its permissions; a new one gets the umask's, as open() would give it
+        mode = os.stat(path).st_mode & 0o777
+    except FileNotFoundError:
+        mask = os.umask(0o022)
+        os.umask(mask)
+        mode = 0o666 & ~mask
     handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as file:
             file.write(data)
             file.flush()
             os.fsync(file.fileno())
+        os.chmod(temporary, mode)
         if new and os.path.lexists(path):
             raise BudgetError(f"{path} appeared while the budget was being saved; nothing was replaced")
         os.replace(temporary, path)

@@ -7,6 +7,9 @@
     hdmm optimize --workload sf1 --epsilon 1 --output sf1.npz  # optimise once ...
     hdmm release  --workload sf1 --epsilon 1 --strategy sf1.npz  # ... release many times
     hdmm error    --workload sf1 --epsilon 1 --strategy sf1.npz --plot error.png
+    hdmm budget create budget.json --epsilon 3                 # a privacy budget across releases ...
+    hdmm release  --workload sf1 --epsilon 1 --budget budget.json  # ... charged before measuring
+    hdmm budget show budget.json
     hdmm demo                                                  # SF1 size, Identity error, bound
     hdmm --version
 
@@ -24,6 +27,14 @@ parameters, the strategy's origin, the hdmm version, the workload and the data s
 in the Parquet file's key-value metadata (key ``hdmm``) or, for CSV, in a JSON file next to
 it (``<output>.json``). Ratios of errors are ratios of RMSEs (root mean squared error per
 query), as labelled.
+
+``--budget FILE`` charges the release to a privacy budget file (:class:`hdmm.Budget`, made by
+``hdmm budget create FILE --epsilon E`` or ``--rho R``, or ``--epsilon E --delta D`` for a zCDP
+budget that implies (E, D)-DP). The file is read and the charge checked before anything else,
+so an exhausted budget refuses the release before the data is read; the charge is written to
+the file (atomically) after the data is checked and before any noise is drawn, so a release
+that fails after that point still counts; once the release is written the charge is marked
+``released`` with the output's name. The provenance records the charge and the budget after it.
 """
 
 from __future__ import annotations
@@ -46,6 +57,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from .bound import svd_bound
+from .budget import Budget
 from .error import per_query_variance
 from .catalog import NamedWorkload, load_workload, named_workload
 from .cli_geography import add_geography_options, geography_release
@@ -353,9 +365,13 @@ def _json_default(value: Any) -> Any:
 
 
 def _provenance(args: argparse.Namespace, named: NamedWorkload, source: str, records: int | None, result: Release,
-                strategy: dict[str, Any], level: float) -> dict[str, Any]:
+                strategy: dict[str, Any], level: float, budget: Budget | None = None) -> dict[str, Any]:
     """What a release file records: the release's own provenance, and how the command made it."""
     base = result.provenance()
+    if budget is not None and base["charge"] is not None:
+        base["charge"] = {**base["charge"], "output": os.path.abspath(args.output)}
+        base["budget"] = {"file": budget.path, "total": budget.total.to_dict(), "spent": budget.spent,
+                          "remaining": budget.remaining, "unit": budget.unit}
     return {
         "format": "hdmm-release-provenance",
         "version": 1,
@@ -385,7 +401,10 @@ def release(args: argparse.Namespace) -> None:
     """
     privacy = _privacy(args)
     if args.geography is not None:
+        if args.budget is not None:
+            raise UsageError("--budget is not supported with --geography yet: geography releases are charged by hand")
         return geography_release(args, privacy, _workload(args.workload))
+    budget = None if args.budget is None else _budget(args.budget, privacy)
     if args.output is not None:
         _check_release_output(args.output, args.overwrite)
     named = _workload(args.workload)
@@ -402,7 +421,8 @@ def release(args: argparse.Namespace) -> None:
         plan_seconds = time.perf_counter() - start
         steps.update()
         steps.set_description("release: measure, reconstruct, answer")
-        result = run(named.workload, x, privacy, strategy=chosen, rng=args.noise_seed, postprocess=args.postprocess)
+        result = run(named.workload, x, privacy, strategy=chosen, rng=args.noise_seed, postprocess=args.postprocess,
+                     budget=budget, label=args.workload)
         steps.update()
     # run was handed a finished plan: the time that plan took (optimization included) is the CLI's to report
     step = "optimize and plan" if args.strategy == "auto" else "plan"
@@ -437,9 +457,56 @@ def release(args: argparse.Namespace) -> None:
     else:
         level = float(table.attrs.get("level", 0.95))
         written = _write(table, args.output, _provenance(args, named, source, len(records) if public else None, result,
-                                                         provenance, level))
+                                                         provenance, level, budget))
         print(f"wrote {len(table):,} rows to {args.output}"
               + ("" if len(written) == 1 else f"; privacy, strategy and hdmm version to {written[1]}"))
+        if budget is not None:
+            budget.settle(result.charge, output=os.path.abspath(args.output))
+    if budget is not None:
+        print(f"budget {budget.path}: charged {budget.unit} {result.charge.cost:.6g}; spent {budget.spent:.6g} of "
+              f"{_amount(budget)}, {budget.remaining:.6g} left")
+
+
+def _amount(budget: Budget) -> str:
+    total = budget.total
+    return f"{total.epsilon:g}" if budget.unit == "epsilon" else f"{total.rho:g}"
+
+
+def _budget(path: str, privacy: Privacy) -> Budget:
+    """``release --budget``: the budget file, read and checked to pay for ``privacy`` before any work."""
+    if not os.path.exists(path):
+        raise UsageError(f"--budget {path} does not exist; create it first: hdmm budget create {path} --epsilon E "
+                         "(pure DP) or --rho R (zCDP), or --epsilon E --delta D")
+    budget = Budget.load(path)
+    budget.check(privacy)
+    _probe_directory(path, "--budget")
+    return budget
+
+
+def budget_create(args: argparse.Namespace) -> None:
+    """``hdmm budget create FILE``: a new budget file with a total (never replacing one)."""
+    privacy = _privacy(args)
+    if os.path.lexists(args.file):
+        raise UsageError(f"{args.file} exists: a budget file is never replaced (its charges would be forgotten); "
+                         f"see it with: hdmm budget show {args.file}")
+    _probe_directory(args.file, "budget create")
+    if isinstance(privacy, ApproxDP):
+        budget = Budget.from_approx_dp(privacy.epsilon, privacy.delta)
+    else:
+        budget = Budget(privacy)
+    budget.save(args.file)
+    print(f"created {args.file}: {budget.total.description}"
+          + ("" if budget.delta is None else f", which implies (epsilon={privacy.epsilon:g}, "
+             f"delta={budget.delta:g})-DP for all releases charged to it together"))
+
+
+def budget_show(args: argparse.Namespace) -> None:
+    """``hdmm budget show FILE``: the total, what is spent and left, and every charge."""
+    budget = Budget.load(args.file)
+    print(budget.summary())
+    if args.delta is not None:
+        print(f"  as (epsilon, delta)-DP at delta = {args.delta:g}: spent epsilon = "
+              f"{budget.epsilon_at(args.delta):.6g} of {budget.epsilon_at(args.delta, total=True):.6g}")
 
 
 def optimize_command(args: argparse.Namespace) -> None:
@@ -600,6 +667,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--evaluate", action="store_true", help="also show the number of records, the time spent reading "
                    "them and the RMSE against the true answers: NOT differentially private, for evaluation on "
                    "synthetic or public data only (always shown for the built-in synthetic data)")
+    p.add_argument("--budget", metavar="FILE", help="charge the release to this privacy budget file (made by 'hdmm "
+                   "budget create'): refused before the data is read if it cannot pay; the charge is written before "
+                   "any noise is drawn")
     _add_search(p)
     add_geography_options(p)
     p.set_defaults(run=release)
@@ -620,6 +690,21 @@ def parser() -> argparse.ArgumentParser:
                    "pip install 'hdmm[plot]'")
     _add_search(p)
     p.set_defaults(run=error_command)
+
+    p = sub.add_parser("budget", help="a privacy budget across releases: create a budget file, or show one",
+                       description="A privacy budget file holds a total (pure DP epsilon, or zCDP rho) and every "
+                       "release charged to it (hdmm release --budget FILE). Pure DP adds epsilons; zCDP adds rho, a "
+                       "pure-DP release costing epsilon^2/2 and an (epsilon, delta) release the rho its noise is "
+                       "calibrated to.")
+    actions = p.add_subparsers(dest="action", required=True)
+    q = actions.add_parser("create", help="create a budget file with a total (an existing file is never replaced)")
+    q.add_argument("file", help="the budget file to create (.json)")
+    _add_privacy(q)
+    q.set_defaults(run=budget_create)
+    q = actions.add_parser("show", help="the total, what is spent and left, and every charge")
+    q.add_argument("file", help="a budget file")
+    q.add_argument("--delta", type=float, help="also state a zCDP budget as (epsilon, delta)-DP at this delta")
+    q.set_defaults(run=budget_show)
 
     p = sub.add_parser("demo", help="SF1 Persons: workload size, Identity error and the SVD bound")
     _add_privacy(p, default_epsilon=1.0)

@@ -1,0 +1,112 @@
+"""``hdmm budget`` and ``hdmm release --budget``: a budget file charged before any noise, refused when exhausted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_files import write_workload_and_records
+
+import hdmm.cli as cli
+import hdmm.kernel
+from hdmm.budget import Budget
+from hdmm.cli import main
+from hdmm.privacy import ApproxDP, zcdp_rho
+
+SPEC = {"domain": {"age": 8, "sex": ["female", "male"]},
+        "queries": [{"name": "age by sex", "age": "prefix", "sex": "identity"}]}
+
+
+@pytest.fixture
+def files(tmp_path):
+    return write_workload_and_records(tmp_path, SPEC, 200)
+
+
+def fails(argv, capsys) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("hdmm: error: ") and "Traceback" not in "\n".join(err)
+    return err[-1]
+
+
+def release(workload, data, *more, privacy=("--epsilon", "1")):
+    return ["release", "--workload", workload, "--data", data, *privacy, "--strategy", "identity", *more]
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    def reached(*args, **kwargs):
+        raise AssertionError("the CLI started work before the budget was checked")
+
+    for name in ("optimize", "plan", "run", "_records"):
+        monkeypatch.setattr(cli, name, reached)
+
+
+def test_create_release_show_and_refuse_when_exhausted(files, capsys, monkeypatch):
+    tmp, workload, data = files
+    budget = str(tmp / "budget.json")
+    assert main(["budget", "create", budget, "--epsilon", "1.5"]) == 0
+    assert "created" in capsys.readouterr().out
+    out = tmp / "r.csv"
+    assert main(release(workload, data, "--budget", budget, "--output", str(out), "--noise-seed", "1")) == 0
+    printed = capsys.readouterr().out
+    assert "budget charge 1: epsilon 1 (released)" in printed and "spent 1 of 1.5, 0.5 left" in printed
+    (charge,) = Budget.load(budget).charges
+    assert charge.status == "released" and charge.output == str(out) and charge.workload == workload
+    provenance = json.loads((tmp / "r.csv.json").read_text())
+    assert provenance["charge"] == charge.to_dict()
+    assert provenance["budget"] == {"file": budget, "total": {"type": "PureDP", "epsilon": 1.5}, "spent": 1.0,
+                                    "remaining": 0.5, "unit": "epsilon"}
+    assert main(["budget", "show", budget]) == 0
+    shown = capsys.readouterr().out
+    assert "spent epsilon = 1 in 1 charge(s); remaining 0.5" in shown and str(out) in shown
+    before = open(budget, "rb").read()
+    for name in ("optimize", "plan", "run", "_records"):  # refused before reading the data or planning
+        monkeypatch.setattr(cli, name, lambda *a, **k: pytest.fail("work started"))
+    assert "cannot pay" in fails(release(workload, data, "--budget", budget), capsys)
+    assert "pure-DP budget" in fails(release(workload, data, "--budget", budget, privacy=("--rho", "0.01")), capsys)
+    assert open(budget, "rb").read() == before
+
+
+def test_an_approximate_dp_budget_is_kept_in_zcdp(files, capsys):
+    tmp, workload, data = files
+    budget = str(tmp / "budget.json")
+    assert main(["budget", "create", budget, "--epsilon", "3", "--delta", "1e-6"]) == 0
+    assert "implies (epsilon=3, delta=1e-06)-DP" in capsys.readouterr().out
+    assert main(release(workload, data, "--budget", budget, privacy=("--epsilon", "1", "--delta", "1e-6"))) == 0
+    capsys.readouterr()
+    loaded = Budget.load(budget)
+    assert loaded.unit == "rho" and loaded.charges[0].cost == zcdp_rho(1.0, 1e-6)
+    assert loaded.charges[0].privacy == ApproxDP(1.0, 1e-6)
+    assert main(["budget", "show", budget, "--delta", "1e-9"]) == 0
+    assert "at delta = 1e-09" in capsys.readouterr().out
+
+
+def test_the_charge_is_on_disk_before_the_noise(files, monkeypatch):
+    tmp, workload, data = files
+    budget = str(tmp / "budget.json")
+    assert main(["budget", "create", budget, "--rho", "1"]) == 0
+
+    def crash(*args, **kwargs):
+        assert len(Budget.load(budget).charges) == 1
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hdmm.kernel, "draw", crash)
+    with pytest.raises(KeyboardInterrupt):
+        main(release(workload, data, "--budget", budget, "--output", str(tmp / "r.csv"), privacy=("--rho", "0.5")))
+    (charge,) = Budget.load(budget).charges
+    assert charge.status == "charged" and charge.output is None and charge.cost == 0.5
+    assert not (tmp / "r.csv").exists()
+
+
+def test_budget_file_problems_are_one_line(files, no_work, capsys):
+    tmp, workload, data = files
+    missing = str(tmp / "none.json")
+    assert "hdmm budget create" in fails(release(workload, data, "--budget", missing), capsys)
+    bad = tmp / "bad.json"
+    bad.write_text('{"format": "hdmm-budget", "version": 1, "total": {"type": "PureDP", "epsilon": "lots"}}')
+    assert str(bad) in fails(release(workload, data, "--budget", str(bad)), capsys)
+    assert str(bad) in fails(["budget", "show", str(bad)], capsys)
+    assert "never replaced" in fails(["budget", "create", str(bad), "--epsilon", "1"], capsys)
+    assert "give a privacy budget" in fails(["budget", "create", str(tmp / "new.json")], capsys)
+    assert "--geography" in fails(release(workload, data, "--budget", missing, "--geography", "state"), capsys)
