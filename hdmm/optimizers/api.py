@@ -27,10 +27,12 @@ from tqdm import tqdm
 from ..bound import SVDBound, svd_bound
 from ..error import ErrorResult
 from ..kron_union import kron_union
+from ..marginals import subset_keys
 from ..matrix import Matrix
 from ..privacy import ZCDP, Privacy, PureDP
 from .kron import opt_kron_union
 from .marginals import opt_marginals_strategy, residual_strategy
+from .max_variance import MaxVarianceProblem, max_variance_residual
 from .registry import REGISTRY, Problem, union_candidate
 from .union import check_groups, default_groups, opt_union_groups
 
@@ -223,6 +225,11 @@ class OptimizationResult:
     optimal : bool
         Whether the strategy is certified optimal: its exact error equals the exact SVD lower
         bound (to a relative ``OPTIMAL_RTOL``), so no strategy of any kind does better.
+    objective : str
+        ``"total"`` (total squared error) or ``"max_variance"`` (the largest per-query variance).
+    max_variance : float or None
+        Under ``objective="max_variance"``: the strategy's largest per-query variance under
+        ``privacy`` (``error`` is still its total squared error).
     """
 
     strategy: Matrix
@@ -232,6 +239,8 @@ class OptimizationResult:
     bound: SVDBound
     report: pd.DataFrame = field(repr=False)
     optimal: bool = False
+    objective: str = "total"
+    max_variance: float | None = None
 
     @property
     def rmse(self) -> float:
@@ -240,7 +249,7 @@ class OptimizationResult:
 
 def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=None,
              optimizers: Sequence[str] | None = None, progress: bool | Callable[[str], None] = False,
-             exhaustive: bool = False) -> OptimizationResult:
+             exhaustive: bool = False, objective: str = "total") -> OptimizationResult:
     """Run every registered optimizer that applies to ``W`` under ``privacy`` and keep the best strategy.
 
     The candidates (:data:`~hdmm.optimizers.registry.REGISTRY`, in this order): ``identity``
@@ -265,10 +274,23 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     groups; :attr:`~hdmm.optimizers.registry.Optimizer.skip`) is skipped by default with the
     reason in the report; naming it in ``optimizers`` runs it. ``exhaustive=True`` runs every
     chosen optimizer regardless.
+
+    ``objective="max_variance"`` minimizes the largest per-query variance instead of the total
+    (agencies publish per-table accuracy; :mod:`.max_variance`). Implemented under Gaussian noise
+    for workloads whose queries within each Kronecker term share their variance (marginals,
+    identities, totals; union weights scale the terms' variances, so they set per-table
+    targets): the best residual strategy, from a small convex program with a certified duality
+    gap. The report compares it with the total-error residual strategy; ``result.max_variance``
+    is its largest variance, and ``result.bound`` the SVD bound, which divided by the number of
+    queries bounds every strategy's mean, hence largest, variance.
     """
     _check(W, restarts=restarts)
     if not isinstance(privacy, Privacy):
         raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
+    if objective == "max_variance":
+        return _optimize_max_variance(W, privacy)
+    if objective != "total":
+        raise ValueError(f"objective must be 'total' or 'max_variance', got {objective!r}")
     bar = None
     say = (lambda line: bar.set_postfix_str(line)) if progress is True else (progress or None)
     problem = Problem(W, privacy, restarts, _rng(seed), say)
@@ -318,3 +340,46 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     is_optimal = bool(report.loc[report["optimizer"] == name, "note"].iloc[0] == "optimal")
     return OptimizationResult(candidate.strategy, name, problem.error_result(candidate), privacy, bound, report,
                               is_optimal)
+
+
+def _optimize_max_variance(W: Matrix, privacy: Privacy) -> OptimizationResult:
+    """``optimize(..., objective="max_variance")``: the best residual strategy for the largest variance."""
+    if privacy.noise != "gaussian":
+        raise ValueError("the max-variance objective is implemented under Gaussian noise (ApproxDP or ZCDP), with "
+                         "residual strategies; under PureDP optimize the total (objective='total')")
+    problem = Problem(W, privacy)
+    unit = problem.unit_variance
+    bound = svd_bound(W, privacy, seed=0)
+    rows = []
+    start = time.perf_counter()
+    total_strategy, _ = residual_strategy(W, problem.union)
+    reference = MaxVarianceProblem(problem.union)
+    lam = np.asarray(total_strategy.weights) ** 2  # residual weights are sqrt(lambda_T N)
+    rows.append({"optimizer": "residual (total)", "max variance": np.nan, "total squared error":
+                 float(problem.expected_error(total_strategy)), "seconds": time.perf_counter() - start,
+                 "note": "the total-error optimum"})
+    rows[-1]["max variance"] = unit * reference.objective(_inverse_levels(reference, total_strategy, lam))
+    start = time.perf_counter()
+    solution = max_variance_residual(W, problem.union)
+    error = problem.expected_error(solution.strategy)
+    rows.append({"optimizer": "max_variance", "max variance": unit * solution.value, "total squared error":
+                 float(error), "seconds": time.perf_counter() - start,
+                 "note": f"optimal among residual strategies (relative duality gap {solution.gap:.1e})"})
+    report = pd.DataFrame(rows)
+    report["rmse"] = np.sqrt(report["total squared error"] / W.shape[0])
+    mean_bound = bound.value / W.shape[0]
+    report["max variance / SVD mean-variance bound"] = report["max variance"] / mean_bound if mean_bound > 0 else np.inf
+    report = report[["optimizer", "max variance", "total squared error", "seconds", "rmse",
+                     "max variance / SVD mean-variance bound", "note"]]
+    return OptimizationResult(solution.strategy, "max_variance", error, privacy, bound, report, False,
+                              "max_variance", unit * solution.value)
+
+
+def _inverse_levels(problem: MaxVarianceProblem, strategy: Matrix, lam: np.ndarray) -> np.ndarray:
+    """``x_T = 1 / lambda_T`` of a residual strategy on the problem's subsets (normalised by ``N``)."""
+    keys = subset_keys(strategy.members)
+    order = np.argsort(keys)
+    wanted = problem.spectrum.keys[problem.subsets]
+    pos = order[np.searchsorted(keys[order], wanted)]
+    N = float(np.prod(np.array(problem.union.sizes, dtype=float)))
+    return N / lam[pos]

@@ -1,0 +1,98 @@
+"""optimize(..., objective="max_variance"): the residual strategy minimizing the largest per-query variance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+
+import hdmm
+from hdmm.marginals import AllMarginals, Marginals
+from hdmm.optimizers.max_variance import MaxVarianceProblem, max_variance_residual
+
+GAUSS = hdmm.ZCDP(0.5)
+
+
+def _weighted_marginals(sizes, k, seed):
+    base = AllMarginals(sizes, k)
+    rng = np.random.default_rng(seed)
+    return Marginals.from_members(sizes, base.members, 0.3 + rng.random(base.members.shape[0]))
+
+
+def _dense_variances(W: hdmm.Matrix, A: hdmm.Matrix, privacy) -> np.ndarray:
+    Wd, Ad = W.dense(), A.dense()
+    sensitivity = np.sqrt((Ad**2).sum(axis=0)).max()
+    Xp = np.linalg.pinv(Ad.T @ Ad)
+    return privacy.noise_variance(sensitivity) * np.einsum("ij,jk,ik->i", Wd, Xp, Wd)
+
+
+@pytest.mark.parametrize("sizes, k, seed", [((3, 4, 2), 2, 0), ((2, 3, 2, 3), 3, 1), ((5, 2, 3), 1, 2)])
+def test_the_largest_variance_matches_dense_numpy(sizes, k, seed):
+    W = _weighted_marginals(sizes, k, seed)
+    result = hdmm.optimize(W, hdmm.ApproxDP(1.0, 1e-6), objective="max_variance")
+    dense = _dense_variances(W, result.strategy, hdmm.ApproxDP(1.0, 1e-6))
+    assert result.max_variance == pytest.approx(dense.max(), rel=1e-9)
+    assert result.strategy.sensitivity(2) == pytest.approx(1.0)
+    assert float(result.error) == pytest.approx(dense.sum(), rel=1e-9)
+    report = result.report.set_index("optimizer")
+    # the total-error residual strategy has a larger worst query, and nothing beats the mean-variance bound
+    total = hdmm.opt_residual(W, hdmm.ApproxDP(1.0, 1e-6))
+    assert report.loc["residual (total)", "max variance"] == pytest.approx(
+        _dense_variances(W, total, hdmm.ApproxDP(1.0, 1e-6)).max(), rel=1e-9)
+    assert report.loc["max_variance", "max variance"] <= report.loc["residual (total)", "max variance"] * (1 + 1e-9)
+    assert (report["max variance / SVD mean-variance bound"] >= 1 - 1e-9).all()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_optimum_matches_a_general_convex_solver(seed):
+    W = _weighted_marginals((3, 2, 4), 2, seed)
+    solution = max_variance_residual(W)
+    problem = MaxVarianceProblem(hdmm.kron_union.kron_union(W))
+    A, t = problem.A.toarray()[problem.terms], problem.t
+    k = t.size
+
+    # min s over (z, s): (A e^z)_j <= s, sum_T t_T e^-z_T <= 1 (x = e^z), by SLSQP from x = 1
+    z0 = np.log(np.full(k, t.sum()))
+    s0 = float((A @ np.exp(z0)).max())
+    cons = [{"type": "ineq", "fun": lambda v: v[-1] - A @ np.exp(v[:-1])},
+            {"type": "ineq", "fun": lambda v: 1.0 - np.sum(t * np.exp(-v[:-1]))}]
+    found = minimize(lambda v: v[-1], np.r_[z0, s0], constraints=cons, method="SLSQP",
+                     options={"maxiter": 1000, "ftol": 1e-12})
+    assert found.success
+    assert solution.value == pytest.approx(found.fun, rel=1e-5)
+    assert solution.dual_bound <= solution.value and solution.gap < 1e-8
+    # every residual strategy is at least the dual bound
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        assert problem.objective(rng.random(problem.t.size) + 0.01) >= solution.dual_bound * (1 - 1e-12)
+
+
+def test_symmetric_marginals_reduce_to_a_few_classes():
+    dom = hdmm.Domain([f"x{i}" for i in range(30)], [10] * 30)
+    solution = max_variance_residual(hdmm.AllMarginals(dom, 3))
+    assert solution.classes == (4, 4) and solution.gap < 1e-8
+    assert solution.value == pytest.approx(2540.44027, rel=1e-8)
+
+
+def test_weights_set_per_table_targets():
+    # doubling a table's weight asks for a quarter of its variance
+    sizes = (3, 4, 5)
+    plain = Marginals(sizes, {(0, 1): 1.0, (1, 2): 1.0})
+    favoured = Marginals(sizes, {(0, 1): 2.0, (1, 2): 1.0})
+    variances = {}
+    for name, W in (("plain", plain), ("favoured", favoured)):
+        A = hdmm.optimize(W, GAUSS, objective="max_variance").strategy
+        v = hdmm.per_query_variance(Marginals(sizes, {(0, 1): 1.0, (1, 2): 1.0}), A, GAUSS)
+        variances[name] = (v[:12].max(), v[12:].max())
+    assert variances["favoured"][0] < variances["plain"][0]
+    assert variances["favoured"][0] * 4 == pytest.approx(variances["favoured"][1], rel=1e-6)
+
+
+def test_unsupported_objectives_and_workloads_say_why():
+    W = AllMarginals((3, 4), 2)
+    with pytest.raises(ValueError, match="Gaussian noise"):
+        hdmm.optimize(W, hdmm.PureDP(1.0), objective="max_variance")
+    with pytest.raises(ValueError, match="objective must be"):
+        hdmm.optimize(W, GAUSS, objective="worst")
+    with pytest.raises(ValueError, match="same variance"):
+        hdmm.optimize(hdmm.Prefix(6), GAUSS, objective="max_variance")
