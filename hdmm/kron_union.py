@@ -244,9 +244,15 @@ class KronUnion:
         over many attributes deviates from the totals only on each marginal's few attributes,
         so per-term products cost what those few do.
         """
-        defaults = np.array([np.bincount(self.index[:, i]).argmax() if self.num_terms else 0
-                             for i in range(self.dim)], dtype=np.intp)
-        terms, attributes = np.nonzero(self.index != defaults)
+        defaults = np.zeros(self.dim, dtype=np.intp)
+        if self.num_terms:
+            counts = [len(fs) for fs in self.factors]
+            two = np.flatnonzero(np.array(counts) == 2)  # e.g. marginals: one column sum decides
+            if two.size:
+                defaults[two] = 2 * self.index[:, two].sum(axis=0, dtype=np.int64) > self.num_terms
+            for i in np.flatnonzero(np.array(counts) > 2):
+                defaults[i] = np.bincount(self.index[:, i]).argmax()
+        terms, attributes = np.nonzero(self.index != defaults.astype(self.index.dtype))
         return defaults, terms, attributes, self.index[terms, attributes]
 
     def products(self, values: Sequence[np.ndarray], exclude: int | None = None) -> np.ndarray:
