@@ -7,10 +7,11 @@
         --tree geography.csv --engine spark --output out/
 
 The geography tree must be public: by default the built-in SYNTHETIC United States
-(:mod:`census_workloads.geography`, which the built-in synthetic people live in); for other data
-give ``--tree`` (a CSV or Parquet table with one row per finest unit and the ``--geography``
-columns, e.g. from the Census gazetteer). It is never taken from the data: which units have
-people is private. ``--invariants state`` holds the data's state totals exact: they are then
+(:mod:`census_workloads.geography`, which the built-in synthetic people live in, e.g. written to
+Parquet with ``census_workloads.geography.synthetic_persons_in``); for other data give ``--tree``
+(a CSV or Parquet table with one row per finest unit and the ``--geography`` columns, e.g. from
+the Census gazetteer). Records with codes not in the tree are refused, all named. The tree is
+never taken from the data: which units have people is private. ``--invariants state`` holds the data's state totals exact: they are then
 published without noise and are not protected. The output is a Parquet dataset partitioned by
 level (``out/level=state/...``) with the provenance in ``out/_provenance.json``. Everything is
 checked before any noise is drawn, and nothing is written unless the whole release succeeds.
@@ -43,8 +44,8 @@ def add_geography_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--geography", help="the levels below the nation, coarsest first, as data columns, e.g. "
                    "state,county,tract; the output is then a Parquet dataset partitioned by level")
     g.add_argument("--tree", default=None, help="the public geography: a .csv or .parquet table with one row per "
-                   "finest unit and the --geography columns (default: the built-in synthetic United States, "
-                   "for the built-in synthetic data)")
+                   "finest unit and the --geography columns (default: the built-in synthetic United States of "
+                   "census_workloads.geography; never taken from the data)")
     g.add_argument("--levels", help="the released levels (default: nation and every --geography level)")
     g.add_argument("--engine", choices=["local", "spark"], default="local", help="one process (default) or Apache "
                    "Spark (pip install 'hdmm[spark]', Java 17+; local[2] unless a Spark session is active)")
@@ -59,11 +60,8 @@ def _levels(text: str) -> list[str]:
     return levels
 
 
-def _tree(args: argparse.Namespace, levels: list[str], synthetic: bool) -> GeographyTree:
+def _tree(args: argparse.Namespace, levels: list[str]) -> GeographyTree:
     if args.tree is None:
-        if not synthetic:
-            raise ValueError("--tree FILE is needed with --data: the public table of geography units (one row per "
-                             "finest unit); it is never read from the data, since which units have people is private")
         from census_workloads.geography import us_tree
 
         if tuple(levels) not in (("state",), ("state", "county"), ("state", "county", "tract")):
@@ -125,7 +123,7 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     synthetic = args.data in (None, "synthetic")
     if synthetic and not (named.data or "").startswith("synthetic"):
         raise ValueError("this workload has no built-in data: give --data FILE.parquet (or .csv) and --tree")
-    tree = _tree(args, levels, synthetic)
+    tree = _tree(args, levels)
     released = None if args.levels is None else _levels(args.levels)
     start = time.perf_counter()
     if synthetic:

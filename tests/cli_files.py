@@ -17,3 +17,27 @@ def write_workload_and_records(tmp_path, spec: dict, count: int) -> tuple:
     ages = rng.integers(0, 8, count)
     pd.DataFrame({"age": ages, "sex": rng.choice(["female", "male"], count)}).to_csv(data, index=False)
     return tmp_path, str(workload), str(data)
+
+
+GEO_SPEC = {"domain": {"age": 8, "sex": ["female", "male"]},
+            "queries": [{"name": "age by sex", "age": "prefix", "sex": "identity"}]}
+
+
+def write_geography_files(tmp_path):
+    """A JSON person workload ``w.json``, a public table of units ``units.csv`` (2 states, 3 counties)
+    and 600 people in them (``people.csv``, ``people.parquet``)."""
+    (tmp_path / "w.json").write_text(json.dumps(GEO_SPEC))
+    units = pd.DataFrame({"state": ["01", "01", "02"], "county": ["001", "003", "001"]})
+    units.to_csv(tmp_path / "units.csv", index=False)
+    rng = np.random.default_rng(0)
+    people = units.sample(600, replace=True, random_state=1).reset_index(drop=True).assign(
+        age=rng.integers(0, 8, 600), sex=rng.choice(["female", "male"], 600))
+    people.to_csv(tmp_path / "people.csv", index=False)
+    people.to_parquet(tmp_path / "people.parquet", index=False)
+    return tmp_path
+
+
+def geography_release_args(tmp_path, *more) -> list[str]:
+    """``hdmm release`` of the files of :func:`write_geography_files` by state and county."""
+    return ["release", "--workload", str(tmp_path / "w.json"), "--rho", "0.5", "--geography", "state,county",
+            "--tree", str(tmp_path / "units.csv"), "--noise-seed", "3", *more]

@@ -4,37 +4,52 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
+
+from cli_files import geography_release_args, write_geography_files
 
 from hdmm.cli import main
 
 pytest.importorskip("pyarrow")
 
+@pytest.fixture
+def files(tmp_path):
+    return write_geography_files(tmp_path)
 
-def test_geography_release_writes_every_level(tmp_path, capsys):
-    out = tmp_path / "out"
-    code = main(["release", "--workload", "sf1", "--epsilon", "1", "--geography", "state", "--people", "20000",
-                 "--strategy", "identity", "--noise-seed", "3", "--invariants", "state", "--output", str(out)])
+
+_release = geography_release_args
+
+
+def test_geography_release_writes_every_level(files, capsys):
+    out = files / "out"
+    code = main(_release(files, "--data", str(files / "people.csv"), "--invariants", "state", "--output", str(out)))
     text = capsys.readouterr().out
     assert code == 0, text
-    assert "not protected" in text and "expected RMSE" in text
-    states = pd.read_parquet(out / "level=state")
-    nation = pd.read_parquet(out / "level=nation")
-    assert len(states) == 51 * 4151 and len(nation) == 4151
+    assert "not protected" in text and "expected RMSE" in text and "600" not in text
+    states, nation = pd.read_parquet(out / "level=state"), pd.read_parquet(out / "level=nation")
+    assert len(states) == 2 * 16 and len(nation) == 16 and len(pd.read_parquet(out / "level=county")) == 3 * 16
     meta = json.loads((out / "_provenance.json").read_text())
-    assert meta["privacy"]["epsilon"] == 1.0 and meta["seeded"] is True
-    # consistency: the nation's answers are the sums of the states'
-    summed = states.groupby("query", observed=True)["answer"].sum()
-    pd.testing.assert_series_equal(nation.set_index("query")["answer"].loc[summed.index], summed,
-                                   check_names=False, rtol=1e-9)
+    assert meta["privacy"]["rho"] == 0.5 and meta["seeded"] is True
+    summed = states.groupby("query", observed=True)["answer"].sum()  # the nation is the sum of its states
+    np.testing.assert_allclose(nation.set_index("query")["answer"].loc[summed.index], summed, rtol=1e-9)
+
+
+def test_built_in_synthetic_states(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["release", "--workload", "sf1", "--epsilon", "1", "--geography", "state", "--people", "2000",
+                 "--noise-seed", "1", "--output", str(out)]) == 0
+    assert "2,000 built-in SYNTHETIC people" in capsys.readouterr().out
+    assert len(pd.read_parquet(out / "level=state")) == 51 * 4151
 
 
 @pytest.mark.parametrize("extra, message", [
     (["--workload", "sf1-states", "--geography", "state"], "has a 'state' attribute"),
-    (["--workload", "sf1", "--geography", "state", "--data", "people.csv"], "--tree FILE is needed"),
+    (["--workload", "sf1", "--geography", "state", "--tree", "units.txt"], "expected a .csv or .parquet table"),
     (["--workload", "sf1", "--geography", "county"], "built-in geography has the levels"),
     (["--workload", "sf1", "--geography", "state", "--invariants", "tract"], "no level 'tract'"),
+    (["--workload", "sf1", "--geography", "state", "--postprocess", "integer"], "not integer"),
 ])
 def test_geography_refusals(tmp_path, capsys, extra, message):
     code = main(["release", "--epsilon", "1", "--strategy", "identity", "--people", "1000", *extra,
@@ -42,6 +57,14 @@ def test_geography_refusals(tmp_path, capsys, extra, message):
     assert code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_records_outside_the_tree_are_refused_before_noise(files, capsys):
+    people = pd.read_csv(files / "people.csv", dtype={"state": str, "county": str})
+    people.loc[5, "county"] = "999"
+    people.to_csv(files / "bad.csv", index=False)
+    assert main(_release(files, "--data", str(files / "bad.csv"), "--output", str(files / "o"))) == 2
+    assert "not leaves of the tree" in capsys.readouterr().err and not (files / "o").exists()
 
 
 def test_geography_output_must_be_new(tmp_path, capsys):

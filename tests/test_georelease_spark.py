@@ -11,6 +11,9 @@ import pytest
 
 import hdmm
 from hdmm.geography import GeographyError, GeographyTree
+from cli_files import geography_release_args, write_geography_files
+
+from hdmm.cli import main
 from hdmm.georelease import ArrayHistograms, RecordHistograms, geo_plan, release_geography
 
 pytest.importorskip("pyspark")
@@ -127,3 +130,16 @@ def test_missing_spark_names_the_extra(monkeypatch):
     monkeypatch.delenv("JAVA_HOME", raising=False)
     with pytest.raises(RuntimeError, match="Java 17"):
         engine.spark_session()
+
+
+def test_cli_spark_engine_reads_a_parquet_of_people(spark, tmp_path, capsys):
+    files = write_geography_files(tmp_path)
+    _release = geography_release_args
+    out = files / "out"
+    code = main(_release(files, "--data", str(files / "people.parquet"), "--engine", "spark", "--output", str(out)))
+    assert code == 0, capsys.readouterr().err
+    local = files / "local"
+    assert main(_release(files, "--data", str(files / "people.parquet"), "--output", str(local))) == 0
+    a = pd.read_parquet(out / "level=county").sort_values(["code", "query"])
+    b = pd.read_parquet(local / "level=county").sort_values(["code", "query"])
+    np.testing.assert_allclose(a["answer"].to_numpy(), b["answer"].to_numpy(), rtol=1e-9, atol=1e-9)

@@ -37,7 +37,8 @@ def test_the_readme_geography_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     exec(compile(blocks[0], str(README), "exec"), namespace)
-    geo, plan = namespace["geo"], namespace["plan"]
+    geo = namespace["geo"]
+    assert namespace["plan"].variance_exact
     assert len(geo.table("county")) == 3 * namespace["W"].shape[0]
     totals = geo.totals("state")
     assert totals.tolist() == pytest.approx(list(namespace["state_totals"].values()))
