@@ -230,11 +230,13 @@ def opt_kron_union(
     expected total squared error under unit noise variance (``privacy.unit_noise()``).
 
     An attribute whose terms all use totals gets the total (optimal for them, the identity
-    aside). One Kronecker product separates by attribute, so it gets one round. ``memo`` (a dict
-    shared by several calls, e.g. OPT_+'s groups) reuses first-round one-attribute solutions
-    for effective Grams equal up to scale (the scale does not change the best strategy).
+    aside). One Kronecker product separates by attribute, so it gets one round. First-round
+    one-attribute solutions are reused for effective Grams equal up to scale (the scale does not
+    change the best strategy): between attributes (AllRange on each axis of a cube is solved
+    once) and, through ``memo`` (a dict shared by several calls), between OPT_+'s groups.
     """
     rng = np.random.default_rng() if rng is None else rng
+    memo = {} if memo is None else memo
     d = union.dim
     w2 = union.weights**2
     if np.count_nonzero(w2) == 1:
@@ -263,7 +265,7 @@ def opt_kron_union(
             else:
                 G_eff = _effective_gram(grams[i], coef)
                 key = None
-                if memo is not None and round_ == 0:
+                if round_ == 0:
                     fingerprint = _fingerprint(G_eff)
                     key = None if fingerprint is None else (fingerprint, privacy.norm, p, restarts)
                 if key is not None and key in memo:
