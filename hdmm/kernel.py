@@ -79,9 +79,9 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
         charged once the data is checked and before any noise is drawn (a budget kept in a file
         writes it first), and a measurement the budget cannot pay for is refused with
         :class:`~hdmm.budget.BudgetExceeded` without drawing anything. The charge is recorded
-        in the measurement (:attr:`Measurement.charge`). If the measurement fails after the
-        charge (it cannot, short of a crash or an interrupt), the charge stays: a budget
-        over-counts, never under-counts.
+        in the measurement (:attr:`Measurement.charge`). If anything fails after the charge (a
+        crash, an interrupt, an unexpected error), the charge stays: a budget over-counts, never
+        under-counts.
     label
         What the budget records as the release's workload (default: the plan's workload).
 
