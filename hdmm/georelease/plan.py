@@ -97,6 +97,17 @@ class GeoPlan:
     _cache: dict = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ structure
+    def memo(self, key: str, make: Callable[[], object]):
+        """``make()`` computed once per plan and kept (derived, data-independent objects)."""
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    @property
+    def labels(self) -> list[str]:
+        """The person queries' labels, in row order."""
+        return self.memo("labels", lambda: [str(x) for x in self.person.workload.labels])
+
     @property
     def solver(self) -> TreeSolver:
         """The tree Gram's solver for the level weights."""

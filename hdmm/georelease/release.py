@@ -21,7 +21,6 @@ every unit's estimate is the sum of its finest measured descendants' estimates.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ import pandas as pd
 
 from .passes import Partition, TreePasses, partition_down, partition_up, top_passes
 from .plan import GeoPlan
+from .files import finish_output, start_output, write_units
 from .nonneg import check_nonnegative, nonnegative_estimates
 from .steps import apply_invariants, invariant_multipliers, measure_top, provenance
 from .units import HistogramSource, check_source, measure_partition
@@ -100,7 +100,12 @@ class GeoRelease:
     def save(self, path: str | os.PathLike) -> None:
         """Write a Parquet dataset partitioned by level (``path/level=<name>/...``) with the provenance
         in every file's metadata and in ``path/_provenance.json``. Needs ``pyarrow`` (``hdmm[parquet]``)."""
-        write_parquet(path, (self.table(self.plan.tree.levels[d]) for d in self.plan.levels), self.provenance())
+        meta = self.provenance()
+        partial = start_output(path)
+        for d in self.plan.levels:
+            write_units(partial, self.plan, d, np.arange(self.plan.tree.sizes[d]), self.answers(d),
+                        self.std_errors(d), meta, "part-0")
+        finish_output(partial, path, meta)
 
     def __repr__(self) -> str:
         levels = ", ".join(f"{self.plan.tree.levels[d]}: {self.plan.tree.sizes[d]:,}" for d in self.plan.levels)
@@ -122,37 +127,6 @@ def _level_table(plan: GeoPlan, d: int, answers: np.ndarray, std_errors: np.ndar
         "answer": answers.ravel(),
         "std_error": std_errors.ravel(),
     })
-
-
-def write_parquet(path, tables, meta: dict) -> None:
-    """Write tables (each one level) as a Parquet dataset partitioned by level, nothing half-written:
-    into ``path.partial`` first, renamed to ``path`` at the end. Every row names the privacy spent
-    (column ``privacy``, dictionary encoded) and every file holds the provenance (metadata key ``hdmm``)."""
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ImportError("writing Parquet needs pyarrow: pip install 'hdmm[parquet]'") from None
-    path = os.fspath(path)
-    if os.path.exists(path):
-        raise FileExistsError(f"{path} exists: choose a new output directory (a release is never overwritten)")
-    partial = path + ".partial"
-    if os.path.exists(partial):
-        raise FileExistsError(f"{partial} exists (left by an interrupted run?): remove it first")
-    os.makedirs(partial)
-    text = json.dumps(meta)
-    for df in tables:
-        level = str(df["level"].iloc[0]) if len(df) else None
-        if level is None:
-            continue
-        table = pa.Table.from_pandas(df.drop(columns=["level"]).assign(
-            query=df["query"].astype(str), privacy=meta["privacy_description"]), preserve_index=False)
-        table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"hdmm": text.encode()})
-        os.makedirs(os.path.join(partial, f"level={level}"), exist_ok=True)
-        pq.write_table(table, os.path.join(partial, f"level={level}", "part-0.parquet"))
-    with open(os.path.join(partial, "_provenance.json"), "w") as fh:
-        json.dump(meta, fh, indent=2)
-    os.rename(partial, path)
 
 
 def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "local", seed: int | None = None,

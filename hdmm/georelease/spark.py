@@ -42,6 +42,7 @@ from ..domain import Domain
 from ..geography import GeographyError
 from .passes import Partition, TreePasses, partition_down, partition_up, top_passes
 from .plan import GeoPlan
+from .files import finish_output, start_output, write_units
 from .steps import measure_top, provenance
 from .units import check_source, measure_partition
 
@@ -121,8 +122,8 @@ G_ROW, ROOT_ROW = -1, -2
 
 _NO_INDEX = np.zeros(0, dtype=np.int64)
 
-#: Units per pandas frame in the answers stage (each unit is ``queries`` rows).
-UNITS_PER_FRAME = 64
+#: Units per file in the answers stage (each unit is ``queries`` rows).
+UNITS_PER_FILE = 1024
 
 
 def _unit_rows(partition: int, vectors: dict[int, np.ndarray], part: Partition) -> list[dict]:
@@ -369,27 +370,29 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
         coarse = apply_invariants_coarse
     timings["invariants"] = time.perf_counter() - start
     # ---------------------------------------------------------------- stage 3: labelled answers
+    # every task writes its units' answers straight to Parquet with dictionary-encoded labels
+    # (through Spark's row conversion the strings cost as much time as measuring)
     start = time.perf_counter()
-    released = [d for d in plan.levels]
+    released = list(plan.levels)
     std = {d: (plan.noise_variance * plan.unit_variances(d), plan.invariant_reduction(d)) for d in released}
     h_gamma = plan.total_direction if inv is not None else None
-    labels = [str(x) for x in plan.person.workload.labels]
-    aux_b = sc.broadcast((lam, std, h_gamma, labels))
-    out_schema = ("code string, name string, query string, answer double, std_error double, privacy string, "
-                  "level string")
-    spent = plan.privacy.description  # every row says what the release spent (Spark writes many files)
+    meta = provenance(plan, seed is not None)
+    partial = start_output(output)
+    aux_b = sc.broadcast((lam, std, h_gamma, meta, partial))
 
     def stage3(batches):
+        from pyspark import TaskContext
+
         p = plan_b.value
-        lam_, std_, hg, labels_ = aux_b.value
+        lam_, std_, hg, meta_, partial_ = aux_b.value
         qv = p.query_variances
-        for pdf in batches:
+        task = TaskContext.get().partitionId()
+        written = 0
+        for b, pdf in enumerate(batches):
             for d, group in pdf.groupby("level"):
                 d = int(d)
-                if d not in std_:
-                    continue
-                for first in range(0, len(group), UNITS_PER_FRAME):
-                    chunk = group.iloc[first:first + UNITS_PER_FRAME]
+                for first in range(0, len(group), UNITS_PER_FILE):
+                    chunk = group.iloc[first:first + UNITS_PER_FILE]
                     units = chunk["unit"].to_numpy()
                     values = np.vstack(chunk["values"].to_numpy())[:, :-1]
                     tree_var, reduction = std_[d]
@@ -399,41 +402,18 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
                         if reduction is not None:
                             var = np.maximum(var - p.noise_variance * np.outer(reduction[units], hg[0] ** 2 / hg[1]),
                                              0)
-                    q = values.shape[1]
-                    codes = np.asarray(p.tree.codes(d), dtype=object)[units]
-                    names_ = np.asarray(p.tree.names(d), dtype=object)[units]
-                    yield pd.DataFrame({
-                        "code": np.repeat(codes, q), "name": np.repeat(names_, q),
-                        "query": np.tile(np.asarray(labels_, dtype=object), len(units)),
-                        "answer": values.ravel(), "std_error": np.sqrt(var).ravel(), "privacy": spent,
-                        "level": p.tree.levels[d],
-                    })
+                    written += write_units(partial_, p, d, units, values, np.sqrt(var), meta_,
+                                           f"part-{task:05d}-{b:05d}-{first:07d}")
+        yield pd.DataFrame({"rows": [written]})
 
     fine = estimates_df.filter(F.col("level") >= P).filter(F.col("level").isin(released))
-    answers = fine.mapInPandas(stage3, out_schema)
-    coarse_rows = []
+    rows = int(fine.mapInPandas(stage3, "rows long").groupBy().sum("rows").collect()[0][0] or 0)
     for d in released:
         if d < P:
-            block = coarse[d][:, :-1]
-            var = plan.variances(d)
-            q = block.shape[1]
-            coarse_rows.append(pd.DataFrame({
-                "code": np.repeat(np.asarray(tree.codes(d), dtype=object), q),
-                "name": np.repeat(np.asarray(tree.names(d), dtype=object), q),
-                "query": np.tile(np.asarray(labels, dtype=object), tree.sizes[d]),
-                "answer": block.ravel(), "std_error": np.sqrt(var).ravel(), "privacy": spent,
-                "level": tree.levels[d]}))
-    if coarse_rows:
-        answers = answers.unionByName(spark.createDataFrame(pd.concat(coarse_rows, ignore_index=True),
-                                                            schema=out_schema))
-    partial = output + ".partial"
-    import json
-
-    meta = provenance(plan, seed is not None)
-    answers.write.partitionBy("level").option("compression", "snappy").parquet(partial)
-    with open(os.path.join(partial, "_provenance.json"), "w") as fh:
-        json.dump(meta, fh, indent=2)
-    os.rename(partial, output)
+            rows += write_units(partial, plan, d, np.arange(tree.sizes[d]), coarse[d][:, :-1],
+                                np.sqrt(plan.variances(d)), meta, "part-driver")
+    finish_output(partial, output, meta)
     shutil.rmtree(work, ignore_errors=True)
     timings["stage 3 (answers)"] = time.perf_counter() - start
+    say(f"  stage 3: wrote {rows:,} answers in {timings['stage 3 (answers)']:.1f} s")
     return SparkGeoRelease(plan, output, spark.read.parquet(output), seeded=seed is not None, timings=timings)

@@ -212,9 +212,7 @@ def measure_units(plan: GeoPlan, level: int, first: int, X: sp.csr_matrix | np.n
                 out[i] = measure(unit, x, rng=rng).answers / w
         return out
     out = np.empty((X.shape[0], plan.queries + 1))
-    if "answer operator" not in plan._cache:
-        plan._cache["answer operator"] = answer_operator(plan)
-    fast = plan._cache["answer operator"]
+    fast = plan.memo("answer operator", lambda: answer_operator(plan))
     w = float(plan.level_weights[level])
     for i in range(X.shape[0]):
         x = X[i].toarray().ravel() if sp.issparse(X) else np.asarray(X[i], dtype=float)

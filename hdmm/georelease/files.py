@@ -1,0 +1,85 @@
+"""Release files: a Parquet dataset partitioned by level, written the same way by both engines.
+
+``<output>/level=<name>/part-*.parquet`` hold one row per unit and query: ``code``, ``name``,
+``query`` (dictionary encoded: a unit's code and a query's label are stored once per file),
+``answer``, ``std_error`` and ``privacy`` (what the release spent, on every row, since a dataset
+has many files). Every file carries the provenance as JSON in its key-value metadata (key
+``hdmm``), and ``<output>/_provenance.json`` holds it once more. Files are written into
+``<output>.partial`` and the directory is renamed at the end (:func:`finish_output`), so a
+failed release leaves no output that looks complete. Needs ``pyarrow`` (``hdmm[parquet]``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from .plan import GeoPlan
+
+__all__ = ["start_output", "write_units", "finish_output", "partial_path"]
+
+
+def _arrow():
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError("writing Parquet needs pyarrow: pip install 'hdmm[parquet]'") from None
+    return pa, pq
+
+
+def partial_path(path: str | os.PathLike) -> str:
+    """Where a release is written before it is complete."""
+    return os.fspath(path) + ".partial"
+
+
+def start_output(path: str | os.PathLike) -> str:
+    """Check that ``path`` is new and create ``path.partial``; returns the partial directory."""
+    _arrow()
+    path = os.fspath(path)
+    if os.path.exists(path):
+        raise FileExistsError(f"{path} exists: choose a new output directory (a release is never overwritten)")
+    partial = partial_path(path)
+    if os.path.exists(partial):
+        raise FileExistsError(f"{partial} exists (left by an interrupted run?): remove it first")
+    os.makedirs(partial)
+    return partial
+
+
+def write_units(partial: str, plan: GeoPlan, level: int, units: np.ndarray, answers: np.ndarray,
+                std_errors: np.ndarray, meta: dict, name: str) -> int:
+    """Write the answers of ``units`` (positions at ``level``) as ``partial/level=<level>/<name>.parquet``.
+
+    Returns the number of rows written.
+    """
+    pa, pq = _arrow()
+    tree, q = plan.tree, answers.shape[1]
+    units = np.asarray(units, dtype=np.int64)
+    n = units.size
+    codes = pa.array([tree.codes(level)[u] for u in units.tolist()], type=pa.string())
+    names = pa.array([tree.names(level)[u] for u in units.tolist()], type=pa.string())
+    labels = pa.array(plan.labels, type=pa.string())
+    per_unit = np.repeat(np.arange(n, dtype=np.int32), q)
+    table = pa.table({
+        "code": pa.DictionaryArray.from_arrays(pa.array(per_unit), codes),
+        "name": pa.DictionaryArray.from_arrays(pa.array(per_unit), names),
+        "query": pa.DictionaryArray.from_arrays(pa.array(np.tile(np.arange(q, dtype=np.int32), n)), labels),
+        "answer": pa.array(np.ascontiguousarray(answers, dtype=float).ravel()),
+        "std_error": pa.array(np.ascontiguousarray(std_errors, dtype=float).ravel()),
+        "privacy": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n * q, dtype=np.int32)),
+                                                  pa.array([meta["privacy_description"]])),
+    })
+    table = table.replace_schema_metadata({b"hdmm": json.dumps(meta).encode()})
+    directory = os.path.join(partial, f"level={tree.levels[level]}")
+    os.makedirs(directory, exist_ok=True)
+    pq.write_table(table, os.path.join(directory, f"{name}.parquet"))
+    return n * q
+
+
+def finish_output(partial: str, path: str | os.PathLike, meta: dict) -> None:
+    """Write ``_provenance.json`` and rename the partial directory to ``path``."""
+    with open(os.path.join(partial, "_provenance.json"), "w") as fh:
+        json.dump(meta, fh, indent=2)
+    os.rename(partial, os.fspath(path))
