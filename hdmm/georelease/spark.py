@@ -64,8 +64,9 @@ def require_spark() -> None:
                            "JAVA_HOME)")
 
 
-def spark_session(master: str = "local[2]"):
-    """A Spark session for hdmm (the active one if any, else a new one on ``master``)."""
+def spark_session(master: str = "local[2]", memory: str = "4g"):
+    """A Spark session for hdmm: the active one if any, else a new one on ``master`` whose driver
+    (in local mode also the executors) gets ``memory``."""
     require_spark()
     from pyspark.sql import SparkSession
 
@@ -77,6 +78,7 @@ def spark_session(master: str = "local[2]"):
     return (SparkSession.builder.master(master).appName("hdmm")
             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
             .config("spark.sql.shuffle.partitions", "8")
+            .config("spark.driver.memory", memory)
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .getOrCreate())
