@@ -12,7 +12,7 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
 def test_the_notebooks_are_there():
-    assert {p.stem for p in NOTEBOOKS} == {"quickstart", "sf1_release", "adult_marginals"}
+    assert {p.stem for p in NOTEBOOKS} == {"quickstart", "sf1_release", "adult_marginals", "geography"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
