@@ -45,9 +45,9 @@ from scipy.stats import norm
 
 from .budget import Budget, Charge
 from .domain import Domain
-from .error import unit_query_variances
+from .error import exact_route, unit_query_variances
 from .kernel import Counts, as_generator, measure
-from .matrix import DenseLimitError, Matrix, VStack, Weighted
+from .matrix import DENSE_LIMIT, DenseLimitError, Matrix, VStack, Weighted
 from .mechanism import Measurement, least_squares, reconstruct, reconstruction_method
 from .optimizers import OptimizationResult
 from .planning import Plan, check_inputs, plan_from_json, plan_to_json, strategy_plan, union_variance_bound
@@ -56,6 +56,7 @@ from .io import FORMAT, MAX_BYTES, VERSION, decode_matrix, encode_matrix, read_a
 from .planning import plan as make_plan
 from .privacy import Privacy
 from .structure import Structure, classify
+from .traces import SUPPORT_TOL, gram_inverse, squared_row_norms
 from .workload import unweighted
 
 __all__ = ["Release", "Answers", "Combined", "run", "combine", "POSTPROCESS_OPTIONS", "table_names"]
@@ -153,16 +154,26 @@ class Combined:
         r"""Per-query variances of workload ``W`` (unweighted) answered from the combined estimate, and whether exact.
 
         Exact, :math:`\mathrm{diag}(W (B^TB)^+ W^T)`, when :math:`B`'s structure has a closed form
-        (Kronecker, marginals algebra) or the domain is small enough for a dense pseudo-inverse.
-        Otherwise an upper bound: least squares on all measurements (the best linear unbiased
-        estimator) does at least as well as any one distinct strategy alone, or any single
-        Kronecker term of :math:`B` alone, whose variances are exact and cheap; ``known`` adds
-        variances known for ``W`` another way (a plan's). ``inf`` for a query nothing supports.
+        (Kronecker, marginals algebra) or the domain is small enough (``N^2 <= DENSE_LIMIT``) for
+        a dense inverse of :math:`B^TB`, computed once per combination (Cholesky, or the
+        pseudo-inverse when singular; :func:`hdmm.traces.gram_inverse`) and reused by
+        :meth:`Release.answer`. Otherwise an upper bound: least squares on all measurements (the
+        best linear unbiased estimator) does at least as well as any one distinct strategy
+        alone, or any single Kronecker term of :math:`B` alone, whose variances are exact and
+        cheap; ``known`` adds variances known for ``W`` another way (a plan's). ``inf`` for a
+        query nothing supports.
         """
-        try:
+        n = W.shape[1]
+        if exact_route(W, self.stacked, structure=self.structure) != "dense":
             return unit_query_variances(W, self.stacked, self.structure), True
-        except DenseLimitError:
-            pass
+        if n * n <= DENSE_LIMIT:
+            inverse, projector = gram_inverse(self.stacked)  # cached while the stacked strategy lives
+            unit = _quadratic_diag(W, inverse)
+            identity = np.eye(n)
+            if not np.array_equal(projector, identity):  # rows outside B's row space are not supported
+                outside = _quadratic_diag(W, identity - projector)
+                unit = np.where(outside > SUPPORT_TOL * squared_row_norms(W), np.inf, unit)
+            return unit, True
         best = union_variance_bound(W, self.structure)
         if known is not None:
             best = np.minimum(best, known)
@@ -172,6 +183,30 @@ class Combined:
             except DenseLimitError:
                 continue
         return best, False
+
+
+#: Columns per block when :func:`_quadratic_diag` cannot form ``W`` densely.
+QUADRATIC_BLOCK = 256
+
+
+def _quadratic_diag(W: Matrix, X: np.ndarray) -> np.ndarray:
+    r""":math:`\mathrm{diag}(W X W^T)` for a dense ``X``, in blocks of columns when ``W`` is too large to make dense.
+
+    Block :math:`J` adds :math:`\sum_{j \in J} (WX)_{ij} W_{ij}` from the implicit products
+    :math:`W X_{:,J}` and :math:`W I_{:,J}` (``m x QUADRATIC_BLOCK`` each).
+    """
+    try:
+        return W.quadratic_diag(X)
+    except DenseLimitError:
+        pass
+    n = W.shape[1]
+    out = np.zeros(W.shape[0])
+    for lo in range(0, n, QUADRATIC_BLOCK):
+        hi = min(lo + QUADRATIC_BLOCK, n)
+        columns = np.zeros((n, hi - lo))
+        columns[np.arange(lo, hi), np.arange(hi - lo)] = 1.0
+        out += np.sum((W @ X[:, lo:hi]) * (W @ columns), axis=1)
+    return out
 
 
 def combine(measurements: Sequence[Measurement], W: Matrix, *, prior: Mapping[str, Any] | None = None,

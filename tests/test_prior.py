@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import hdmm
-import hdmm.error
 import hdmm.kernel
+import hdmm.release
 from hdmm.matrix import Explicit, Kronecker, VStack
 from hdmm.privacy import ZCDP, ApproxDP, PureDP
 
@@ -106,7 +106,7 @@ def test_variances_are_upper_bounds_where_no_exact_route_applies(monkeypatch):
     r1 = hdmm.run(W, x, ZCDP(0.5), strategy=hdmm.Identity(n), rng=1)
     A2 = Explicit(np.random.default_rng(3).normal(size=(8, n)))
     exact = hdmm.run(W, x, ZCDP(0.5), strategy=A2, rng=2, prior=r1)
-    monkeypatch.setattr(hdmm.error, "DENSE_LIMIT", 10)  # no dense pseudo-inverse: bounds only
+    monkeypatch.setattr(hdmm.release, "DENSE_LIMIT", 10)  # no dense inverse: bounds only
     bounded = hdmm.run(W, x, ZCDP(0.5), strategy=A2, rng=2, prior=r1)
     assert exact.variance_exact and not bounded.variance_exact
     assert np.all(bounded.variances >= exact.variances * (1 - 1e-9))
@@ -202,3 +202,18 @@ def test_answer_refuses_unsupported_and_foreign_workloads():
     with pytest.raises(ValueError, match="columns"):
         r.answer(hdmm.Identity(n + 1))
     assert r.answer(VStack([hdmm.Total(n), hdmm.Total(n)])).answers.shape == (2,)
+
+
+def test_dense_variances_by_column_blocks_when_the_workload_is_too_large_to_form(monkeypatch):
+    dom = hdmm.Domain(["a", "b"], [6, 7])
+    W = hdmm.union([hdmm.product(dom, {"a": hdmm.Prefix(6)}), hdmm.DimKMarginals(dom, 1)])
+    X = np.random.default_rng(0).normal(size=(42, 42))
+    X = X @ X.T
+    expected = np.einsum("ij,jk,ik->i", W.dense(), X, W.dense())
+
+    def refuse(self, X):
+        raise hdmm.DenseLimitError("too large")
+
+    monkeypatch.setattr(type(W), "quadratic_diag", refuse)
+    monkeypatch.setattr(hdmm.release, "QUADRATIC_BLOCK", 5)
+    np.testing.assert_allclose(hdmm.release._quadratic_diag(W, X), expected, rtol=1e-10)
