@@ -94,5 +94,7 @@ def test_unsupported_objectives_and_workloads_say_why():
         hdmm.optimize(W, hdmm.PureDP(1.0), objective="max_variance")
     with pytest.raises(ValueError, match="objective must be"):
         hdmm.optimize(W, GAUSS, objective="worst")
+    with pytest.raises(ValueError, match="optimizers= does not apply"):
+        hdmm.optimize(W, GAUSS, objective="max_variance", optimizers=["residual"])
     with pytest.raises(ValueError, match="same variance"):
         hdmm.optimize(hdmm.Prefix(6), GAUSS, objective="max_variance")

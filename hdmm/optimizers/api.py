@@ -288,6 +288,8 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     if not isinstance(privacy, Privacy):
         raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
     if objective == "max_variance":
+        if optimizers is not None:
+            raise ValueError("objective='max_variance' solves the residual program only; optimizers= does not apply")
         return _optimize_max_variance(W, privacy)
     if objective != "total":
         raise ValueError(f"objective must be 'total' or 'max_variance', got {objective!r}")
