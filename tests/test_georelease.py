@@ -286,13 +286,49 @@ def test_nonnegative_release_is_consistent_and_reports_its_change():
     assert np.any(ls.answers(3) < 0)  # the post-processing had something to do
 
 
+def test_nonnegative_release_holds_state_invariants():
+    tree = small_country(5)
+    H = sp.csr_matrix(np.random.default_rng(4).integers(0, 3, size=(tree.leaves, DOMAIN.size)).astype(float))
+    b = tree.leaf_bounds(1)
+    states = {f"s{s}": float(H[b[s]:b[s + 1]].sum()) for s in range(3)}
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.3), strategy=AP, invariants={"state": states})
+    nn = release_geography(plan, ArrayHistograms(H), seed=2, postprocess="nonnegative")
+    np.testing.assert_allclose(nn.totals("state"), list(states.values()), rtol=1e-9)
+    assert nn.totals("nation")[0] == pytest.approx(sum(states.values()), rel=1e-9)
+    for d in range(tree.depth):
+        children = np.add.reduceat(nn.estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
+        np.testing.assert_allclose(nn.estimates[d], children, rtol=1e-9, atol=1e-8)
+    assert all(np.all(nn.answers(d) >= -1e-9) for d in plan.levels)
+
+
+def test_transport_projection_matches_a_general_solver():
+    from scipy.optimize import minimize
+
+    from hdmm.georelease.nonneg import transport_projection
+
+    rng = np.random.default_rng(0)
+    truth = rng.poisson(2, size=(3, 6)).astype(float)
+    V = truth + rng.normal(0, 2, size=truth.shape)
+    X = transport_projection(V, truth.sum(axis=0), truth.sum(axis=1))
+    constraints = [{"type": "eq", "fun": lambda x, j=j: x.reshape(3, 6)[:, j].sum() - truth[:, j].sum()}
+                   for j in range(6)]
+    constraints += [{"type": "eq", "fun": lambda x, i=i: x.reshape(3, 6)[i].sum() - truth[i].sum()} for i in range(2)]
+    best = minimize(lambda x: ((x - V.ravel()) ** 2).sum(), np.maximum(V, 0).ravel(), constraints=constraints,
+                    bounds=[(0, None)] * 18, method="SLSQP", options={"ftol": 1e-14, "maxiter": 1000})
+    np.testing.assert_allclose(X, best.x.reshape(3, 6), atol=1e-6)
+    np.testing.assert_allclose(X.sum(axis=0), truth.sum(axis=0), atol=1e-12)
+
+
 def test_nonnegative_refusals_come_before_noise(monkeypatch):
     tree = small_country()
     H = sp.csr_matrix(np.ones((tree.leaves, DOMAIN.size)))
     calls = _count_noise(monkeypatch)
-    totals = {f"s{s}": float(H[tree.leaf_bounds(1)[s]:tree.leaf_bounds(1)[s + 1]].sum()) for s in range(3)}
-    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, invariants={"state": totals})
-    with pytest.raises(GeographyError, match="invariants below the root"):
+    state = int(np.flatnonzero(np.diff(tree.child_bounds(1)) > 1)[0])  # a state with several counties
+    county = int(tree.child_bounds(1)[state])
+    lo, hi = tree.leaf_bounds(2)[county], tree.leaf_bounds(2)[county + 1]
+    some = {tree.codes("county")[county]: float(H[lo:hi].sum())}
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, invariants={"county": some})
+    with pytest.raises(GeographyError, match="all or none"):
         release_geography(plan, ArrayHistograms(H), postprocess="nonnegative")
     with pytest.raises(ValueError, match="local engine only"):
         release_geography(plan, ArrayHistograms(H), engine="spark", postprocess="nonnegative")

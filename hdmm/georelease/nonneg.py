@@ -11,11 +11,18 @@ non-negative estimate is made top down, one parent at a time:
   :math:`\{v \ge 0, \sum_i v_i = x^+_u[j]\}` (:func:`simplex_projection`), so the children are
   non-negative and add up to their parent exactly (up to rounding) in every cell.
 
+* a family whose children's totals are held (invariants, or implied by their own children's
+  invariants) is projected onto the transportation polytope
+  :math:`\{V \ge 0, \sum_i V_{ij} = x^+_u[j], \sum_j V_{ij} = t_i\}`
+  (:func:`transport_projection`): the solution is :math:`\max(\hat V - \alpha_j - \beta_i, 0)`,
+  and alternating exact maximization of the dual over :math:`\alpha` (one simplex threshold per
+  cell) and :math:`\beta` (one per child) converges to it; the cells add up to the parent's
+  exactly (the last step) and the totals to the invariants up to ``TRANSPORT_RTOL``.
+
 Each step is a Euclidean projection, so it moves the estimate as little as possible; the
 answers move by what :attr:`NonNegative.change` reports (RMSE of the change per level). The
 walk is depth first, holding the cells of one path and of one family of children at a time.
-Invariants below the root are not combined with non-negativity (each family would need a
-transportation projection); such plans are refused.
+A family where only some children have invariants is refused (declare all of them, or none).
 
 >>> V = np.array([[3.0, -1.0], [1.0, 2.0]])      # two children, two cells
 >>> simplex_projection(V, np.array([2.0, 1.0])).tolist()
@@ -31,8 +38,8 @@ import numpy as np
 from ..geography import GeographyError
 from .plan import GeoPlan
 
-__all__ = ["simplex_projection", "NonNegative", "check_nonnegative", "nonnegative_estimates", "MAX_FAMILY_CELLS",
-           "MAX_HELD_MEASUREMENTS"]
+__all__ = ["simplex_projection", "transport_projection", "thresholds", "known_totals", "NonNegative",
+           "check_nonnegative", "nonnegative_estimates", "MAX_FAMILY_CELLS", "MAX_HELD_MEASUREMENTS"]
 
 #: Largest ``children x cells`` one family may hold in memory (doubles): 2**28, 2 GiB.
 MAX_FAMILY_CELLS = 2**28
@@ -41,11 +48,10 @@ MAX_FAMILY_CELLS = 2**28
 MAX_HELD_MEASUREMENTS = 2**30
 
 
-def simplex_projection(V: np.ndarray, totals: np.ndarray) -> np.ndarray:
-    r"""Each column of ``V`` projected onto :math:`\{v \ge 0, \sum_i v_i = t_j\}` (Euclidean).
+def thresholds(V: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    r"""Per column ``j``: the :math:`\theta_j` with :math:`\sum_i \max(V_{ij} - \theta_j, 0) = t_j`.
 
-    The projection is :math:`\max(v - \theta, 0)` with the threshold :math:`\theta` found from
-    the sorted column (the largest ``r`` with :math:`u_r > (\sum_{i \le r} u_i - t)/r`).
+    From the sorted column: the largest ``r`` with :math:`u_r > (\sum_{i \le r} u_i - t)/r`.
     """
     V = np.asarray(V, dtype=float)
     t = np.asarray(totals, dtype=float)
@@ -58,8 +64,43 @@ def simplex_projection(V: np.ndarray, totals: np.ndarray) -> np.ndarray:
     ok = U - excess / r > 0
     last = k - 1 - np.argmax(ok[::-1], axis=0)            # largest r with ok (0-based)
     theta = excess[last, np.arange(V.shape[1])] / (last + 1)
-    theta = np.where(ok.any(axis=0), theta, U[0])        # total 0: everything to 0
-    return np.maximum(V - theta, 0.0)
+    return np.where(ok.any(axis=0), theta, U[0])          # total 0: everything to 0
+
+
+def simplex_projection(V: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    r"""Each column of ``V`` projected onto :math:`\{v \ge 0, \sum_i v_i = t_j\}` (Euclidean):
+    :math:`\max(v - \theta_j, 0)` (:func:`thresholds`)."""
+    return np.maximum(np.asarray(V, dtype=float) - thresholds(V, totals), 0.0)
+
+
+#: Relative tolerance of the row totals in :func:`transport_projection` (the column sums are exact).
+TRANSPORT_RTOL = 1e-10
+
+
+def transport_projection(V: np.ndarray, columns: np.ndarray, rows: np.ndarray, *, rtol: float = TRANSPORT_RTOL,
+                         maxiter: int = 10_000) -> np.ndarray:
+    r""":math:`\hat V` projected onto :math:`\{V \ge 0, V^T\mathbf 1 = c, V\mathbf 1 = r\}` (module docstring).
+
+    ``columns`` and ``rows`` must add up to the same total.
+
+    >>> V = np.array([[3.0, -1.0], [1.0, 2.0]])
+    >>> transport_projection(V, np.array([2.0, 1.0]), np.array([1.5, 1.5])).round(6).tolist()
+    [[1.5, 0.0], [0.5, 1.0]]
+    """
+    V = np.asarray(V, dtype=float)
+    c, r = np.asarray(columns, dtype=float), np.asarray(rows, dtype=float)
+    scale = max(1.0, float(c.sum()))
+    if abs(float(c.sum()) - float(r.sum())) > 1e-9 * scale:
+        raise ValueError(f"the cells add up to {c.sum():g} but the children's totals to {r.sum():g}")
+    beta = np.zeros(V.shape[0])
+    for _ in range(maxiter):
+        alpha = thresholds(V - beta[:, None], c)
+        beta = thresholds((V - alpha[None, :]).T, r)
+        alpha = thresholds(V - beta[:, None], c)
+        X = np.maximum(V - alpha[None, :] - beta[:, None], 0.0)
+        if np.abs(X.sum(axis=1) - r).sum() <= rtol * scale:
+            return X
+    raise ArithmeticError(f"the transportation projection did not converge in {maxiter} rounds")
 
 
 @dataclass(frozen=True)
@@ -71,13 +112,34 @@ class NonNegative:
     change: dict[int, float]
 
 
+def known_totals(plan: GeoPlan) -> dict[int, np.ndarray]:
+    """Per level, each unit's held total: its invariant, or the sum of its children's when all are held; NaN if none."""
+    tree, inv = plan.tree, plan.invariants
+    known = {d: np.full(tree.sizes[d], np.nan) for d in range(len(tree.levels))}
+    if inv is not None:
+        for d, u, v in zip(inv.levels.tolist(), inv.units_at.tolist(), inv.values.tolist()):
+            known[d][u] = v
+    for d in range(len(tree.levels) - 2, -1, -1):
+        implied = np.add.reduceat(known[d + 1], tree.child_bounds(d)[:-1])  # NaN unless every child is held
+        known[d] = np.where(np.isnan(known[d]), implied, known[d])
+    return known
+
+
 def check_nonnegative(plan: GeoPlan) -> None:
     """Refuse, before any noise, a plan whose non-negative estimates this module cannot make in memory."""
-    tree, inv = plan.tree, plan.invariants
-    if inv is not None and np.any(inv.levels > 0):
-        raise GeographyError("non-negative estimates with invariants below the root are not supported: hold only "
-                             "the national total, or release least-squares estimates (postprocess=None)")
+    tree = plan.tree
+    known = known_totals(plan)
     deepest = max(plan.levels)
+    for d in range(deepest):
+        below = known[d + 1]
+        for u in range(tree.sizes[d]):
+            lo, hi = tree.child_bounds(d)[u], tree.child_bounds(d)[u + 1]
+            held = np.isfinite(below[lo:hi])
+            if held.any() and not held.all():
+                raise GeographyError(
+                    f"non-negative estimates need the invariants of a family all or none: {int(held.sum())} of the "
+                    f"{hi - lo} units below {tree.label(d, u)} have one; declare them for every unit of the family"
+                )
     for d in range(deepest):
         widest = int(np.diff(tree.child_bounds(d)).max())
         if widest * plan.person.cells > MAX_FAMILY_CELLS:
@@ -102,7 +164,8 @@ def nonnegative_estimates(plan: GeoPlan, z: dict[int, np.ndarray], lam: dict[int
     multipliers (:mod:`hdmm.georelease.invariants`) or ``None``.
     """
     check_nonnegative(plan)
-    tree, A, inv = plan.tree, plan.person.strategy, plan.invariants
+    tree, A = plan.tree, plan.person.strategy
+    known = known_totals(plan)
     deepest = max(plan.levels)
     pinv, W = A.pinv(), plan.person.workload
     g = None if lam is None else pinv @ (pinv.T @ np.ones(A.shape[1]))  # G_p^+ 1
@@ -125,7 +188,7 @@ def nonnegative_estimates(plan: GeoPlan, z: dict[int, np.ndarray], lam: dict[int
             squared[d] += float(np.sum((a - W @ x_ls) ** 2))
 
     root_ls = cells(0, np.array([0]))[0]
-    root = _project_total(root_ls, float(inv.values[0])) if inv is not None else np.maximum(root_ls, 0.0)
+    root = np.maximum(root_ls, 0.0) if np.isnan(known[0][0]) else _project_total(root_ls, float(known[0][0]))
     record(0, 0, root, root_ls)
 
     def descend(d: int, unit: int, x_plus: np.ndarray) -> None:
@@ -134,7 +197,8 @@ def nonnegative_estimates(plan: GeoPlan, z: dict[int, np.ndarray], lam: dict[int
         lo, hi = tree.child_bounds(d)[unit], tree.child_bounds(d)[unit + 1]
         children = np.arange(lo, hi)
         X = cells(d + 1, children)
-        P = simplex_projection(X, x_plus)
+        held = known[d + 1][lo:hi]
+        P = simplex_projection(X, x_plus) if np.isnan(held).all() else transport_projection(X, x_plus, held)
         for i, c in enumerate(children.tolist()):
             record(d + 1, c, P[i], X[i])
         del X
