@@ -400,11 +400,9 @@ def release(args: argparse.Namespace) -> None:
     Everything that can fail on the user's input is checked before the data is measured.
     """
     privacy = _privacy(args)
-    if args.geography is not None:
-        if args.budget is not None:
-            raise UsageError("--budget is not supported with --geography yet: geography releases are charged by hand")
-        return geography_release(args, privacy, _workload(args.workload))
     budget = None if args.budget is None else _budget(args.budget, privacy)
+    if args.geography is not None:
+        return geography_release(args, privacy, _workload(args.workload), budget)
     if args.output is not None:
         _check_release_output(args.output, args.overwrite)
     named = _workload(args.workload)

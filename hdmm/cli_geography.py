@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from .budget import Budget
 from .catalog import NamedWorkload
 from .geography import GeographyTree
 from .georelease import RecordHistograms, geo_plan, release_geography
@@ -109,8 +110,9 @@ def _person_strategy(spec: str, named: NamedWorkload):
     return strategy
 
 
-def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWorkload) -> None:
-    """Run ``hdmm release --geography`` (module docstring)."""
+def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWorkload,
+                      budget: Budget | None = None) -> None:
+    """Run ``hdmm release --geography`` (module docstring); ``budget`` (``--budget``) is charged once."""
     levels = _levels(args.geography)
     _check_output(args.output, args.engine)
     if args.postprocess not in (None, "nonnegative"):
@@ -165,19 +167,21 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     print(plan.describe())
     if invariants is not None:
         print("  note: the invariant totals are published exactly, without noise: they are not protected")
+    label = f"{args.workload} by {','.join(levels)}"
     start = time.perf_counter()
     if args.engine == "spark":
         from .georelease.spark import spark_session
 
         spark = spark_session()
         data = records if isinstance(records, str) else spark.createDataFrame(records)
-        release_geography(plan, data, engine="spark", seed=args.noise_seed, output=args.output,
-                          domain=named.domain, codes=args.codes, progress=True)
+        result = release_geography(plan, data, engine="spark", seed=args.noise_seed, output=args.output,
+                                   domain=named.domain, codes=args.codes, progress=True, budget=budget,
+                                   label=label)
     else:
         with tqdm(total=tree.sizes[plan.partition_level], desc="release: measure", unit="partition",
                   file=sys.stderr, leave=False) as bar:
             result = release_geography(plan, source, seed=args.noise_seed, postprocess=args.postprocess,
-                                       progress=lambda text: bar.update())
+                                       progress=lambda text: bar.update(), budget=budget, label=label)
         if result.change is not None:
             print("  non-negative estimates (top down) moved the answers by RMSE " + ", ".join(
                 f"{tree.levels[d]} {v:.3g}" for d, v in result.change.items()))
@@ -185,6 +189,10 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     print(f"  read data {read_seconds:.1f} s, plan {plan_seconds:.1f} s, release {time.perf_counter() - start:.1f} s")
     print(f"wrote the answers of {len(plan.levels)} levels to {args.output} (Parquet, partitioned by level; "
           f"privacy and provenance in {os.path.join(args.output, '_provenance.json')})")
+    if budget is not None and result.charge is not None:
+        budget.settle(result.charge, output=os.path.abspath(args.output))
+        print(f"  budget {budget.path}: charged {budget.unit} {result.charge.cost:.6g}; spent {budget.spent:.6g}, "
+              f"{budget.remaining:.6g} left")
     if args.noise_seed is not None:
         print("  note: the noise came from --noise-seed: reproducible, for tests and research only")
 

@@ -72,3 +72,16 @@ def test_geography_output_must_be_new(tmp_path, capsys):
     assert main(["release", "--workload", "sf1", "--epsilon", "1", "--geography", "state", "--output",
                  str(tmp_path / "o")]) == 2
     assert "exists" in capsys.readouterr().err
+
+
+def test_geography_release_charges_a_budget_file(files, capsys):
+    budget = files / "budget.json"
+    assert main(["budget", "create", str(budget), "--rho", "0.8"]) == 0
+    out = files / "out"
+    assert main(_release(files, "--data", str(files / "people.csv"), "--budget", str(budget), "--output",
+                         str(out))) == 0
+    assert "charged rho 0.5" in capsys.readouterr().out
+    assert json.loads((out / "_provenance.json").read_text())["charge"]["charge"] == 0.5
+    assert main(_release(files, "--data", str(files / "people.csv"), "--budget", str(budget), "--output",
+                         str(files / "again"))) == 2
+    assert "cannot pay" in capsys.readouterr().err and not (files / "again").exists()

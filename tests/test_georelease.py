@@ -333,3 +333,19 @@ def test_nonnegative_refusals_come_before_noise(monkeypatch):
     with pytest.raises(ValueError, match="local engine only"):
         release_geography(plan, ArrayHistograms(H), engine="spark", postprocess="nonnegative")
     assert calls == []
+
+
+def test_a_geography_release_is_charged_once_to_a_budget(monkeypatch, tmp_path):
+    tree = small_country()
+    H = sp.csr_matrix(np.ones((tree.leaves, DOMAIN.size)))
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP)
+    budget = hdmm.Budget(hdmm.PureDP(1.5))
+    budget.save(tmp_path / "budget.json")
+    release = release_geography(plan, ArrayHistograms(H), seed=0, budget=budget, label="by county")
+    assert budget.spent == pytest.approx(1.0) and release.charge.cost == pytest.approx(1.0)
+    assert release.provenance()["charge"]["workload"] == "by county"
+    assert hdmm.Budget.load(tmp_path / "budget.json").spent == pytest.approx(1.0)
+    calls = _count_noise(monkeypatch)
+    with pytest.raises(hdmm.BudgetExceeded):
+        release_geography(plan, ArrayHistograms(H), budget=budget)
+    assert calls == [] and budget.spent == pytest.approx(1.0)

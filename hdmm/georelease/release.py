@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from ..budget import Budget, Charge
 from .passes import Partition, TreePasses, partition_down, partition_up, top_passes
 from .plan import GeoPlan
 from .files import finish_output, start_output, write_units
@@ -59,6 +60,8 @@ class GeoRelease:
     change : dict or None
         With ``postprocess``: per level, the RMSE of the answers' change from least squares (the
         error the post-processing may add; the standard errors are those of least squares).
+    charge : Charge or None
+        What the release was charged to a :class:`~hdmm.Budget` (once for the whole release).
     """
 
     plan: GeoPlan
@@ -67,6 +70,7 @@ class GeoRelease:
     timings: dict[str, float] = field(default_factory=dict)
     postprocess: str | None = None
     change: dict[int, float] | None = None
+    charge: Charge | None = None
 
     def answers(self, level: str | int) -> np.ndarray:
         """``units x queries`` answers of a released level."""
@@ -94,8 +98,8 @@ class GeoRelease:
                          ignore_index=True)
 
     def provenance(self) -> dict:
-        """What a file of this release records: privacy spent, sensitivity, levels, weights, invariants."""
-        return provenance(self.plan, self.seeded)
+        """What a file of this release records: privacy spent, sensitivity, levels, weights, invariants, charge."""
+        return provenance(self.plan, self.seeded, self.charge)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write a Parquet dataset partitioned by level (``path/level=<name>/...``) with the provenance
@@ -130,8 +134,8 @@ def _level_table(plan: GeoPlan, d: int, answers: np.ndarray, std_errors: np.ndar
 
 
 def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "local", seed: int | None = None,
-                      postprocess: str | None = None, progress: bool | Callable[[str], None] = False,
-                      **engine_options):
+                      postprocess: str | None = None, budget: Budget | None = None, label: str | None = None,
+                      progress: bool | Callable[[str], None] = False, **engine_options):
     """Release ``plan`` on ``data`` (module docstring).
 
     Parameters
@@ -150,6 +154,10 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
     postprocess
         ``None`` (least squares) or ``"nonnegative"`` (local engine: top-down non-negative
         estimates, :mod:`hdmm.georelease.nonneg`; the change it makes is reported).
+    budget, label
+        A :class:`~hdmm.Budget` to charge (once: the whole release spends ``plan.privacy``, every
+        unit's noise being calibrated to the geography strategy's sensitivity), after the data are
+        checked and before any noise is drawn; ``label`` names the release in the budget.
 
     Returns
     -------
@@ -163,16 +171,22 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
         raise TypeError(f"seed must be None (OS entropy, for real releases) or an int, got {seed!r}")
     if postprocess not in (None, "nonnegative"):
         raise ValueError(f"postprocess must be None or 'nonnegative', got {postprocess!r}")
+    if budget is not None:
+        if not isinstance(budget, Budget):
+            raise TypeError(f"budget must be an hdmm.Budget, got {type(budget).__name__}")
+        budget.check(plan.privacy)  # refused before any work; charged after the data checks
+    label = label or f"geography release of {[plan.tree.levels[d] for d in plan.levels]}"
     if engine == "spark":
         if postprocess is not None:
             raise ValueError("non-negative estimates run on the local engine only (engine='local')")
         from .spark import release_spark
-        return release_spark(plan, data, seed=seed, progress=progress, **engine_options)
+        return release_spark(plan, data, seed=seed, progress=progress, budget=budget, label=label, **engine_options)
     if engine_options:
         raise TypeError(f"the local engine takes no options {sorted(engine_options)}")
     if postprocess == "nonnegative":
         check_nonnegative(plan)
-    return _release_local(plan, data, seed=seed, progress=progress, postprocess=postprocess)
+    return _release_local(plan, data, seed=seed, progress=progress, postprocess=postprocess, budget=budget,
+                          label=label)
 
 
 def _say(progress) -> Callable[[str], None]:
@@ -184,13 +198,14 @@ def _say(progress) -> Callable[[str], None]:
 
 
 def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, progress,
-                   postprocess: str | None = None) -> GeoRelease:
+                   postprocess: str | None = None, budget: Budget | None = None, label: str = "") -> GeoRelease:
     say = _say(progress)
     space = "measurements" if postprocess == "nonnegative" else "answers"
     tree, P = plan.tree, plan.partition_level
     timings: dict[str, float] = {}
     start = time.perf_counter()
     check_source(plan, source)
+    charge = None if budget is None else budget.charge(plan.privacy, label)  # on disk before any noise
     passes = TreePasses(tree, plan.level_weights)
     parts = [Partition.of(tree, P, u) for u in range(tree.sizes[P])]
     owns, g_own, roots = [], [], []
@@ -208,7 +223,8 @@ def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, 
     timings["estimate"] = time.perf_counter() - start
     if postprocess is None:
         apply_invariants(plan, estimates)
-        return GeoRelease(plan, {d: estimates[d] for d in plan.levels}, seeded=seed is not None, timings=timings)
+        return GeoRelease(plan, {d: estimates[d] for d in plan.levels}, seeded=seed is not None, timings=timings,
+                          charge=charge)
     start = time.perf_counter()
     u = plan.person.strategy.pinv().T @ np.ones(plan.person.cells)  # 1^T A_p^+: a unit's total from z
     lam = invariant_multipliers(plan, lambda d, units: estimates[d][units] @ u)
@@ -216,7 +232,7 @@ def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, 
     timings["non-negative"] = time.perf_counter() - start
     out = {d: np.column_stack([result.answers[d], result.totals[d]]) for d in plan.levels}
     return GeoRelease(plan, out, seeded=seed is not None, timings=timings, postprocess=postprocess,
-                      change=result.change)
+                      change=result.change, charge=charge)
 
 
 def finish(plan: GeoPlan, passes: TreePasses, parts: list[Partition], g_own: np.ndarray, roots: np.ndarray,

@@ -104,9 +104,11 @@ class SparkGeoRelease:
     dataframe: object
     seeded: bool
     timings: dict[str, float] = field(default_factory=dict)
+    charge: object = None
 
     def provenance(self) -> dict:
-        return provenance(self.plan, self.seeded)
+        """What the release's files record (privacy spent, sensitivity, levels, weights, charge)."""
+        return provenance(self.plan, self.seeded, self.charge)
 
 
 def _schema_units():
@@ -206,7 +208,8 @@ class _Totals:
 
 def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: bool | Callable[[str], None] = False,
                   spark=None, output: str | os.PathLike | None = None, domain: Domain | None = None,
-                  leaf_column: str | None = None, codes: bool = False, work_dir: str | None = None) -> SparkGeoRelease:
+                  leaf_column: str | None = None, codes: bool = False, work_dir: str | None = None,
+                  budget=None, label: str = "") -> SparkGeoRelease:
     """Run a geography release on Spark (module docstring).
 
     Parameters
@@ -227,6 +230,9 @@ def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: boo
         level columns), and whether person columns hold codes.
     work_dir
         Where the intermediate stages are written (default: next to ``output``); removed at the end.
+    budget, label
+        A :class:`~hdmm.Budget` charged once, after the checks and before any noise, and the
+        release's name in it.
     """
     with warnings.catch_warnings():
         # PySpark 4 warns on every pandas conversion that pandas 3 is not yet fully supported;
@@ -234,10 +240,10 @@ def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: boo
         warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
         warnings.filterwarnings("ignore", message="The copy keyword is deprecated", module="pyspark")
         return _run(plan, data, seed=seed, progress=progress, spark=spark, output=output, domain=domain,
-                    leaf_column=leaf_column, codes=codes, work_dir=work_dir)
+                    leaf_column=leaf_column, codes=codes, work_dir=work_dir, budget=budget, label=label)
 
 
-def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_column, codes, work_dir
+def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_column, codes, work_dir, budget, label
          ) -> SparkGeoRelease:
     require_spark()
     from pyspark.sql import functions as F
@@ -260,6 +266,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
             raise TypeError("records need domain= (the person domain) to be read")
         records, totals = _records_frame(spark, plan, data, domain, leaf_column, codes)
         check_source(plan, _Totals(totals))
+    charge = None if budget is None else budget.charge(plan.privacy, label)  # on disk before any noise
     sc = spark.sparkContext
     plan_b = sc.broadcast(plan)
     timings["checks"] = time.perf_counter() - start
@@ -378,7 +385,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     released = list(plan.levels)
     std = {d: (plan.noise_variance * plan.unit_variances(d), plan.invariant_reduction(d)) for d in released}
     h_gamma = plan.total_direction if inv is not None else None
-    meta = provenance(plan, seed is not None)
+    meta = provenance(plan, seed is not None, charge)
     partial = start_output(output)
     aux_b = sc.broadcast((lam, std, h_gamma, meta, partial))
 
@@ -418,4 +425,5 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     shutil.rmtree(work, ignore_errors=True)
     timings["stage 3 (answers)"] = time.perf_counter() - start
     say(f"  stage 3: wrote {rows:,} answers in {timings['stage 3 (answers)']:.1f} s")
-    return SparkGeoRelease(plan, output, spark.read.parquet(output), seeded=seed is not None, timings=timings)
+    return SparkGeoRelease(plan, output, spark.read.parquet(output), seeded=seed is not None, timings=timings,
+                           charge=charge)

@@ -51,8 +51,8 @@ def apply_invariants(plan: GeoPlan, estimates: dict[int, np.ndarray]) -> None:
         estimates[d] -= np.outer(lam[d], direction)
 
 
-def provenance(plan: GeoPlan, seeded: bool) -> dict:
-    """The release's record of what it spent and how (JSON-able)."""
+def provenance(plan: GeoPlan, seeded: bool, charge=None) -> dict:
+    """The release's record of what it spent and how (JSON-able), with its budget charge if any."""
     tree = plan.tree
     return {
         "hdmm_version": HDMM_VERSION,
@@ -70,4 +70,5 @@ def provenance(plan: GeoPlan, seeded: bool) -> dict:
         "seed_note": "noise from a seed is reproducible and for tests and research only" if seeded else
         "noise from fresh OS entropy",
         "variance_exact": plan.variance_exact,
+        "charge": None if charge is None else charge.to_dict(),
     }
