@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..geography import GeographyError, GeographyTree
+from ..geography import GeographyError, GeographyTree, TreeStrategy
 from ..geography.solver import TreeSolver
 from ..matrix import Matrix, Weighted
 from ..optimizers import OptimizationResult
@@ -342,14 +342,5 @@ def geo_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, *,
 
 
 def _given_weights(tree: GeographyTree, level_weights) -> np.ndarray:
-    w = np.zeros(len(tree.levels))
-    if isinstance(level_weights, Mapping):
-        for level, value in level_weights.items():
-            w[tree.level_index(level)] = float(value)
-    else:
-        w = np.asarray(level_weights, dtype=float).reshape(-1)
-        if w.size != len(tree.levels):
-            raise GeographyError(f"give one level weight per level {list(tree.levels)}, got {w.size}")
-    if not np.all(np.isfinite(w)) or np.any(w < 0) or not np.any(w > 0):
-        raise GeographyError(f"level weights must be finite, >= 0, at least one positive; got {w.tolist()}")
+    w = TreeStrategy(tree, level_weights).weights  # checked there: finite, >= 0, one per level
     return w / w.sum()

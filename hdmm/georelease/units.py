@@ -189,6 +189,18 @@ def answer_operator(plan: GeoPlan) -> Matrix | None:
     return VStack(terms + [total])
 
 
+def _measurements(plan: GeoPlan, unit, level: int, first: int, X, seed: int | None):
+    """``(i, measurement)`` of every row of ``X`` (units ``first + i`` of ``level``), through the kernel."""
+    name, codes = plan.tree.levels[level], plan.tree.codes(level)
+    for i in range(X.shape[0]):
+        x = X[i].toarray().ravel() if sp.issparse(X) else np.asarray(X[i], dtype=float)
+        rng = None if seed is None else unit_seed(seed, name, codes[first + i])
+        with warnings.catch_warnings():
+            # an empty unit is legitimate, and which units are empty is private: say nothing
+            warnings.filterwarnings("ignore", message="the data vector is all zeros")
+            yield i, measure(unit, x, rng=rng)
+
+
 def measure_units(plan: GeoPlan, level: int, first: int, X: sp.csr_matrix | np.ndarray, seed: int | None,
                   space: str = "answers") -> np.ndarray:
     r"""The own estimates :math:`e_u` of units ``first, first + 1, ...`` of ``level``, one row per unit.
@@ -199,28 +211,16 @@ def measure_units(plan: GeoPlan, level: int, first: int, X: sp.csr_matrix | np.n
     estimates that need the cells afterwards (:mod:`hdmm.georelease.nonneg`).
     """
     unit = plan.unit_plan(level)
-    W = plan.person.workload
-    name, codes = plan.tree.levels[level], plan.tree.codes(level)
+    w = float(plan.level_weights[level])
     if space == "measurements":
         out = np.empty((X.shape[0], plan.person.strategy.shape[0]))
-        w = float(plan.level_weights[level])
-        for i in range(X.shape[0]):
-            x = X[i].toarray().ravel() if sp.issparse(X) else np.asarray(X[i], dtype=float)
-            rng = None if seed is None else unit_seed(seed, name, codes[first + i])
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="the data vector is all zeros")
-                out[i] = measure(unit, x, rng=rng).answers / w
+        for i, measured in _measurements(plan, unit, level, first, X, seed):
+            out[i] = measured.answers / w
         return out
+    W = plan.person.workload
     out = np.empty((X.shape[0], plan.queries + 1))
     fast = plan.memo("answer operator", lambda: answer_operator(plan))
-    w = float(plan.level_weights[level])
-    for i in range(X.shape[0]):
-        x = X[i].toarray().ravel() if sp.issparse(X) else np.asarray(X[i], dtype=float)
-        rng = None if seed is None else unit_seed(seed, name, codes[first + i])
-        with warnings.catch_warnings():
-            # an empty unit is legitimate, and which units are empty is private: say nothing
-            warnings.filterwarnings("ignore", message="the data vector is all zeros")
-            measured = measure(unit, x, rng=rng)
+    for i, measured in _measurements(plan, unit, level, first, X, seed):
         if fast is not None:
             out[i] = fast @ (measured.answers / w)
             continue
