@@ -210,12 +210,10 @@ def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, 
     parts = [Partition.of(tree, P, u) for u in range(tree.sizes[P])]
     owns, g_own, roots = [], [], []
     for i, part in enumerate(parts):
-        lo, hi = part.leaves()
-        H = source.histograms(lo, hi)
-        own = measure_partition(plan, part, H, seed, space)
+        own, root = measure_partition(plan, part, source.histograms, seed, space)
         owns.append(own)
         g_own.append(partition_up(passes, part, own))
-        roots.append(np.asarray(H.sum(axis=0)).ravel())
+        roots.append(root)
         say(f"  measured {tree.label(P, part.unit)} ({i + 1}/{len(parts)})")
     timings["measure"] = time.perf_counter() - start
     start = time.perf_counter()

@@ -147,13 +147,13 @@ def _own_from_rows(pdf: pd.DataFrame) -> dict[int, np.ndarray]:
     return own
 
 
-def _stage1(plan: GeoPlan, passes: TreePasses, unit: int, H: sp.csr_matrix, seed: int | None) -> pd.DataFrame:
+def _stage1(plan: GeoPlan, passes: TreePasses, unit: int, histograms, seed: int | None) -> pd.DataFrame:
     part = Partition.of(plan.tree, plan.partition_level, unit)
-    own = measure_partition(plan, part, H, seed)
+    own, root = measure_partition(plan, part, histograms, seed)
     rows = _unit_rows(unit, own, part)
     rows.append({"partition": unit, "level": G_ROW, "unit": unit, "index": [],
                  "values": partition_up(passes, part, own).ravel().tolist()})
-    total = sp.csr_matrix(H.sum(axis=0))
+    total = sp.csr_matrix(root[None, :])
     rows.append({"partition": unit, "level": ROOT_ROW, "unit": unit, "index": total.indices.astype(np.int64).tolist(),
                  "values": total.data.astype(float).tolist()})
     return pd.DataFrame(rows, columns=["partition", "level", "unit", "index", "values"])
@@ -281,8 +281,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
             passes = TreePasses(p.tree, p.level_weights)
             for pdf in batches:
                 for unit in pdf["partition"].tolist():
-                    part = Partition.of(p.tree, p.partition_level, int(unit))
-                    yield _stage1(p, passes, int(unit), source_b.value.histograms(*part.leaves()), seed)
+                    yield _stage1(p, passes, int(unit), source_b.value.histograms, seed)
 
         ids = spark.createDataFrame(pd.DataFrame({"partition": np.arange(tree.sizes[P], dtype=np.int64)}))
         ids = ids.repartition(min(tree.sizes[P], max(2, sc.defaultParallelism * 4)), "partition")
@@ -324,7 +323,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     for unit in missing:  # partitions without records: measured here, with their own streams
         part = Partition.of(tree, P, unit)
         lo, hi = part.leaves()
-        own = measure_partition(plan, part, sp.csr_matrix((hi - lo, plan.person.cells)), seed)
+        own, _ = measure_partition(plan, part, sp.csr_matrix((hi - lo, plan.person.cells)), seed)
         local_own[unit] = own
         g_own[unit] = partition_up(passes, part, own).ravel()
     c, t = top_passes(passes, P, g_own, measure_top(plan, roots, seed))

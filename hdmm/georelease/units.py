@@ -230,11 +230,41 @@ def measure_units(plan: GeoPlan, level: int, first: int, X: sp.csr_matrix | np.n
     return out
 
 
-def measure_partition(plan: GeoPlan, part: Partition, H: sp.csr_matrix, seed: int | None,
-                      space: str = "answers") -> dict[int, np.ndarray]:
-    """Every measured unit of the partition at levels ``P..l*``: their own estimates, level by level."""
-    own = {}
-    for d in plan.measured:
-        if d >= part.level:
-            own[d] = measure_units(plan, d, part.range(d)[0], unit_histograms(plan.tree, part, d, H), seed, space)
-    return own
+def measure_partition(plan: GeoPlan, part: Partition, histograms, seed: int | None,
+                      space: str = "answers") -> tuple[dict[int, np.ndarray], np.ndarray]:
+    """Every measured unit of the partition at levels ``P..l*``: their own estimates, level by level,
+    and the partition's total histogram (dense, ``N``).
+
+    ``histograms`` is the partition's leaves' sparse counts, or a function ``(lo, hi) -> counts``
+    of leaves ``lo..hi-1`` (tree positions). The subtree is walked unit by unit down to the level
+    above the finest measured one, whose leaves are read at once: a state's release holds one
+    county's tracts at a time, not the state's.
+    """
+    if callable(histograms):
+        read = histograms
+    else:
+        base = part.leaves()[0]
+
+        def read(lo: int, hi: int) -> sp.csr_matrix:
+            return histograms[lo - base:hi - base]
+    return _measure_subtree(plan, part.level, part.unit, read, seed, space)
+
+
+def _measure_subtree(plan: GeoPlan, level: int, unit: int, read, seed: int | None, space: str
+                     ) -> tuple[dict[int, np.ndarray], np.ndarray]:
+    tree, finest = plan.tree, plan.solver.finest
+    if level >= finest - 1:
+        part = Partition.of(tree, level, unit)
+        H = read(*part.leaves())
+        own = {d: measure_units(plan, d, part.range(d)[0], unit_histograms(tree, part, d, H), seed, space)
+               for d in plan.measured if d >= level}
+        return own, np.asarray(H.sum(axis=0)).ravel()
+    below, total = [], np.zeros(plan.person.cells)
+    for child in range(tree.child_bounds(level)[unit], tree.child_bounds(level)[unit + 1]):
+        own, child_total = _measure_subtree(plan, level + 1, int(child), read, seed, space)
+        below.append(own)
+        total += child_total
+    own = {d: np.vstack([o[d] for o in below]) for d in below[0]}
+    if plan.level_weights[level] > 0:
+        own[level] = measure_units(plan, level, unit, total[None, :], seed, space)
+    return own, total
