@@ -145,3 +145,77 @@ def test_window_test_stops_once_progress_is_slow():
     _, f_window, it_window = P._projected_lbfgs(P._Problem(G, p, n, 1), start, 400, window_tol=1e-2)
     assert P.WINDOW <= it_window < it_full
     assert f_full <= f_window <= f_full * 1.05
+
+
+def test_weighted_and_summed_grams_give_the_same_bits(monkeypatch):
+    # the weights are peeled off the Gram and applied in the same order: identical floating point
+    from hdmm.matrix import Sum, Weighted
+
+    rng = np.random.default_rng(4)
+    n, p = 60, 5
+    base = GRAMS["allrange"](n)
+    for norm in (1, 2):
+        for density in (0.05, 0.5):
+            T = sparse_T(rng, p, n, density)
+            for weight in (1.0, 0.37):
+                wrapped = Sum([Weighted(base, weight)])
+                value, gradient = P.pidentity_objective(T, wrapped, norm)
+                with monkeypatch.context() as m:
+                    m.setattr(P, "_unscaled", lambda G: (G, ()))
+                    through_wrappers = P.pidentity_objective(T, wrapped, norm)
+                assert value == through_wrappers[0]
+                np.testing.assert_array_equal(gradient, through_wrappers[1])
+                assert value == pytest.approx(weight * P.pidentity_objective(T, base, norm, gradient=False), rel=1e-12)
+
+
+@pytest.mark.parametrize("p", [1, 3, 12])
+def test_structured_qr_factor_matches_the_dense_one(p, monkeypatch):
+    monkeypatch.setattr(P, "DENSE_QR_MAX_N", 8)
+    rng = np.random.default_rng(5)
+    n = 40
+    T = sparse_T(rng, p, n, 0.3)
+    T_before = T.copy()
+    A = P.PIdentity(T, 1)
+    R = A._r_factor
+    dense = np.linalg.qr(A.dense(), mode="r")
+    np.testing.assert_allclose(np.abs(R), np.abs(dense), atol=1e-13)
+    np.testing.assert_allclose(R.T @ R, A.dense().T @ A.dense(), atol=1e-13)
+    np.testing.assert_array_equal(A.params, T_before)      # LAPACK works on copies
+
+
+def test_exact_error_takes_woodbury_only_where_it_is_accurate(monkeypatch):
+    from hdmm.traces import factor_trace
+
+    monkeypatch.setattr(P, "DENSE_QR_MAX_N", 8)
+    n, p = 64, 8
+    W = hdmm.Prefix(n)
+    G = W.gram()
+    T = P.hierarchical_start(n, p)
+    value, error = P._woodbury_trace(T, G, 1)
+    assert error <= P.WOODBURY_RTOL
+    exact, _ = factor_trace(P.PIdentity(T, 1), W)
+    assert exact == value
+    Rinv = P.PIdentity(T, 1)._r_inverse
+    assert exact == pytest.approx(np.einsum("ij,ij->", Rinv, G.dense() @ Rinv), rel=1e-12)
+    # identity rows of negligible weight: cancellation, so the QR factor is used
+    big = np.full((p, n), P.T_MAX)
+    value, error = P._woodbury_trace(big, G, 1)
+    assert error > P.WOODBURY_RTOL
+    A = P.PIdentity(big, 1)
+    Rinv = A._r_inverse
+    assert factor_trace(A, W)[0] == np.einsum("ij,ij->", Rinv, G @ Rinv)
+
+
+def test_bump_start_shape():
+    T = P.bump_start(1024, 64)
+    assert T.shape == (64, 1024) and np.all((T == 0) | (T == 0.5))
+    widths = (T > 0).sum(axis=1)
+    # 57 overlapping bumps about 2 n / 57 wide, then the total, the halves and the quarters
+    assert np.all(widths[:57] <= 2 * 1024 / 57 + 2) and np.all(widths[1:56] >= 2 * 1024 / 57 - 2)
+    np.testing.assert_array_equal(widths[57:], [1024, 512, 512, 256, 256, 256, 256])
+    assert np.all(T[:57].sum(axis=0) >= 0.5)               # every value is in a bump
+    assert P.bump_start(600, 1).shape == (1, 600) and P.bump_start(600, 1).all()
+    for n, kind in [(256, "hierarchical"), (1024, "bump"), (2048, "hierarchical"), (4096, "bump")]:
+        p = P.default_p(n)
+        expected = P.hierarchical_start(n, p) if kind == "hierarchical" else P.bump_start(n, p)
+        np.testing.assert_array_equal(P.default_start(n, p), expected)

@@ -44,15 +44,15 @@ from functools import cached_property
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.linalg.lapack import dpotrf, dpotri, dtrtri
+from scipy.linalg.lapack import dpotrf, dpotri, dtpqrt, dtrtri
 from threadpoolctl import threadpool_limits
 
-from ..matrix import Explicit, Identity, KronVector, Matrix
+from ..matrix import Explicit, Identity, KronVector, Matrix, Sum, Weighted
 from ..traces import compute_gram_inverse, factor_trace
 from ..validation import check_norm, check_width
 
 __all__ = ["PIdentity", "pidentity_objective", "optimize_pidentity", "default_p", "default_restarts",
-           "hierarchical_start"]
+           "hierarchical_start", "bump_start", "default_start"]
 
 #: Upper bound on the entries of ``T``. Workloads that only need totals push ``T`` towards
 #: infinity, where the Woodbury objective loses all precision to cancellation; at ``T_MAX``
@@ -74,8 +74,17 @@ SMALL_N = 512
 WINDOW = 100
 WINDOW_TOL = 3e-3
 
-#: Up to this many values a p-Identity strategy evaluates its error through a QR factor.
+#: Up to this many values a p-Identity strategy evaluates its error through a QR factor (a dense
+#: one: cheap at that size) ...
+DENSE_QR_MAX_N = 512
+
+#: ... and up to this many, through the Woodbury form where its estimated relative rounding
+#: error is at most ``WOODBURY_RTOL``, else through a structured QR factor; beyond, the Woodbury form.
 STABLE_MAX_N = 2048
+WOODBURY_RTOL = 1e-9
+
+#: Block size of the triangular-pentagonal QR behind a p-Identity strategy's exact error.
+TPQRT_BLOCK = 32
 
 #: Below this fraction of non-zeros, ``T`` is handled as a sparse matrix.
 SPARSE_DENSITY = 0.1
@@ -83,6 +92,12 @@ SPARSE_DENSITY = 0.1
 #: In a cautious run (see :func:`optimize_pidentity`) a step may at most halve an entry larger
 #: than this fraction of the largest entry; smaller entries may still drop to zero.
 CAUTIOUS_MIN = 1e-2
+
+#: Wide rows (the total, halves, quarters) of :func:`bump_start`.
+WIDE_ROWS = 7
+
+#: Sizes (exclusive, inclusive) beyond ``SMALL_N`` whose default start is the dyadic hierarchy.
+HIERARCHY_RANGE = (1024, 2048)
 
 #: L-BFGS memory (number of correction pairs).
 MEMORY = 10
@@ -116,7 +131,7 @@ class _Evaluation:
         (row, column) pattern is ``rows, cols`` (CSR order) with values ``values``.
     """
 
-    def __init__(self, T, G: Matrix, diagG: np.ndarray, norm: int, rows=None, cols=None, values=None):
+    def __init__(self, T, G: Matrix, diagG: np.ndarray, norm: int, rows=None, cols=None, values=None, scale=()):
         self.T, self.norm = T, norm
         self.sparse = sp.issparse(T)
         self.rows, self.cols, self.values = rows, cols, values
@@ -130,50 +145,68 @@ class _Evaluation:
         d = 1.0 + s if norm == 1 else np.sqrt(1.0 + s)
         TTt[np.diag_indices(p)] += 1.0
         self.Minv = _spd_inverse(TTt)
-        # Q^T = D G D T^T M^{-1}  (n x p): the only products with G
-        # n x p in Fortran order: the Gram's cumulative sums then run over contiguous memory
+        # Q^T = D G D T^T M^{-1}  (n x p), with G the product of the weights in ``scale`` (innermost
+        # first) and the Gram passed: the only products with G. n x p in Fortran order: the Gram's
+        # cumulative sums run over contiguous memory.
+        self.d, self.diagG = d, diagG
         Yt = np.asfortranarray(T.T @ self.Minv)
         Yt *= d[:, None]
-        Qt = G @ Yt
-        Qt *= d[:, None]
-        TQ = self._colsum_TQ(Qt)           # sum_i T_ij Q_ij
-        self.value = float(d**2 @ diagG - TQ.sum())
-        self.d, self.Qt, self.TQ, self.diagG = d, Qt, TQ, diagG
-
-    def _colsum_TQ(self, Qt):
+        self.Qt = G @ Yt
+        for weight in scale:
+            self.Qt *= weight
+        self.Qt *= d[:, None]
         if self.sparse:
-            self.Qg = Qt[self.cols, self.rows]
-            return np.bincount(self.cols, weights=self.values * self.Qg, minlength=Qt.shape[0])
-        return np.einsum("ij,ji->j", self.T, Qt)
+            self.Qg = self.Qt[cols, rows]
+            TQ = np.bincount(cols, weights=values * self.Qg, minlength=n)
+        else:
+            TQ = np.einsum("ij,ji->j", T, self.Qt)     # sum_i T_ij Q_ij
+        self.value = float(d**2 @ diagG - TQ.sum())
+        self.TQ = TQ
 
     @cached_property
     def _parts(self):
-        """``R^T = T^T E`` (n x p) and the vector ``g / 2`` of the module docstring."""
-        T = self.T
-        P = T @ self.Qt                    # T Q^T  (p x p), so E = P^T M^{-1}
-        Rt = T.T @ (self.Minv @ P)         # (E T)^T = T^T M^{-1} P
+        """``Z = M^{-1} P`` (p x p, ``P = T Q^T``, so ``E T = Z^T T``) and the vector ``g / 2`` of the module docstring."""
         g = self.d * self.diagG - self.TQ / self.d
-        return Rt, g
+        return self.Minv @ (self.T @ self.Qt), g
 
     def gradient(self) -> np.ndarray:
         """The full ``p x n`` gradient."""
-        Rt, g = self._parts
-        core = Rt - self.Qt
+        Z, g = self._parts
+        core = self.T.T @ Z                    # (E T)^T = T^T M^{-1} P
+        core -= self.Qt
         if self.norm == 1:
             core += g[:, None]
-            return 2.0 * core.T
-        grad = core.T
-        grad += (self.T.multiply(g / self.d)).toarray() if self.sparse else self.T * (g / self.d)
-        return 2.0 * grad
+            return np.multiply(core.T, 2.0, order="C")
+        grad = np.multiply(core.T, 2.0, order="C")
+        grad += (self.T.multiply(2.0 * g / self.d)).toarray() if self.sparse else self.T * (2.0 * g / self.d)
+        return grad
 
     def gradient_at(self, omega: np.ndarray) -> np.ndarray:
         """The gradient at the flat indices ``omega`` of ``T`` (for a sparse ``T``: its pattern)."""
         if not self.sparse:
             return self.gradient().ravel()[omega]
-        Rt, g = self._parts
-        out = Rt[self.cols, self.rows] - self.Qg
+        Z, g = self._parts
+        out = (self.T.T @ Z)[self.cols, self.rows]
+        out -= self.Qg
         out += g[self.cols] if self.norm == 1 else self.values * (g / self.d)[self.cols]
         return 2.0 * out
+
+
+def _unscaled(G: Matrix) -> tuple[Matrix, tuple[float, ...]]:
+    """``G`` as its weights (innermost first) times a base, peeling weights and sums of one term.
+
+    A product with the base, then the weights applied in that order, gives the same floating-point
+    result as a product with ``G`` in fewer passes over the ``n x p`` operand.
+    """
+    weights = []
+    while True:
+        if isinstance(G, Sum) and len(G.terms) == 1:
+            G = G.terms[0]
+        elif isinstance(G, Weighted):
+            weights.append(G.weight)
+            G = G.base
+        else:
+            return G, tuple(w for w in reversed(weights) if w != 1.0)
 
 
 def pidentity_objective(T: np.ndarray, G: Matrix, norm: int = 1, gradient: bool = True):
@@ -195,27 +228,51 @@ def pidentity_objective(T: np.ndarray, G: Matrix, norm: int = 1, gradient: bool 
     value or (value, gradient)
     """
     T = np.asarray(T, dtype=float)
+    if T.shape[0] == 0:
+        value = float(np.sum(G.diag()))
+        return (value, np.zeros_like(T)) if gradient else value
+    ev = _evaluate(T, G, norm)
+    return (ev.value, ev.gradient()) if gradient else ev.value
+
+
+def _evaluate(T: np.ndarray, G: Matrix, norm: int) -> _Evaluation:
+    """:class:`_Evaluation` at a dense ``T`` with at least one row (sparse when mostly zero)."""
     p, n = T.shape
     diagG = np.asarray(G.diag(), dtype=float)
-    if p == 0:
-        value = float(np.sum(diagG))
-        return (value, np.zeros_like(T)) if gradient else value
     rows, cols = np.nonzero(T)
+    base, scale = _unscaled(G)
     if rows.size <= SPARSE_DENSITY * T.size:
         values = T[rows, cols]
         Ts = sp.csr_array((values, (rows, cols)), shape=(p, n))
-        ev = _Evaluation(Ts, G, diagG, norm, rows, cols, values)
-    else:
-        ev = _Evaluation(T, G, diagG, norm)
-    return (ev.value, ev.gradient()) if gradient else ev.value
+        return _Evaluation(Ts, base, diagG, norm, rows, cols, values, scale)
+    return _Evaluation(T, base, diagG, norm, scale=scale)
+
+
+def _woodbury_trace(T: np.ndarray, G: Matrix, norm: int) -> tuple[float, float]:
+    r"""The Woodbury value of :func:`pidentity_objective` and an estimate of its relative rounding error.
+
+    The value is :math:`\sum_j d_j^2 G_{jj} - \langle T, Q\rangle`: the subtraction loses the
+    ratio :math:`c = \sum_j d_j^2 G_{jj} / f` and the solve with :math:`M = I + TT^T` its
+    condition number, so the estimate is :math:`\epsilon\, c\, \kappa(M)`.
+    """
+    if T.shape[0] == 0:
+        return float(np.sum(G.diag())), 0.0
+    ev = _evaluate(T, G, norm)
+    if not ev.value > 0:
+        return ev.value, np.inf
+    inverse_eigenvalues = np.linalg.eigvalsh(ev.Minv)   # 1 / eigenvalues of M
+    cancellation = float(ev.d**2 @ ev.diagG) / ev.value
+    condition = inverse_eigenvalues[-1] / inverse_eigenvalues[0]
+    return ev.value, float(np.finfo(float).eps * cancellation * condition)
 
 
 class _Problem:
     """The objective restricted to a working set ``omega`` of flat indices into ``T`` (p x n)."""
 
     def __init__(self, G: Matrix, p: int, n: int, norm: int):
-        self.G, self.p, self.n, self.norm = G, p, n, norm
+        self.p, self.n, self.norm = p, n, norm
         self.diagG = np.asarray(G.diag(), dtype=float)
+        self.G, self.scale = _unscaled(G)
         self.nfev = 0
 
     def evaluate(self, omega: np.ndarray, x: np.ndarray) -> _Evaluation:
@@ -225,12 +282,12 @@ class _Problem:
         if omega.size > SPARSE_DENSITY * p * n:
             T = np.zeros(p * n)
             T[omega] = x
-            return _Evaluation(T.reshape(p, n), self.G, self.diagG, self.norm)
+            return _Evaluation(T.reshape(p, n), self.G, self.diagG, self.norm, scale=self.scale)
         rows, cols = np.divmod(omega, n)
         indptr = np.zeros(p + 1, dtype=np.int64)
         np.cumsum(np.bincount(rows, minlength=p), out=indptr[1:])
         Ts = sp.csr_array((x, cols, indptr), shape=(p, n))
-        return _Evaluation(Ts, self.G, self.diagG, self.norm, rows, cols, x)
+        return _Evaluation(Ts, self.G, self.diagG, self.norm, rows, cols, x, self.scale)
 
 
 def _two_loop(q: np.ndarray, S: list, Y: list, rho: list) -> np.ndarray:
@@ -277,7 +334,7 @@ def _projected_lbfgs(problem: _Problem, T0: np.ndarray, maxiter: int, ftol: floa
     ev = problem.evaluate(omega, x)
     f = ev.value
     full = ev.gradient().ravel()
-    omega = np.union1d(omega, np.flatnonzero(full < 0))
+    omega = np.flatnonzero((flat > 0) | (full < 0))
     x, g = flat[omega], full[omega]
     S, Y, rho = [], [], []
     it, stall = 0, 0
@@ -323,9 +380,9 @@ def _projected_lbfgs(problem: _Problem, T0: np.ndarray, maxiter: int, ftol: floa
             break
         if it % REFRESH == 0:
             full = ev.gradient().ravel()
-            flat = np.zeros(p * n)
-            flat[omega] = x
-            new = np.union1d(np.flatnonzero(flat > 0), np.flatnonzero(full < 0))
+            positive = np.zeros(p * n, dtype=bool)
+            positive[omega[x > 0]] = True
+            new = np.flatnonzero(positive | (full < 0))
             if not np.array_equal(new, omega):
                 pos = np.searchsorted(omega, new)
                 pos = np.minimum(pos, omega.size - 1)
@@ -335,7 +392,8 @@ def _projected_lbfgs(problem: _Problem, T0: np.ndarray, maxiter: int, ftol: floa
                 pairs = [(s, y, s @ y) for s, y in zip(S, Y)]
                 pairs = [(s, y, 1.0 / sy) for s, y, sy in pairs if sy > 1e-12 * (y @ y)]
                 S, Y, rho = [a for a, _, _ in pairs], [b for _, b, _ in pairs], [c for _, _, c in pairs]
-                omega, x, g = new, flat[new], full[new]
+                x = np.where(kept, x[pos], 0.0)
+                omega, g = new, full[new]
     T = np.zeros(p * n)
     T[omega] = x
     return T.reshape(p, n), f, it
@@ -383,6 +441,47 @@ def hierarchical_start(n: int, p: int, weight: float = 0.5) -> np.ndarray:
     return T
 
 
+def bump_start(n: int, p: int, weight: float = 0.5) -> np.ndarray:
+    """Overlapping bumps and a few wide rows as the ``p`` rows of ``T``.
+
+    The wide rows are the total, then the halves and quarters of the domain, as many as fit in
+    ``min(WIDE_ROWS, p // 2)`` rows; each of the ``k`` other rows covers about ``2n/k`` consecutive
+    values centred on the ``i``-th of ``k`` equal blocks, overlapping its neighbours by half.
+    Optimal p-Identity rows for range workloads on large domains look like this: most rows are
+    such bumps, a few are wide.
+    """
+    wide, level = 0, 1
+    while wide + level <= min(WIDE_ROWS, p // 2):
+        wide += level
+        level *= 2
+    k = p - wide
+    T = np.zeros((p, n))
+    centres = (np.arange(k) + 0.5) * n / k
+    lo = np.clip(np.round(centres - n / k), 0, n - 1).astype(int)
+    hi = np.maximum(np.clip(np.round(centres + n / k), 0, n).astype(int), lo + 1)
+    for i in range(k):
+        T[i, lo[i]:hi[i]] = weight
+    row, level = k, 1
+    while row < p:
+        edges = np.arange(level + 1) * n // level
+        for a, b in zip(edges[:-1], edges[1:]):
+            if row < p:
+                T[row, a:b] = weight
+                row += 1
+        level *= 2
+    return T
+
+
+def default_start(n: int, p: int) -> np.ndarray:
+    """The first start of :func:`optimize_pidentity`: :func:`bump_start` on large domains, else :func:`hierarchical_start`.
+
+    Bumps beyond ``SMALL_N`` values, apart from ``HIERARCHY_RANGE`` (more than 1024 values, up
+    to 2048), where the hierarchy reached lower error in the tuning runs.
+    """
+    lo, hi = HIERARCHY_RANGE
+    return bump_start(n, p) if n > SMALL_N and not lo < n <= hi else hierarchical_start(n, p)
+
+
 def optimize_pidentity(
     G: Matrix, p: int, norm: int = 1, restarts: int = 1, rng: np.random.Generator | None = None,
     maxiter: int | None = None, start: np.ndarray | None = None,
@@ -390,8 +489,9 @@ def optimize_pidentity(
     r"""Minimise :func:`pidentity_objective` over ``0 <= T <= T_MAX`` (projected L-BFGS).
 
     Each start runs :func:`_projected_lbfgs` (working-set projected L-BFGS, sparse products
-    once ``T`` is mostly zero). The starts, ``restarts`` in all: the hierarchy of
-    :func:`hierarchical_start` (or ``start``, a warm start, when given), a partition of the
+    once ``T`` is mostly zero). The starts, ``restarts`` in all: :func:`default_start` (the
+    hierarchy of :func:`hierarchical_start` or the bumps of :func:`bump_start`; or ``start``, a
+    warm start, when given), a partition of the
     values into ``p`` blocks of consecutive values, then uniform random in [0, 1). With several
     starts, each first runs ``PROBE_ITER`` iterations and only the best is run on to ``maxiter``
     iterations (default ``MAXITER``; beyond ``SMALL_N`` values it stops earlier once ``WINDOW``
@@ -413,7 +513,7 @@ def optimize_pidentity(
     if p == 0:
         return np.zeros((0, n)), pidentity_objective(np.zeros((0, n)), G, norm, gradient=False)
     problem = _Problem(G, p, n, norm)
-    starts = [hierarchical_start(n, p) if start is None else np.asarray(start, dtype=float).reshape(p, n)]
+    starts = [default_start(n, p) if start is None else np.asarray(start, dtype=float).reshape(p, n)]
     if restarts >= 2:
         blocks = np.zeros((p, n))
         blocks[np.arange(n) * p // n, np.arange(n)] = 1.0
@@ -466,8 +566,24 @@ class PIdentity(Matrix):
 
     @cached_property
     def _r_factor(self) -> np.ndarray:
-        """``R`` of ``A = QR``: ``X = R^T R`` without squaring ``A``'s condition number."""
-        return np.linalg.qr(self.dense(), mode="r")
+        """``R`` of ``A = QR``: ``X = R^T R`` without squaring ``A``'s condition number.
+
+        Up to ``DENSE_QR_MAX_N`` values, the dense QR of ``A``. Beyond: ``A = [I; T] D^{-1}``, so
+        ``R`` is the ``R`` of ``[I; T]`` with its columns divided by ``d``; LAPACK's
+        triangular-pentagonal QR (``dtpqrt``) reflects only the ``p`` rows of ``T`` into the
+        identity's, ``O(p n^2)`` operations instead of a dense QR's ``O(n^3)``.
+        """
+        T = self.params
+        p, n = T.shape
+        if n <= DENSE_QR_MAX_N:
+            return np.linalg.qr(self.dense(), mode="r")
+        R = np.eye(n, order="F")
+        if p > 0:
+            R, _, _, info = dtpqrt(0, min(TPQRT_BLOCK, n), R, np.array(T, order="F"), overwrite_a=1, overwrite_b=1)
+            if info != 0:
+                raise np.linalg.LinAlgError(f"dtpqrt failed (info={info})")
+            R = np.triu(R)
+        return R / self.d[None, :]
 
     @cached_property
     def _r_inverse(self) -> np.ndarray:
@@ -507,13 +623,19 @@ def _(A: PIdentity) -> tuple[np.ndarray, np.ndarray]:
 def _(A: PIdentity, f: Matrix) -> tuple[float, bool]:
     r""":math:`\mathrm{tr}(X^{-1} f^Tf)`; every workload is supported (full column rank).
 
-    Up to ``STABLE_MAX_N`` values it is computed from the QR factor of ``A`` as
+    Up to ``DENSE_QR_MAX_N`` values it is computed from the QR factor of ``A`` as
     :math:`\mathrm{tr}(R^{-T} G R^{-1})`: the Woodbury form loses precision to cancellation when
-    the identity rows carry little weight, and an optimizer can exploit that. Beyond, it is
-    :func:`pidentity_objective` (the Woodbury form, no ``n x n`` matrix).
+    the identity rows carry little weight, and an optimizer can exploit that. Up to
+    ``STABLE_MAX_N`` values, the Woodbury form (:func:`pidentity_objective`, ``O(p n)`` with
+    structured Grams) is used when its estimated relative rounding error (:func:`_woodbury_trace`)
+    is at most ``WOODBURY_RTOL``, the QR factor otherwise. Beyond, it is the Woodbury form (no
+    ``n x n`` matrix).
     """
     check_width(f, A)
-    if A.shape[1] > STABLE_MAX_N:
-        return pidentity_objective(A.params, f.gram(), A.norm, gradient=False), True
+    n = A.shape[1]
+    if n > DENSE_QR_MAX_N:
+        value, error = _woodbury_trace(A.params, f.gram(), A.norm)
+        if n > STABLE_MAX_N or error <= WOODBURY_RTOL:
+            return value, True
     Rinv = A._r_inverse
     return float(np.einsum("ij,ij->", Rinv, f.gram() @ Rinv)), True  # tr(R^-T G R^-1)
