@@ -1,0 +1,311 @@
+"""Geography releases: SF1 for every unit of nation, states, counties (local engine) and tracts (Spark).
+
+Run ``python benchmarks/geography.py [--people 10000000] [--spark] [--full-us]``; it writes
+``benchmarks/results/geography.md`` (and ``geography.json``). Every configuration runs in its own
+process (so peak memory is that configuration's), with one BLAS thread. Privacy: pure DP,
+epsilon = 1 (Laplace noise); RMSE is sqrt(mean squared error) over every unit of the level and
+every SF1 query, expected (from the plan) and empirical (one release against the true answers of
+the synthetic data).
+
+Configurations:
+
+* ``geography``: SF1 x (nation, states, counties), level weights optimized with every level's
+  mean squared error weighed equally (the default), one release;
+* ``geography, unit weights``: the same with every query weighed equally (so the 3,143
+  counties dominate the objective);
+* ``independent``: every county released on its own with the whole budget (parallel
+  composition), states and nation summed from their counties (the same engine with only the
+  county level measured);
+* ``geography, nation and states``: the geography release of nation and states only, to compare
+  with SF1+;
+* ``sf1plus``: SF1+ (SF1 crossed with the 51 states, the state as an attribute, 25 million cells),
+  the HDMM release of nation and states in one domain;
+* Spark (``--spark``): SF1 at (nation, state, county, tract) for California (8,750 synthetic
+  tracts, histograms drawn directly) at ``local[1]`` and ``local[2]``: units per second; with
+  ``--full-us`` the whole country (about 72,700 tracts) at ``local[2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+EPSILON = 1.0
+
+
+class PeakMemory:
+    """Peak resident memory of this process and all its descendants (Spark's JVM and Python workers), sampled."""
+
+    def __init__(self, interval: float = 0.5):
+        import psutil
+
+        self.process, self.interval, self.peak = psutil.Process(), interval, 0
+        self.parts: dict[str, int] = {}  # the largest resident memory seen per kind of process
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> int:
+        total, kinds = 0, {}
+        for p in [self.process, *self.process.children(recursive=True)]:
+            try:
+                rss = p.memory_info().rss
+                kind = "driver" if p.pid == self.process.pid else ("JVM" if "java" in p.name() else "workers")
+            except Exception:  # a worker that just ended
+                continue
+            total += rss
+            kinds[kind] = kinds.get(kind, 0) + rss
+        for kind, rss in kinds.items():
+            self.parts[kind] = max(self.parts.get(kind, 0), rss)
+        return total
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._sample())
+            time.sleep(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._sample())
+
+
+def _true_answers(W, H, tree, level):
+    """Every unit's true answers: W x_u for the unit histograms of ``level``."""
+    import scipy.sparse as sp
+
+    bounds = tree.leaf_bounds(level)
+    owner = np.repeat(np.arange(bounds.size - 1), np.diff(bounds))
+    S = sp.csr_matrix((np.ones(owner.size), (owner, np.arange(owner.size))), shape=(bounds.size - 1, H.shape[0]))
+    X = (S @ H).tocsr()
+    return np.vstack([W @ X[i].toarray().ravel() for i in range(X.shape[0])])
+
+
+def run_local(config: str, people: int) -> dict:
+    import hdmm
+    from census_workloads import sf1_persons
+    from census_workloads.geography import synthetic_persons_in, us_tree
+    from hdmm.georelease import RecordHistograms, geo_plan, release_geography
+
+    W = sf1_persons()
+    out: dict = {"config": config, "people": people, "privacy": f"PureDP({EPSILON})"}
+    with PeakMemory() as memory:
+        start = time.perf_counter()
+        if config == "sf1plus":
+            from census_workloads import cph_domain, sf1_plus, synthetic_persons
+
+            records = synthetic_persons(people, seed=1, states=True)
+            domain = cph_domain(state=True)
+            x = domain.vectorize(records)
+            out["read seconds"] = time.perf_counter() - start
+            Wp = sf1_plus()
+            start = time.perf_counter()
+            plan = hdmm.plan(Wp, "auto", hdmm.PureDP(EPSILON), seed=0)
+            out["plan seconds"] = time.perf_counter() - start
+            start = time.perf_counter()
+            release = hdmm.run(Wp, x, hdmm.PureDP(EPSILON), strategy=plan, rng=1)
+            out["release seconds"] = time.perf_counter() - start
+            truth = release.workload @ x
+            states = {name for _, name in __import__("census_workloads").STATES}
+            national = np.array([not any(str(label).endswith(", " + s) for s in states) for label in Wp.labels])
+            err = (release.answers - truth) ** 2
+            out["levels"] = {
+                "nation": {"units": 1, "expected RMSE": float(np.sqrt(np.mean(plan.variances[national]))),
+                           "empirical RMSE": float(np.sqrt(np.mean(err[national])))},
+                "state": {"units": 51, "expected RMSE": float(np.sqrt(np.mean(plan.variances[~national]))),
+                          "empirical RMSE": float(np.sqrt(np.mean(err[~national])))},
+            }
+            out["strategy"] = repr(plan.strategy)
+        else:
+            levels = ("state",) if config == "geography, nation and states" else ("state", "county")
+            tree = us_tree(levels)
+            records = synthetic_persons_in(people, levels, seed=1)
+            source = RecordHistograms.of(tree, __import__("census_workloads").cph_domain(), records)
+            del records
+            out["read seconds"] = time.perf_counter() - start
+            start = time.perf_counter()
+            level_weights = {"county": 1.0} if config == "independent" else "auto"
+            weights = [1.0, 1.0, 1.0] if config == "geography, unit weights" else None
+            plan = geo_plan(tree, W, hdmm.PureDP(EPSILON), level_weights=level_weights, weights=weights, seed=0)
+            out["plan seconds"] = time.perf_counter() - start
+            out["level weights"] = {tree.levels[d]: float(plan.level_weights[d]) for d in plan.measured}
+            start = time.perf_counter()
+            release = release_geography(plan, source, seed=1)
+            out["release seconds"] = time.perf_counter() - start
+            out["release steps"] = release.timings
+            H = source.histograms(0, tree.leaves)
+            out["levels"] = {}
+            for d in plan.levels:
+                truth = _true_answers(W, H, tree, d)
+                out["levels"][tree.levels[d]] = {
+                    "units": tree.sizes[d], "expected RMSE": plan.expected_rmse(d),
+                    "empirical RMSE": float(np.sqrt(np.mean((release.answers(d) - truth) ** 2)))}
+            out["strategy"] = repr(plan.person.strategy)
+    out["peak memory GB"] = memory.peak / 1e9
+    return out
+
+
+def run_spark(master: str, full: bool, people_per_tract: int) -> dict:
+    import hdmm
+    from census_workloads import sf1_persons
+    from census_workloads.geography import SyntheticHistograms, us_tree
+    from hdmm.georelease import geo_plan, release_geography
+    from hdmm.georelease.spark import spark_session
+
+    states = None if full else ("06",)
+    tree = us_tree(states=states)
+    source = SyntheticHistograms(people_per_tract * tree.leaves, states=states, seed=1)
+    out = {"config": f"spark {master}", "scope": "United States" if full else "California",
+           "units": int(sum(tree.sizes)), "tracts": tree.leaves, "people": int(source.leaf_totals().sum()),
+           "privacy": f"PureDP({EPSILON})"}
+    with PeakMemory() as memory:
+        start = time.perf_counter()
+        spark = spark_session(master)
+        out["spark start seconds"] = time.perf_counter() - start
+        start = time.perf_counter()
+        plan = geo_plan(tree, sf1_persons(), hdmm.PureDP(EPSILON), seed=0,
+                        partition="state" if full else "county")
+        out["plan seconds"] = time.perf_counter() - start
+        out["level weights"] = {tree.levels[d]: float(plan.level_weights[d]) for d in plan.measured}
+        out["expected RMSE"] = {tree.levels[d]: plan.expected_rmse(d) for d in plan.levels}
+        output = f"/tmp/hdmm-geo-bench-{master.replace('[', '').replace(']', '')}-{os.getpid()}"
+        start = time.perf_counter()
+        result = release_geography(plan, source, engine="spark", seed=1, output=output, spark=spark,
+                                   progress=lambda s: print(s, file=sys.stderr, flush=True))
+        out["release seconds"] = time.perf_counter() - start
+        out["release steps"] = result.timings
+        out["rows written"] = int(result.dataframe.count())
+        out["units per second (measure stage)"] = out["units"] / result.timings["stage 1 (measure)"]
+        spark.stop()
+    out["peak memory GB"] = memory.peak / 1e9
+    out["peak memory by process GB"] = {k: v / 1e9 for k, v in memory.parts.items()}
+    subprocess.run(["rm", "-rf", output], check=False)
+    return out
+
+
+def _child(args) -> dict:
+    cmd = [sys.executable, __file__, "--child", args]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-4000:])
+        raise SystemExit(f"{args} failed")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _report(results: list[dict]) -> str:
+    lines = ["# Geography releases: SF1 for every unit from nation to tract", "",
+             "`python benchmarks/geography.py` (one BLAS thread, each configuration in its own process; peak memory "
+             "is the resident memory of the process and its children, sampled every 0.5 s). Pure DP, epsilon = 1; "
+             "RMSE per query over every unit of the level, expected (the plan) and empirical (one release against "
+             "the true answers of the synthetic data). The geography and counts per tract are SYNTHETIC "
+             "(census_workloads.geography).", ""]
+    local = [r for r in results if not r["config"].startswith("spark")]
+    if local:
+        lines += ["## SF1 x (nation, states, counties), 10M synthetic people, local engine", "",
+                  "| configuration | level | units | expected RMSE | empirical RMSE |", "|---|---|---|---|---|"]
+        for r in local:
+            for level, v in r["levels"].items():
+                lines.append(f"| {r['config']} | {level} | {v['units']:,} | {v['expected RMSE']:.3f} | "
+                             f"{v['empirical RMSE']:.3f} |")
+        lines += ["", "| configuration | read data s | plan s | release s | peak memory GB | level weights |",
+                  "|---|---|---|---|---|---|"]
+        for r in local:
+            weights = ", ".join(f"{k} {v:.3f}" for k, v in r.get("level weights", {}).items()) or "-"
+            lines.append(f"| {r['config']} | {r['read seconds']:.1f} | {r['plan seconds']:.1f} | "
+                         f"{r['release seconds']:.1f} | {r['peak memory GB']:.2f} | {weights} |")
+        lines.append("")
+        by = {r["config"]: r["levels"] for r in local}
+        lines += ["Ratios of expected RMSE (a ratio below 1 means the first is more accurate):", ""]
+        for a, b in (("geography", "independent"), ("geography, unit weights", "independent"),
+                     ("geography, nation and states", "sf1plus"), ("geography", "sf1plus")):
+            if a in by and b in by:
+                common = [lv for lv in by[a] if lv in by[b]]
+                lines.append(f"- {a} / {b}: " + ", ".join(
+                    f"{lv} {by[a][lv]['expected RMSE'] / by[b][lv]['expected RMSE']:.3f}" for lv in common))
+        lines.append("")
+    spark = [r for r in results if r["config"].startswith("spark")]
+    if spark:
+        lines += ["## SF1 x (nation, state, county, tract) on Spark, histograms drawn per tract", "",
+                  "| run | scope | units | people | release s | measure stage s | units/s (measure) | rows written "
+                  "| peak memory GB |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in spark:
+            lines.append(f"| {r['config']} | {r['scope']} | {r['units']:,} | {r['people']:,} | "
+                         f"{r['release seconds']:.0f} | {r['release steps']['stage 1 (measure)']:.0f} | "
+                         f"{r['units per second (measure stage)']:.1f} | {r['rows written']:,} | "
+                         f"{r['peak memory GB']:.2f} |")
+        lines.append("")
+        ca = {r["config"]: r for r in spark if r["scope"] == "California"}
+        if "spark local[1]" in ca and "spark local[2]" in ca:
+            one, two = ca["spark local[1]"], ca["spark local[2]"]
+            lines.append(f"- Scaling with executors (California, measure stage): local[2] / local[1] = "
+                         f"{two['units per second (measure stage)'] / one['units per second (measure stage)']:.2f}x "
+                         f"units per second; whole release {one['release seconds'] / two['release seconds']:.2f}x.")
+            us_units = 1 + 51 + 3143 + 72665
+            rate = two["units"] / two["release seconds"]
+            lines.append(f"- Extrapolated from California at local[2] ({rate:.1f} units/s over the whole release): "
+                         f"the United States ({us_units:,} units) in about {us_units / rate / 60:.0f} minutes.")
+        for r in spark:
+            if "peak memory by process GB" in r:
+                lines.append(f"- {r['config']} {r['scope']}: largest resident memory per kind of process: " + ", ".join(
+                    f"{k} {v:.2f} GB" for k, v in r["peak memory by process GB"].items()))
+            lines.append(f"- {r['config']} {r['scope']}: steps " + ", ".join(
+                f"{k} {v:.0f} s" for k, v in r["release steps"].items()) + "; expected RMSE " + ", ".join(
+                f"{k} {v:.2f}" for k, v in r["expected RMSE"].items()))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--people", type=int, default=10_000_000)
+    parser.add_argument("--spark", action="store_true", help="also the Spark runs (California at local[1], local[2])")
+    parser.add_argument("--full-us", action="store_true", help="also the whole country on Spark local[2]")
+    parser.add_argument("--skip-local", action="store_true")
+    parser.add_argument("--only", help="local configurations to run, separated by ';'")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, *rest = args.child.split(":")
+        if kind == "local":
+            result = run_local(rest[0], int(rest[1]))
+        else:
+            result = run_spark(rest[0], rest[1] == "full", int(rest[2]))
+        print(json.dumps(result))
+        return
+    path = RESULTS / "geography.json"
+    results = json.loads(path.read_text()) if path.exists() else []
+    configs = ("geography", "geography, unit weights", "independent", "sf1plus", "geography, nation and states")
+    todo = [] if args.skip_local else [f"local:{c}:{args.people}" for c in configs]
+    if args.only:
+        todo = [f"local:{c}:{args.people}" for c in args.only.split(";")]
+    if args.spark:
+        todo += ["spark:local[1]:ca:4258", "spark:local[2]:ca:4258"]
+    if args.full_us:
+        todo.append("spark:local[2]:full:4258")
+    for job in todo:
+        print(f"running {job} ...", file=sys.stderr, flush=True)
+        result = _child(job)
+        results = [r for r in results if (r["config"], r.get("scope")) != (result["config"], result.get("scope"))]
+        results.append(result)
+        path.write_text(json.dumps(results, indent=2))
+        (RESULTS / "geography.md").write_text(_report(results))
+    print((RESULTS / "geography.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
