@@ -18,7 +18,7 @@ import numpy as np
 
 from .plan import GeoPlan
 
-__all__ = ["start_output", "write_units", "finish_output", "partial_path"]
+__all__ = ["check_output", "start_output", "write_units", "finish_output", "partial_path"]
 
 
 def _arrow():
@@ -35,15 +35,20 @@ def partial_path(path: str | os.PathLike) -> str:
     return os.fspath(path) + ".partial"
 
 
-def start_output(path: str | os.PathLike) -> str:
-    """Check that ``path`` is new and create ``path.partial``; returns the partial directory."""
+def check_output(path: str | os.PathLike) -> None:
+    """Refuse an output directory that exists, or whose partial directory does (an interrupted run)."""
     _arrow()
     path = os.fspath(path)
     if os.path.exists(path):
         raise FileExistsError(f"{path} exists: choose a new output directory (a release is never overwritten)")
+    if os.path.exists(partial_path(path)):
+        raise FileExistsError(f"{partial_path(path)} exists (left by an interrupted run?): remove it first")
+
+
+def start_output(path: str | os.PathLike) -> str:
+    """Check that ``path`` is new (:func:`check_output`) and create ``path.partial``; returns it."""
+    check_output(path)
     partial = partial_path(path)
-    if os.path.exists(partial):
-        raise FileExistsError(f"{partial} exists (left by an interrupted run?): remove it first")
     os.makedirs(partial)
     return partial
 

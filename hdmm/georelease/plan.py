@@ -46,6 +46,7 @@ from ..structure import classify
 from ..version import HDMM_VERSION
 from .invariants import Invariants
 from .levels import optimize_level_weights
+from .passes import TreePasses
 
 __all__ = ["GeoPlan", "geo_plan"]
 
@@ -109,11 +110,14 @@ class GeoPlan:
         return self.memo("labels", lambda: [str(x) for x in self.person.workload.labels])
 
     @property
+    def passes(self) -> TreePasses:
+        """The tree passes (:mod:`hdmm.georelease.passes`) for the level weights, made once."""
+        return self.memo("passes", lambda: TreePasses(self.tree, self.level_weights))
+
+    @property
     def solver(self) -> TreeSolver:
-        """The tree Gram's solver for the level weights."""
-        if "solver" not in self._cache:
-            self._cache["solver"] = TreeSolver(self.tree, self.level_weights**2)
-        return self._cache["solver"]
+        """The tree Gram's solver for the level weights (the passes')."""
+        return self.passes.solver
 
     @property
     def measured(self) -> list[int]:
@@ -186,14 +190,15 @@ class GeoPlan:
             self._cache["h"] = (self.person.workload @ g, float(u @ u))
         return self._cache["h"]
 
-    def variances(self, level: int) -> np.ndarray:
-        """Variance of every released answer of ``level`` (``units x queries``); an upper bound when
-        :attr:`variance_exact` is false."""
-        out = self.noise_variance * np.outer(self.unit_variances(level), self.query_variances)
+    def variances(self, level: int, units: np.ndarray | None = None) -> np.ndarray:
+        """Variance of every released answer of ``level`` (``units x queries``; only ``units``, positions
+        in the level, if given); an upper bound when :attr:`variance_exact` is false."""
+        pick = slice(None) if units is None else np.asarray(units)
+        out = self.noise_variance * np.outer(self.unit_variances(level)[pick], self.query_variances)
         reduction = self.invariant_reduction(level)
         if self.invariants is not None and reduction is not None:
             h, gamma = self.total_direction
-            out -= self.noise_variance * np.outer(reduction, h**2 / gamma)
+            out -= self.noise_variance * np.outer(reduction[pick], h**2 / gamma)
             np.maximum(out, 0.0, out=out)
         return out
 

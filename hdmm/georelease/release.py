@@ -34,7 +34,7 @@ from .passes import Partition, TreePasses, partition_down, partition_up, top_pas
 from .plan import GeoPlan
 from .files import finish_output, start_output, write_units
 from .nonneg import check_nonnegative, nonnegative_estimates
-from .steps import apply_invariants, invariant_multipliers, measure_top, provenance
+from .steps import apply_invariants, invariant_multipliers, measure_top, progress_printer, provenance
 from .units import HistogramSource, check_source, measure_partition
 
 __all__ = ["GeoRelease", "release_geography", "ENGINES"]
@@ -189,24 +189,16 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
                           label=label)
 
 
-def _say(progress) -> Callable[[str], None]:
-    if callable(progress):
-        return progress
-    if progress:
-        return lambda text: print(text, flush=True)
-    return lambda text: None
-
-
 def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, progress,
                    postprocess: str | None = None, budget: Budget | None = None, label: str = "") -> GeoRelease:
-    say = _say(progress)
+    say = progress_printer(progress)
     space = "measurements" if postprocess == "nonnegative" else "answers"
     tree, P = plan.tree, plan.partition_level
     timings: dict[str, float] = {}
     start = time.perf_counter()
     check_source(plan, source)
     charge = None if budget is None else budget.charge(plan.privacy, label)  # on disk before any noise
-    passes = TreePasses(tree, plan.level_weights)
+    passes = plan.passes
     parts = [Partition.of(tree, P, u) for u in range(tree.sizes[P])]
     owns, g_own, roots = [], [], []
     for i, part in enumerate(parts):

@@ -40,10 +40,10 @@ import scipy.sparse as sp
 
 from ..domain import Domain
 from ..geography import GeographyError
-from .passes import Partition, TreePasses, partition_down, partition_up, top_passes
+from .passes import Partition, partition_down, partition_up, top_passes
 from .plan import GeoPlan
-from .files import finish_output, start_output, write_units
-from .steps import measure_top, provenance
+from .files import check_output, finish_output, start_output, write_units
+from .steps import measure_top, progress_printer, provenance
 from .units import check_source, measure_partition
 
 __all__ = ["SparkGeoRelease", "release_spark", "require_spark", "spark_session", "LEAF", "PART"]
@@ -147,12 +147,12 @@ def _own_from_rows(pdf: pd.DataFrame) -> dict[int, np.ndarray]:
     return own
 
 
-def _stage1(plan: GeoPlan, passes: TreePasses, unit: int, histograms, seed: int | None) -> pd.DataFrame:
+def _stage1(plan: GeoPlan, unit: int, histograms, seed: int | None) -> pd.DataFrame:
     part = Partition.of(plan.tree, plan.partition_level, unit)
     own, root = measure_partition(plan, part, histograms, seed)
     rows = _unit_rows(unit, own, part)
     rows.append({"partition": unit, "level": G_ROW, "unit": unit, "index": [],
-                 "values": partition_up(passes, part, own).ravel().tolist()})
+                 "values": partition_up(plan.passes, part, own).ravel().tolist()})
     total = sp.csr_matrix(root[None, :])
     rows.append({"partition": unit, "level": ROOT_ROW, "unit": unit, "index": total.indices.astype(np.int64).tolist(),
                  "values": total.data.astype(float).tolist()})
@@ -248,12 +248,11 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     require_spark()
     from pyspark.sql import functions as F
 
-    say = (progress if callable(progress) else (lambda s: print(s, flush=True)) if progress else (lambda s: None))
+    say = progress_printer(progress)
     spark = spark_session() if spark is None else spark
     tree, P = plan.tree, plan.partition_level
     output = os.fspath(output) if output is not None else os.path.join(tempfile.mkdtemp(prefix="hdmm-"), "release")
-    if os.path.exists(output) or os.path.exists(output + ".partial"):
-        raise FileExistsError(f"{output} exists: choose a new output directory (a release is never overwritten)")
+    check_output(output)
     work = work_dir or output + ".work"
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -268,6 +267,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
         check_source(plan, _Totals(totals))
     charge = None if budget is None else budget.charge(plan.privacy, label)  # on disk before any noise
     sc = spark.sparkContext
+    plan.passes  # noqa: B018 -- made once here and shipped with the plan
     plan_b = sc.broadcast(plan)
     timings["checks"] = time.perf_counter() - start
     # ---------------------------------------------------------------- stage 1
@@ -278,10 +278,9 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
 
         def stage1_source(batches):
             p = plan_b.value
-            passes = TreePasses(p.tree, p.level_weights)
             for pdf in batches:
                 for unit in pdf["partition"].tolist():
-                    yield _stage1(p, passes, int(unit), source_b.value.histograms, seed)
+                    yield _stage1(p, int(unit), source_b.value.histograms, seed)
 
         ids = spark.createDataFrame(pd.DataFrame({"partition": np.arange(tree.sizes[P], dtype=np.int64)}))
         ids = ids.repartition(min(tree.sizes[P], max(2, sc.defaultParallelism * 4)), "partition")
@@ -297,7 +296,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
             cells = domain.cell_index(pdf[names], codes=codes)
             H = sp.csr_matrix((np.ones(len(pdf)), (pdf[LEAF].to_numpy() - lo, cells)), shape=(hi - lo, domain.size))
             H.sum_duplicates()
-            return _stage1(p, TreePasses(p.tree, p.level_weights), unit, H, seed)
+            return _stage1(p, unit, H, seed)
 
         stage1 = records.select(PART, LEAF, *names).groupBy(PART).applyInPandas(stage1_records, schema)
     stage1.write.parquet(os.path.join(work, "stage1"))
@@ -317,7 +316,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
             seen.add(int(row.partition))
         else:
             roots[row.partition, np.asarray(row.index, dtype=np.intp)] = np.asarray(row.values)
-    passes = TreePasses(tree, plan.level_weights)
+    passes = plan.passes
     missing = sorted(set(range(tree.sizes[P])) - seen)
     local_own = {}
     for unit in missing:  # partitions without records: measured here, with their own streams
@@ -337,7 +336,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
         unit = int(pdf["partition"].iloc[0])
         part = Partition.of(p.tree, p.partition_level, unit)
         cc, tt = ct_b.value
-        est = partition_down(TreePasses(p.tree, p.level_weights), part, _own_from_rows(pdf),
+        est = partition_down(p.passes, part, _own_from_rows(pdf),
                              cc[unit:unit + 1], tt[unit:unit + 1])
         return pd.DataFrame(_unit_rows(unit, est, part), columns=["partition", "level", "unit", "index", "values"])
 
@@ -382,18 +381,18 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     # (through Spark's row conversion the strings cost as much time as measuring)
     start = time.perf_counter()
     released = list(plan.levels)
-    std = {d: (plan.noise_variance * plan.unit_variances(d), plan.invariant_reduction(d)) for d in released}
-    h_gamma = plan.total_direction if inv is not None else None
+    for d in released:  # the variances' factors, computed here once and shipped with the plan
+        plan.variances(d, units=[0])
+    plan3_b = sc.broadcast(plan)
     meta = provenance(plan, seed is not None, charge)
     partial = start_output(output)
-    aux_b = sc.broadcast((lam, std, h_gamma, meta, partial))
+    aux_b = sc.broadcast((lam, inv is not None, meta, partial))
 
     def stage3(batches):
         from pyspark import TaskContext
 
-        p = plan_b.value
-        lam_, std_, hg, meta_, partial_ = aux_b.value
-        qv = p.query_variances
+        p = plan3_b.value
+        lam_, held, meta_, partial_ = aux_b.value
         task = TaskContext.get().partitionId()
         written = 0
         for b, pdf in enumerate(batches):
@@ -403,14 +402,9 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
                     chunk = group.iloc[first:first + UNITS_PER_FILE]
                     units = chunk["unit"].to_numpy()
                     values = np.vstack(chunk["values"].to_numpy())[:, :-1]
-                    tree_var, reduction = std_[d]
-                    var = np.outer(tree_var[units], qv)
-                    if hg is not None:
-                        values = values - np.outer(lam_[d][units], hg[0])
-                        if reduction is not None:
-                            var = np.maximum(var - p.noise_variance * np.outer(reduction[units], hg[0] ** 2 / hg[1]),
-                                             0)
-                    written += write_units(partial_, p, d, units, values, np.sqrt(var), meta_,
+                    if held:
+                        values = values - np.outer(lam_[d][units], p.total_direction[0])
+                    written += write_units(partial_, p, d, units, values, np.sqrt(p.variances(d, units)), meta_,
                                            f"part-{task:05d}-{b:05d}-{first:07d}")
         yield pd.DataFrame({"rows": [written]})
 

@@ -5,6 +5,8 @@ See :mod:`hdmm.georelease.release` for the order of the steps.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -12,7 +14,7 @@ from ..version import HDMM_VERSION
 from .plan import GeoPlan
 from .units import measure_units
 
-__all__ = ["measure_top", "apply_invariants", "invariant_multipliers", "provenance"]
+__all__ = ["measure_top", "apply_invariants", "invariant_multipliers", "provenance", "progress_printer"]
 
 
 def measure_top(plan: GeoPlan, roots: np.ndarray, seed: int | None, space: str = "answers") -> dict[int, np.ndarray]:
@@ -72,3 +74,12 @@ def provenance(plan: GeoPlan, seeded: bool, charge=None) -> dict:
         "variance_exact": plan.variance_exact,
         "charge": None if charge is None else charge.to_dict(),
     }
+
+
+def progress_printer(progress) -> Callable[[str], None]:
+    """``progress`` as a function of a line: itself if callable, ``print`` if true, else nothing."""
+    if callable(progress):
+        return progress
+    if progress:
+        return lambda text: print(text, flush=True)
+    return lambda text: None
