@@ -27,7 +27,7 @@ def test_geography_release_writes_every_level(files, capsys):
     code = main(_release(files, "--data", str(files / "people.csv"), "--invariants", "state", "--output", str(out)))
     text = capsys.readouterr().out
     assert code == 0, text
-    assert "not protected" in text and "expected RMSE" in text and "600" not in text
+    assert "not protected" in text and "expected RMSE" in text and "600" not in text and "read data" not in text
     states, nation = pd.read_parquet(out / "level=state"), pd.read_parquet(out / "level=nation")
     assert len(states) == 2 * 16 and len(nation) == 16 and len(pd.read_parquet(out / "level=county")) == 3 * 16
     meta = json.loads((out / "_provenance.json").read_text())
