@@ -139,6 +139,7 @@ def test_local_engine_equals_dense_least_squares(privacy, strategy, with_invaria
         L = np.kron(tree.aggregate(d, np.eye(tree.leaves)), WP.dense())
         np.testing.assert_allclose(plan.variances(d).ravel(), np.einsum("ij,jk,ik->i", L, cov, L), rtol=1e-8,
                                    atol=1e-10)
+        assert plan.expected_rmse(d) == pytest.approx(np.sqrt(np.mean(np.einsum("ij,jk,ik->i", L, cov, L))), rel=1e-8)
     if with_invariants:
         np.testing.assert_allclose(release.totals("state"), list(invariants["state"].values()), rtol=1e-12)
 

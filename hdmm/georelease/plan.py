@@ -208,9 +208,18 @@ class GeoPlan:
         return all(self.invariant_reduction(d) is not None for d in self.levels) and self.person.variance_exact
 
     def expected_rmse(self, level: int) -> float:
-        """Expected RMSE of the released answers of ``level`` (over all its units and queries)."""
-        return float(np.sqrt(np.mean(self.variances(level)))) if self.invariants is not None else float(
-            np.sqrt(self.noise_variance * np.mean(self.unit_variances(level)) * np.mean(self.query_variances)))
+        """Expected RMSE of the released answers of ``level`` (over all its units and queries).
+
+        Without invariants the mean of the outer product is the product of the means; with them
+        the variances are summed a block of units at a time (a level of tracts has 300 million).
+        """
+        if self.invariants is None:
+            return float(np.sqrt(self.noise_variance * np.mean(self.unit_variances(level))
+                                 * np.mean(self.query_variances)))
+        units = self.tree.sizes[level]
+        total = sum(float(np.sum(self.variances(level, np.arange(lo, min(lo + 4096, units)))))
+                    for lo in range(0, units, 4096))
+        return float(np.sqrt(total / (units * self.queries)))
 
     def summary(self) -> pd.DataFrame:
         """One row per released level: units, queries, level weight and expected RMSE."""
