@@ -203,6 +203,8 @@ def test_save_writes_a_parquet_dataset_by_level(tmp_path):
     assert table.num_rows == tree.sizes[2] * WP.shape[0]
     with pytest.raises(FileExistsError):
         release.save(out)
+    release.save(f"{tmp_path / 'slash'}/")  # a directory named with a trailing separator
+    assert (tmp_path / "slash" / "_provenance.json").exists() and not (tmp_path / "slash.partial").exists()
 
 
 # ====================================================================== bad input, before any noise

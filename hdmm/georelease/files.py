@@ -30,15 +30,20 @@ def _arrow():
     return pa, pq
 
 
+def _directory(path: str | os.PathLike) -> str:
+    """``path`` without a trailing separator (``out/`` is the directory ``out``)."""
+    return os.path.normpath(os.fspath(path))
+
+
 def partial_path(path: str | os.PathLike) -> str:
-    """Where a release is written before it is complete."""
-    return os.fspath(path) + ".partial"
+    """Where a release is written before it is complete: ``<path>.partial`` beside it."""
+    return _directory(path) + ".partial"
 
 
 def check_output(path: str | os.PathLike) -> None:
     """Refuse an output directory that exists, or whose partial directory does (an interrupted run)."""
     _arrow()
-    path = os.fspath(path)
+    path = _directory(path)
     if os.path.exists(path):
         raise FileExistsError(f"{path} exists: choose a new output directory (a release is never overwritten)")
     if os.path.exists(partial_path(path)):
@@ -87,4 +92,4 @@ def finish_output(partial: str, path: str | os.PathLike, meta: dict) -> None:
     """Write ``_provenance.json`` and rename the partial directory to ``path``."""
     with open(os.path.join(partial, "_provenance.json"), "w") as fh:
         json.dump(meta, fh, indent=2)
-    os.rename(partial, os.fspath(path))
+    os.rename(partial, _directory(path))

@@ -251,7 +251,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     say = progress_printer(progress)
     spark = spark_session() if spark is None else spark
     tree, P = plan.tree, plan.partition_level
-    output = os.fspath(output) if output is not None else os.path.join(tempfile.mkdtemp(prefix="hdmm-"), "release")
+    output = os.path.normpath(os.fspath(output)) if output is not None else os.path.join(tempfile.mkdtemp(prefix="hdmm-"), "release")
     check_output(output)
     work = work_dir or output + ".work"
     timings: dict[str, float] = {}
