@@ -94,6 +94,8 @@ class SVDBound:
         Number of workload queries (for :attr:`rmse`).
     method : str
         How the singular values were obtained.
+    lower : bool
+        Whether ``value``, though not exact, is certainly a lower bound (no estimated block).
     """
 
     value: float
@@ -102,6 +104,12 @@ class SVDBound:
     privacy: Privacy
     queries: int
     method: str
+    lower: bool = False
+
+    @property
+    def certain(self) -> bool:
+        """Whether ``value`` is certainly a lower bound: exact, or a weaker bound (not an estimate)."""
+        return self.exact or self.lower
 
     def __float__(self) -> float:
         return self.value
@@ -373,8 +381,9 @@ def _compressed(G: np.ndarray, eig: _Eigen) -> np.ndarray:
 
 
 def _block_norm(w2: np.ndarray, index: np.ndarray, parts: list[_AttributeSplit], exact_limit: int,
-                probes: int, steps: int, rng: np.random.Generator, eig: _Eigen) -> _Norm:
-    """The trace of ``(sum_j w2_j (x)_i parts[i].rest[index[j, i]])^(1/2)``."""
+                probes: int, steps: int, rng: np.random.Generator, eig: _Eigen, estimate: bool = True) -> _Norm:
+    """The trace of ``(sum_j w2_j (x)_i parts[i].rest[index[j, i]])^(1/2)`` (or, for a block beyond
+    ``exact_limit`` when ``estimate`` is false, the lower bound from its Kronecker row blocks)."""
     grams = [part.rest for part in parts]
     live = w2 > 0
     w2, index = w2[live], index[live]
@@ -403,8 +412,8 @@ def _block_norm(w2: np.ndarray, index: np.ndarray, parts: list[_AttributeSplit],
         ]
         M = np.block(blocks)
         return _Norm(_eig_sqrt_sum(M), 0.0, f"dense eigenvalues ({M.shape[0]:,} x {M.shape[0]:,} row Gram)")
-    if cols > SLQ_MAX_N:
-        # too large to probe: a valid lower bound from the row blocks (one per term), exact=False
+    if cols > SLQ_MAX_N or not estimate:
+        # too large to probe (or no estimate wanted): a valid lower bound from the row blocks (one per term), exact=False
         term_norms = [math.sqrt(float(w)) * math.prod(_sqrt_sum(eig.values(grams[i][k])) for i, k in enumerate(ix))
                       for w, ix in zip(w2, index)]
         return _Norm(math.sqrt(sum(v * v for v in term_norms)), 0.0,
@@ -438,7 +447,7 @@ def _scalar_blocks(w2: np.ndarray, index: np.ndarray, splits: list[_AttributeSpl
 
 
 def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: int = 30, steps: int = 480,
-                 seed: int | None = None) -> _Norm:
+                 seed: int | None = None, estimate: bool = True) -> _Norm:
     r""":math:`\|W\|_*` of a union of Kronecker products (see the module docstring, route 3).
 
     Each attribute is split into classes of common eigenvectors of its factor Grams (a scalar
@@ -498,7 +507,7 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
                 if not np.any(scale > 0):  # the eigenvalues are clean: zero means zero
                     continue
                 norm = _block_norm(scale, union.index[:, list(rest_attrs)], [splits[i] for i in rest_attrs],
-                                   exact_limit, probes, steps, rng, eig)
+                                   exact_limit, probes, steps, rng, eig, estimate)
                 total += float(mult * norm.value)
                 var += float(mult * norm.stderr) ** 2
                 methods.add(norm.method)
@@ -507,7 +516,7 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
 
 
 def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, probes: int = 30, steps: int = 480,
-              seed: int | None = None) -> SVDBound:
+              seed: int | None = None, estimate: bool = True) -> SVDBound:
     r"""The SVD lower bound ``noise_variance(1) * ||W||_*^2 / N`` on any strategy's total squared error.
 
     Parameters
@@ -523,6 +532,10 @@ def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, pr
         steps (doubled from 60 until the Gauss / Gauss-Radau bracket is within 2%), seeded by
         ``seed`` (for reproducible research). The reported ``stderr`` combines the sampling
         error with the bracket's half-width.
+    estimate
+        ``False``: no stochastic estimate; a block beyond ``exact_limit`` contributes the lower
+        bound from its Kronecker row blocks, so the result is exact or a certain (weaker) lower
+        bound (``lower=True``), and cheap when ``exact_limit`` is small.
 
     Returns
     -------
@@ -558,12 +571,13 @@ def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, pr
         spectrum = trace_spectrum(union)
         root = float(np.sum(np.sqrt(spectrum.trace_E * spectrum.tau)))
         return SVDBound(unit * root**2, True, 0.0, method="marginals algebra (E_T basis)", **common)
-    norm = nuclear_norm(union, exact_limit=exact_limit, probes=probes, steps=steps, seed=seed)
+    norm = nuclear_norm(union, exact_limit=exact_limit, probes=probes, steps=steps, seed=seed, estimate=estimate)
     N = W.shape[1]
     return SVDBound(
         unit * norm.value**2 / N,
         norm.stderr == 0.0 and not norm.lower,
         unit * 2 * norm.value * norm.stderr / N,
         method=norm.method,
+        lower=norm.stderr == 0.0 and norm.lower,
         **common,
     )

@@ -295,3 +295,18 @@ def test_bad_inputs():
     for bad in (1.0, None, "zcdp"):
         with pytest.raises(TypeError, match="privacy"):
             svd_bound(Identity(3), bad)
+
+
+def test_without_estimates_a_large_block_gives_a_certain_lower_bound():
+    W = wl.union([Kronecker([wl.Prefix(12), wl.Prefix(10)]),
+                    Kronecker([wl.Prefix(12), wl.Total(10)]),
+                    Kronecker([wl.Total(12), wl.Prefix(10)])])
+    privacy = ZCDP(0.5)
+    exact = svd_bound(W, privacy)
+    cheap = svd_bound(W, privacy, exact_limit=16, estimate=False)
+    assert exact.exact and exact.certain and not exact.lower
+    assert not cheap.exact and cheap.lower and cheap.certain and cheap.stderr == 0.0
+    assert 0 < cheap.value <= exact.value * (1 + 1e-12)
+    assert "weaker lower bound" in repr(cheap)
+    estimated = svd_bound(W, privacy, exact_limit=16, seed=0)
+    assert not estimated.certain

@@ -73,7 +73,9 @@ def test_the_error_of_each_strategy_is_computed_once_and_the_winners_is_the_resu
     privacy = hdmm.ApproxDP(1.0, 1e-6)
     result = hdmm.optimize(two_terms(), privacy, seed=0)
     assert len(bounds) == 1
-    assert len(calls) == len(result.report) == 5
+    assert len(result.report) == 5  # OPT_M cannot beat the residual strategy under Gaussian noise: skipped
+    assert result.report.set_index("optimizer").loc["opt_marginals", "note"].startswith("skipped: cannot beat")
+    assert len(calls) == result.report["rmse"].notna().sum() == 4
     assert len({id(A) for A, _ in calls}) == len(calls)
     (winner_error,) = [error for A, error in calls if A is result.strategy]
     assert result.error is winner_error and result.error.privacy == privacy
@@ -210,7 +212,9 @@ def test_an_optimum_is_only_certified_against_an_exact_bound():
     assert list(result.report["note"][1:].str.startswith("skipped")) == [True] * (len(result.report) - 1)
     # prefixes: no strategy reaches the bound, nothing is certified and everything runs
     result = hdmm.optimize(hdmm.Prefix(8), GAUSS, seed=0)
-    assert not result.optimal and result.report["rmse"].notna().all()
+    report = result.report.set_index("optimizer")
+    assert not result.optimal and report.drop("opt_marginals")["rmse"].notna().all()
+    assert report.loc["opt_marginals", "note"].startswith("skipped: cannot beat")
 
 
 def test_optimizers_whose_cost_would_explode_are_skipped_with_a_reason(monkeypatch):
@@ -234,3 +238,87 @@ def test_all_three_way_marginals_of_100_attributes_stop_at_the_residual_optimum(
     result = hdmm.optimize(hdmm.AllMarginals(dom, 3), GAUSS, seed=0)
     assert result.optimal and result.optimizer == "residual"
     assert result.rmse == pytest.approx(303.216, abs=5e-4)
+
+
+# ---------------------------------------------------------------- certified skips and the time limit
+def test_opt_m_is_skipped_when_its_floor_is_above_a_strategy_found_and_runs_when_named():
+    W = hdmm.Kronecker([hdmm.AllRange(128)] * 2)
+    result = hdmm.optimize(W, LAPLACE, seed=0)
+    report = result.report.set_index("optimizer")
+    note = report.loc["opt_marginals", "note"]
+    assert note.startswith("skipped: cannot beat opt_kron") and np.isnan(report.loc["opt_marginals", "rmse"])
+    # the floor is valid: OPT_M run anyway does no better than it
+    floor = registry.REGISTRY["opt_marginals"].lower_bound(Problem(W, LAPLACE)) * LAPLACE.noise_variance(1.0)
+    full = hdmm.optimize(W, LAPLACE, seed=0, exhaustive=True).report.set_index("optimizer")
+    assert full.loc["opt_marginals", "total squared error"] >= floor * (1 - 1e-9)
+    assert full.loc["opt_kron", "total squared error"] < floor
+
+
+@pytest.mark.parametrize("privacy", [LAPLACE, GAUSS], ids=["laplace", "gaussian"])
+@pytest.mark.parametrize("make", [
+    lambda: hdmm.AllMarginals((3, 4, 2), 2),
+    lambda: hdmm.Kronecker([hdmm.Prefix(6), hdmm.Identity(3)]),
+    two_terms,
+], ids=["marginals", "prefix-identity", "two-terms"])
+def test_opt_m_never_goes_below_its_stated_floor(make, privacy):
+    W = make()
+    problem = Problem(W, privacy, rng=np.random.default_rng(0))
+    floor = registry.REGISTRY["opt_marginals"].lower_bound(problem)
+    assert registry.REGISTRY["opt_marginals"].run(problem).unit_error >= floor * (1 - 1e-9)
+
+
+def test_opt_union_abandons_once_its_bound_cannot_win_and_never_where_its_error_may_be_exact(monkeypatch):
+    W = hdmm.union([hdmm.Kronecker([hdmm.Prefix(32), hdmm.Prefix(16)]),
+                    hdmm.Kronecker([hdmm.AllRange(32), hdmm.Total(16)]), hdmm.Kronecker([hdmm.Total(32), hdmm.AllRange(16)])])
+    monkeypatch.setattr(registry, "UNION_EXACT_MAX_N", 4)  # 512 cells: OPT_+ judged by its bound
+    for privacy in (LAPLACE, GAUSS):
+        problem = Problem(W, privacy, rng=np.random.default_rng(0))
+        groups = registry.default_groups(W, problem.union)
+        check = registry._union_check(problem, groups)
+        assert check is not None
+        check([], [])  # nothing evaluated yet: never abandons
+        problem.expected_error(hdmm.Identity(512))
+        run = registry.REGISTRY["opt_union"].run(Problem(W, privacy, rng=np.random.default_rng(0), abandon=False))
+        assert not run.exact
+        # a best candidate just below OPT_+'s bound: abandoned, and the floor it quotes is below that bound
+        monkeypatch.setattr(Problem, "best_unit_error", lambda self, v=run.unit_error: v * 0.999)
+        with pytest.raises(registry.Abandoned, match="abandoned after .* groups: its error bound") as stop:
+            registry.REGISTRY["opt_union"].run(Problem(W, privacy, rng=np.random.default_rng(0)))
+        floor = float(str(stop.value).split("at least ")[1].split(",")[0])
+        assert floor <= run.unit_error * problem.unit_variance * (1 + 1e-6)
+        monkeypatch.undo()
+        monkeypatch.setattr(registry, "UNION_EXACT_MAX_N", 4)
+    # groups of identities and totals may give a strategy with its exact error: no abandoning
+    M = hdmm.AllMarginals((3, 4, 2), 1)
+    problem = Problem(M, LAPLACE, rng=np.random.default_rng(0))
+    problem.expected_error(hdmm.Identity(24))
+    monkeypatch.setattr(Problem, "best_unit_error", lambda self: 1e-12)
+    assert registry.REGISTRY["opt_union"].run(problem).exact
+
+
+def test_a_time_limit_returns_the_best_found_so_far_and_reports_the_rest_as_skipped(monkeypatch):
+    clock = iter(np.arange(0.0, 1e6, 10.0))  # every call to the clock moves on 10 s
+    monkeypatch.setattr(api.time, "perf_counter", lambda: float(next(clock)))
+    result = hdmm.optimize(two_terms(), LAPLACE, seed=0, time_limit=5)
+    report = result.report.set_index("optimizer")
+    assert result.optimizer == "identity"
+    for name in ("opt_kron", "opt_marginals", "opt_union"):
+        assert report.loc[name, "note"] == "skipped: the time limit of 5 s was reached"
+
+
+def test_a_time_limit_ends_opt_kron_after_its_current_round():
+    from hdmm.optimizers.kron import opt_kron_union
+    W = hdmm.union([hdmm.Kronecker([hdmm.Prefix(16), hdmm.Prefix(8)]),
+                    hdmm.Kronecker([hdmm.AllRange(16), hdmm.Total(8)]), hdmm.Kronecker([hdmm.Total(16), hdmm.AllRange(8)])])
+    union = hdmm.kron_union.kron_union(W)
+    free, limited = [], []
+    opt_kron_union(union, LAPLACE, rng=np.random.default_rng(0), progress=free.append)
+    opt_kron_union(union, LAPLACE, rng=np.random.default_rng(0), progress=limited.append, deadline=0.0)
+    assert len(free) >= 2
+    assert limited == [free[0], "OPT_(x): time limit reached, stopping after this round"]
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "10", True])
+def test_a_bad_time_limit_names_the_fix(bad):
+    with pytest.raises(ValueError, match="time_limit must be a positive number of seconds"):
+        hdmm.optimize(hdmm.Identity(4), LAPLACE, time_limit=bad)

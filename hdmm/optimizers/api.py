@@ -33,7 +33,7 @@ from ..privacy import ZCDP, Privacy, PureDP
 from .kron import opt_kron_union
 from .marginals import opt_marginals_strategy, residual_strategy
 from .max_variance import MaxVarianceProblem, max_variance_residual
-from .registry import REGISTRY, Problem, union_candidate
+from .registry import BOUND_EXACT_LIMIT, REGISTRY, Abandoned, Problem, union_candidate
 from .union import check_groups, default_groups, opt_union_groups
 
 __all__ = ["opt0", "opt_kron", "opt_union", "opt_marginals", "opt_residual", "optimize", "OptimizationResult"]
@@ -249,7 +249,8 @@ class OptimizationResult:
 
 def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=None,
              optimizers: Sequence[str] | None = None, progress: bool | Callable[[str], None] = False,
-             exhaustive: bool = False, objective: str = "total") -> OptimizationResult:
+             exhaustive: bool = False, objective: str = "total",
+             time_limit: float | None = None) -> OptimizationResult:
     """Run every registered optimizer that applies to ``W`` under ``privacy`` and keep the best strategy.
 
     The candidates (:data:`~hdmm.optimizers.registry.REGISTRY`, in this order): ``identity``
@@ -266,14 +267,28 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     over the candidates (with each optimizer's own steps, such as OPT_(x)'s rounds, as its
     status); a callable receives those status lines instead.
 
-    The SVD bound (:func:`hdmm.bound.svd_bound`) is computed first. **Certified early exit**:
-    when a candidate's exact error equals an exact bound (to a relative ``OPTIMAL_RTOL``), no
-    strategy can do better: ``optimize`` stops, marks it ``"optimal"`` in the report (and
-    ``result.optimal``) and lists the optimizers left as skipped. An optimizer whose cost would
-    explode on this workload (OPT_M over too many candidate marginals, OPT_+ over too many
-    groups; :attr:`~hdmm.optimizers.registry.Optimizer.skip`) is skipped by default with the
-    reason in the report; naming it in ``optimizers`` runs it. ``exhaustive=True`` runs every
-    chosen optimizer regardless.
+    The SVD bound (:func:`hdmm.bound.svd_bound`) is computed first, without estimates: eigenvalue
+    blocks beyond :data:`~hdmm.optimizers.registry.BOUND_EXACT_LIMIT` columns are bounded from
+    below instead, so ``result.bound`` is exact or a certain, weaker lower bound (``svd_bound``
+    itself estimates them). **Certified early exit**: when a candidate's exact error equals the
+    bound (to a relative ``OPTIMAL_RTOL``), no strategy can do better: ``optimize`` stops, marks
+    it ``"optimal"`` in the report (and ``result.optimal``) and lists the optimizers left as
+    skipped. **Certified skips**: an optimizer that states a lower bound on the error it can be
+    judged by (:attr:`~hdmm.optimizers.registry.Optimizer.lower_bound`: OPT_M, and OPT_+ on large
+    domains) is skipped when a candidate found already has no more error, with both figures in
+    the report. An optimizer whose cost would explode on this workload (OPT_M over too many
+    candidate marginals, OPT_+ over too many groups;
+    :attr:`~hdmm.optimizers.registry.Optimizer.skip`) is skipped by default with the reason in
+    the report. Naming an optimizer in ``optimizers`` runs it despite both kinds of skip;
+    ``exhaustive=True`` runs every chosen optimizer regardless. An optimizer may also abandon its
+    own run once it can no longer win (OPT_+ on large domains, group by group;
+    :class:`~hdmm.optimizers.registry.Abandoned`); the report says so, with the figures.
+
+    ``time_limit`` (seconds): no optimizer starts once it has passed, and OPT_(x) starts no new
+    round after it; the best strategy found by then is returned, the rest are reported as
+    skipped. The identity always runs, so there is a result; an optimizer that has started
+    finishes its current step, so the limit can be overrun by one step. ``None`` (the default):
+    no limit.
 
     ``objective="max_variance"`` minimizes the largest per-query variance instead of the total
     (agencies publish per-table accuracy; :mod:`.max_variance`). Implemented under Gaussian noise
@@ -287,6 +302,11 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     _check(W, restarts=restarts)
     if not isinstance(privacy, Privacy):
         raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
+    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
+                                   or not time_limit > 0 or not np.isfinite(time_limit)):
+        raise ValueError(f"time_limit must be a positive number of seconds (or None for no limit), got {time_limit!r}")
+    started = time.perf_counter()
+    deadline = None if time_limit is None else started + float(time_limit)
     if objective == "max_variance":
         if optimizers is not None:
             raise ValueError("objective='max_variance' solves the residual program only; optimizers= does not apply")
@@ -295,7 +315,7 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
         raise ValueError(f"objective must be 'total' or 'max_variance', got {objective!r}")
     bar = None
     say = (lambda line: bar.set_postfix_str(line)) if progress is True else (progress or None)
-    problem = Problem(W, privacy, restarts, _rng(seed), say)
+    problem = Problem(W, privacy, restarts, _rng(seed), say, deadline, abandon=not exhaustive and optimizers is None)
     available = [name for name, optimizer in REGISTRY.items() if optimizer.applies(problem)]
     if isinstance(optimizers, str):
         optimizers = [optimizers]
@@ -305,14 +325,21 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     unknown = [] if optimizers is None else [o for o in optimizers if o not in available]
     if unknown:
         raise ValueError(f"optimizers {unknown} do not apply here; available: {available}")
-    bound = svd_bound(W, privacy, seed=0)
+    bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False)
     bar = tqdm(chosen, desc="optimize", unit="optimizer", disable=progress is not True)
     rows, best, best_error, optimal = [], None, None, None
     for name in bar:
         bar.set_description(f"optimize: {name}")
         note = f"skipped: {optimal} is optimal (its error equals the SVD lower bound)" if optimal else None
+        if note is None and best is not None and deadline is not None and time.perf_counter() >= deadline:
+            note = f"skipped: the time limit of {time_limit:g} s was reached"
         if note is None and not exhaustive and optimizers is None:
             note = REGISTRY[name].skip(problem)
+        if note is None and not exhaustive and optimizers is None and best is not None:
+            floor = REGISTRY[name].lower_bound(problem)
+            if floor is not None and best_error <= floor * problem.unit_variance * (1.0 + OPTIMAL_RTOL):
+                note = (f"skipped: cannot beat {best[0]} (total squared error {best_error:.6g}): its error is at "
+                        f"least {floor * problem.unit_variance:.6g} here")
         if note is not None:
             rows.append({"optimizer": name, "total squared error": np.nan, "exact": False, "seconds": 0.0,
                          "note": note})
@@ -320,10 +347,17 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
                 say(f"{name}: {note}")
             continue
         start = time.perf_counter()
-        candidate = REGISTRY[name].run(problem)
+        try:
+            candidate = REGISTRY[name].run(problem)
+        except Abandoned as stop:
+            rows.append({"optimizer": name, "total squared error": np.nan, "exact": False,
+                         "seconds": time.perf_counter() - start, "note": str(stop)})
+            if say:
+                say(f"{name}: {stop}")
+            continue
         error = problem.total_error(candidate)
         seconds = time.perf_counter() - start
-        certified = candidate.exact and bound.exact and error <= bound.value * (1.0 + OPTIMAL_RTOL)
+        certified = candidate.exact and bound.certain and error <= bound.value * (1.0 + OPTIMAL_RTOL)
         rows.append({"optimizer": name, "total squared error": error, "exact": candidate.exact, "seconds": seconds,
                      "note": "optimal" if certified else ""})
         if say:

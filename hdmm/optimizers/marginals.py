@@ -63,7 +63,17 @@ STARTS = 3
 
 #: Fewest starts for a cheap problem: enough that the best optimum found no longer depends on the
 #: seed on the benchmark workloads, where the starts of a cheap problem cost well under a second.
-MIN_STARTS = 128
+MIN_STARTS = 64
+
+#: L-BFGS-B iterations of a search run to convergence (at most).
+MAXITER = 2000
+
+#: Successive halving of the starts (:func:`optimize_marginal_weights`): every start first runs
+#: ``RUNG_ITER`` iterations; each rung keeps the best ``1 / RUNG_KEEP`` and multiplies the
+#: iterations by ``RUNG_GROWTH``.
+RUNG_ITER = 10
+RUNG_KEEP = 4
+RUNG_GROWTH = 3
 
 #: Above this many attributes, OPT_M's candidates are the workload's downward closure and the
 #: full data cube (which alone gives the identity's error).
@@ -195,20 +205,22 @@ class MarginalsProblem:
         return s2 * F, 2.0 * theta * F + s2 * dF
 
 
-def _descend(problem: MarginalsProblem, privacy: Privacy, theta0: np.ndarray) -> tuple[np.ndarray, float]:
-    """One local search of the OPT_M objective from ``theta0``; returns ``(theta, objective)``,
-    ``theta`` scaled to sensitivity 1 (the objective does not depend on the scale)."""
+def _descend(problem: MarginalsProblem, privacy: Privacy, theta0: np.ndarray,
+             maxiter: int = MAXITER) -> tuple[np.ndarray, float]:
+    """One local search of the OPT_M objective from ``theta0`` (at most ``maxiter`` L-BFGS-B
+    iterations); returns ``(theta, objective)``, ``theta`` scaled to sensitivity 1 (the objective
+    does not depend on the scale)."""
     norm = privacy.norm
     if norm == 1:
         def squared(v: np.ndarray) -> tuple[float, np.ndarray]:
             value, gradient = problem.objective(v * v, norm)
             return value, 2.0 * v * gradient
 
-        result = minimize(squared, np.sqrt(theta0), jac=True, method="L-BFGS-B", options={"maxiter": 2000})
+        result = minimize(squared, np.sqrt(theta0), jac=True, method="L-BFGS-B", options={"maxiter": maxiter})
         theta = result.x**2
         return theta / theta.sum(), float(result.fun)
     result = minimize(problem.objective, theta0, args=(norm,), jac=True, method="L-BFGS-B",
-                      bounds=Bounds(0.0, np.inf), options={"maxiter": 2000})
+                      bounds=Bounds(0.0, np.inf), options={"maxiter": maxiter})
     return result.x / np.sqrt(result.x @ result.x), float(result.fun)
 
 
@@ -219,7 +231,10 @@ def optimize_marginal_weights(problem: MarginalsProblem, privacy: Privacy, resta
     Starts: every candidate weighted equally, (nearly) the full data cube only, then uniform
     random weights, ``restarts`` in all (default ``STARTS``), or ``MIN_STARTS`` for a cheap
     problem; and always (nearly) the full data cube with the workload's own marginals and their
-    sub-marginals.
+    sub-marginals. The starts race by successive halving: all run ``RUNG_ITER`` iterations, the
+    best ``1 / RUNG_KEEP`` of them run on ``RUNG_GROWTH`` times as many, and so on until one is
+    left, which runs to convergence. A start far behind after a few iterations rarely wins, so
+    most of them cost a few iterations instead of a full search.
     """
     k = problem.members.shape[0]
     restarts = STARTS if restarts is None else restarts
@@ -228,7 +243,13 @@ def optimize_marginal_weights(problem: MarginalsProblem, privacy: Privacy, resta
     full[np.argmax(problem.members.sum(axis=1))] = 1.0
     candidates = ([np.ones(k), full] + [rng.random(k) for _ in range(starts - 2)])[:starts]
     candidates.append(np.where(problem.tau > 0, 1.0, full))
-    return min((_descend(problem, privacy, theta0) for theta0 in candidates), key=lambda run: run[1])
+    iterations = RUNG_ITER
+    while len(candidates) > 1:
+        runs = sorted((_descend(problem, privacy, theta0, iterations) for theta0 in candidates),
+                      key=lambda run: run[1])
+        candidates = [theta for theta, _ in runs[:max(1, len(runs) // RUNG_KEEP)]]
+        iterations *= RUNG_GROWTH
+    return _descend(problem, privacy, candidates[0])
 
 
 def opt_marginals_strategy(W: Matrix, privacy: Privacy, restarts: int | None, rng: np.random.Generator,

@@ -59,8 +59,12 @@ __all__ = ["PIdentity", "pidentity_objective", "optimize_pidentity", "default_p"
 #: the identity rows carry a weight of about ``1/T_MAX`` of the total, which costs nothing.
 T_MAX = 1e3
 
-#: Iterations every start runs before all but the best start are dropped.
-PROBE_ITER = 150
+#: Successive halving of the starts (:func:`optimize_pidentity`): every start first runs
+#: ``RUNG_ITER`` iterations; each rung keeps the best ``1 / RUNG_KEEP`` of the starts and
+#: multiplies the iterations by ``RUNG_GROWTH``.
+RUNG_ITER = 10
+RUNG_KEEP = 2
+RUNG_GROWTH = 3
 
 #: At most this many iterations by default.
 MAXITER = 1000
@@ -86,8 +90,10 @@ WOODBURY_RTOL = 1e-9
 #: Block size of the triangular-pentagonal QR behind a p-Identity strategy's exact error.
 TPQRT_BLOCK = 32
 
-#: Below this fraction of non-zeros, ``T`` is handled as a sparse matrix.
+#: Below this fraction of non-zeros, ``T`` is handled as a sparse matrix, when it has more than
+#: ``DENSE_T_MAX`` entries (below that, a sparse matrix's overheads outweigh what it saves).
 SPARSE_DENSITY = 0.1
+DENSE_T_MAX = 8192
 
 #: In a cautious run (see :func:`optimize_pidentity`) a step may at most halve an entry larger
 #: than this fraction of the largest entry; smaller entries may still drop to zero.
@@ -241,7 +247,7 @@ def _evaluate(T: np.ndarray, G: Matrix, norm: int) -> _Evaluation:
     diagG = np.asarray(G.diag(), dtype=float)
     rows, cols = np.nonzero(T)
     base, scale = _unscaled(G)
-    if rows.size <= SPARSE_DENSITY * T.size:
+    if T.size > DENSE_T_MAX and rows.size <= SPARSE_DENSITY * T.size:
         values = T[rows, cols]
         Ts = sp.csr_array((values, (rows, cols)), shape=(p, n))
         return _Evaluation(Ts, base, diagG, norm, rows, cols, values, scale)
@@ -279,7 +285,7 @@ class _Problem:
         """Evaluate at ``T`` with values ``x`` on ``omega`` (sorted) and zeros elsewhere."""
         self.nfev += 1
         p, n = self.p, self.n
-        if omega.size > SPARSE_DENSITY * p * n:
+        if p * n <= DENSE_T_MAX or omega.size > SPARSE_DENSITY * p * n:
             T = np.zeros(p * n)
             T[omega] = x
             return _Evaluation(T.reshape(p, n), self.G, self.diagG, self.norm, scale=self.scale)
@@ -492,11 +498,14 @@ def optimize_pidentity(
     once ``T`` is mostly zero). The starts, ``restarts`` in all: :func:`default_start` (the
     hierarchy of :func:`hierarchical_start` or the bumps of :func:`bump_start`; or ``start``, a
     warm start, when given), a partition of the
-    values into ``p`` blocks of consecutive values, then uniform random in [0, 1). With several
-    starts, each first runs ``PROBE_ITER`` iterations and only the best is run on to ``maxiter``
-    iterations (default ``MAXITER``; beyond ``SMALL_N`` values it stops earlier once ``WINDOW``
-    iterations gain less than ``WINDOW_TOL``), so extra starts cost a probe each, not a full
-    run. Returns the best ``T`` and its objective.
+    values into ``p`` blocks of consecutive values, then uniform random in [0, 1). Several starts
+    race by successive halving: all run ``RUNG_ITER`` iterations, the better half runs
+    ``RUNG_GROWTH`` times as many more, and so on until one is left, which runs on to
+    ``maxiter`` iterations in all (default ``MAXITER``; beyond ``SMALL_N`` values it stops
+    earlier once ``WINDOW`` iterations gain less than ``WINDOW_TOL``). A start that is far
+    behind after a few iterations rarely wins, so extra starts cost a few iterations each, not a
+    full run. The search runs on ``G`` scaled to mean diagonal 1, so that it does not depend on
+    the Gram's scale. Returns the best ``T`` and its objective.
 
     Under Laplace noise ``T = 0`` is a strict local minimum: the sensitivity
     :math:`1 + \max_j \sum_i T_{ij}` grows to first order in ``T`` while the trace falls only to
@@ -512,22 +521,30 @@ def optimize_pidentity(
     rng = np.random.default_rng() if rng is None else rng
     if p == 0:
         return np.zeros((0, n)), pidentity_objective(np.zeros((0, n)), G, norm, gradient=False)
-    problem = _Problem(G, p, n, norm)
+    # the search is not invariant to the Gram's scale (first steps, tolerances): OPT_(x)'s effective
+    # Grams carry the product of the other attributes' traces; search on G scaled to mean diagonal 1
+    trace = float(np.sum(G.diag()))
+    unit = n / trace if trace > 0 and np.isfinite(trace) else 1.0
+    problem = _Problem(G if unit == 1.0 else Weighted(G, unit), p, n, norm)
     starts = [default_start(n, p) if start is None else np.asarray(start, dtype=float).reshape(p, n)]
     if restarts >= 2:
         blocks = np.zeros((p, n))
         blocks[np.arange(n) * p // n, np.arange(n)] = 1.0
         starts += [blocks] + [rng.random((p, n)) for _ in range(restarts - 2)]
-    probe = min(maxiter, PROBE_ITER) if len(starts) > 1 else maxiter
     with threadpool_limits(limits=1, user_api="blas"):
-        runs = [_projected_lbfgs(problem, T0, probe, window_tol=window_tol) for T0 in starts]
-        T, f, it = min(runs, key=lambda r: r[1])
-        if it >= probe and maxiter > probe:
-            T, f, it = _projected_lbfgs(problem, T, maxiter - probe, window_tol=window_tol)
+        # successive halving: the starts race, the better half going on each rung with more iterations
+        rung, used = min(RUNG_ITER, maxiter), 0
+        while len(starts) > 1 and used + rung < maxiter:
+            runs = sorted((_projected_lbfgs(problem, T0, rung, window_tol=window_tol) for T0 in starts),
+                          key=lambda r: r[1])
+            starts = [T for T, _, _ in runs[:max(1, len(runs) // RUNG_KEEP)]]
+            used += rung
+            rung *= RUNG_GROWTH
+        T, f, it = _projected_lbfgs(problem, starts[0], maxiter - used, window_tol=window_tol)
         if not T.any():
             T, f, it = min((T, f, it), _projected_lbfgs(problem, starts[0], maxiter, window_tol=window_tol, cautious=True),
                            key=lambda r: r[1])
-    return T, float(f)
+    return T, float(f) / unit
 
 
 class PIdentity(Matrix):

@@ -1,4 +1,4 @@
-"""The optimizers :func:`~hdmm.optimizers.optimize` compares, behind one small protocol.
+r"""The optimizers :func:`~hdmm.optimizers.optimize` compares, behind one small protocol.
 
 An optimizer is an :class:`Optimizer`: a name, an ``applies(problem)`` check and a
 ``run(problem)`` that returns a :class:`Candidate` (its strategy, the strategy's expected total
@@ -26,33 +26,42 @@ for a given seed; ``identity`` and ``residual`` draw none):
 
 An optimizer may also say why it should not run on a problem by default (``skip``): its cost
 estimate is out of proportion (OPT_M over hundreds of thousands of candidate marginals, OPT_+
-over as many groups). ``optimize`` reports the reason instead of running it for minutes.
+over as many groups). ``optimize`` reports the reason instead of running it for minutes. And it
+may state a ``lower_bound``: an error (at unit noise) below which none of its strategies can be
+judged, computed without running it. ``optimize`` skips it when a strategy found already has no
+more error than that, since it cannot win:
 
-Strategies are compared at unit noise (``privacy.unit_noise()``): under any privacy level of one
-noise kind every error is the same multiple of its unit-noise error, so the ranking does not
-depend on the level. A problem also evaluates each strategy's exact error under its own privacy
-once (:meth:`Problem.expected_error`), so ``optimize`` reports and returns that result without
-computing it again.
+* OPT_M's weighted marginals have Grams in the marginals algebra, where the least error of any
+  strategy under L2 sensitivity 1 is the optimal residual strategy's (:mod:`.marginals`); an L1
+  sensitivity is at least the L2 one, so that bounds OPT_M under Laplace noise too, and under
+  Gaussian noise the residual strategy itself attains it.
+An optimizer's run may also stop itself once it cannot win, raising :class:`Abandoned` with
+the reason (``optimize`` reports it): OPT_+ on large domains is judged by its upper bound
+:math:`(\sum_g e_g^{1/3})^3` (Laplace) or :math:`(\sum_g e_g^{1/2})^2` (Gaussian) over its
+groups (:mod:`.union`), and each group's OPT_(x) error :math:`e_g` is at least the group's SVD
+bound, so after each group a floor under that bound is known (:func:`_union_check`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable
 
 import numpy as np
 
+from ..bound import factor_nuclear_norm, nuclear_norm
 from ..error import ErrorResult, exact_route, expected_error
 from ..kron_union import KronUnion, kron_union
 from ..matrix import Identity, Matrix
 from ..privacy import Privacy
-from .kron import opt_kron_union
+from .kron import exchangeable_parts, opt_kron_union
 from .marginals import marginal_candidate_count, opt_marginals_strategy, residual_strategy
 from .union import default_groups, opt_union_groups
 
-__all__ = ["Candidate", "Problem", "Optimizer", "REGISTRY", "register", "UNION_EXACT_MAX_N",
-           "MARGINALS_MAX_CANDIDATES", "UNION_MAX_SOLVES"]
+__all__ = ["Abandoned", "Candidate", "Problem", "Optimizer", "REGISTRY", "register", "UNION_EXACT_MAX_N",
+           "MARGINALS_MAX_CANDIDATES", "UNION_MAX_SOLVES", "BOUND_EXACT_LIMIT"]
 
 #: OPT_+'s strategy has no closed-form error in general; it is computed exactly through a dense
 #: pseudo-inverse up to this many cells and OPT_+'s upper bound is used beyond.
@@ -66,6 +75,11 @@ MARGINALS_MAX_CANDIDATES = 10_000
 #: OPT_+ runs one OPT_(x) per group; it is skipped by default when groups x attributes (the
 #: one-attribute solves of one round over all groups) exceed this.
 UNION_MAX_SOLVES = 20_000
+
+#: Lower bounds computed to decide skips (and ``optimize``'s own SVD bound) solve eigenvalue
+#: blocks of up to this many columns exactly and bound larger ones from below, never estimating
+#: them: a dense eigensolve of this size takes about a tenth of a second.
+BOUND_EXACT_LIMIT = 1024
 
 
 @dataclass(frozen=True)
@@ -105,6 +119,11 @@ class Problem:
         Shared by the optimizers in turn.
     progress : callable or None
         Receives status lines (e.g. OPT_(x)'s rounds).
+    deadline : float or None
+        A ``time.perf_counter()`` value after which iterative optimizers stop at the end of their
+        current step (OPT_(x) after its current round) and return what they have.
+    abandon : bool
+        Whether a run may stop once it can no longer win (:class:`Abandoned`).
     """
 
     workload: Matrix
@@ -112,6 +131,8 @@ class Problem:
     restarts: int | None = None
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     progress: Callable[[str], None] | None = None
+    deadline: float | None = None
+    abandon: bool = True
     _errors: dict = field(default_factory=dict, init=False, repr=False)
 
     @cached_property
@@ -130,6 +151,12 @@ class Problem:
         if key not in self._errors:
             self._errors[key] = (A, expected_error(self.workload, A, self.privacy))
         return self._errors[key][1]
+
+    def best_unit_error(self) -> float | None:
+        """The least unit-noise error of the strategies evaluated so far (:meth:`expected_error`), or ``None``."""
+        if not self._errors:
+            return None
+        return min(float(error) for _, error in self._errors.values()) / self.unit_variance
 
     def candidate(self, A: Matrix) -> Candidate:
         """``A`` with its exact unit-noise error (from :meth:`expected_error`)."""
@@ -167,6 +194,11 @@ class Optimizer:
         ``skip(problem) -> str | None``: why the optimizer should not run on the problem by
         default (its cost would explode), or ``None``. ``optimize`` runs it anyway when it is
         named in ``optimizers=`` or with ``exhaustive=True``.
+    lower_bound : callable
+        ``lower_bound(problem) -> float | None``: a unit-noise error below which none of the
+        optimizer's candidates can be judged (module docstring), or ``None`` when there is none
+        to hand. ``optimize`` skips the optimizer by default when it has a candidate already at
+        or below it.
     """
 
     name: str
@@ -174,6 +206,7 @@ class Optimizer:
     applies: Callable[[Problem], bool] = field(default=lambda problem: True)
     summary: str = ""
     skip: Callable[[Problem], str | None] = field(default=lambda problem: None)
+    lower_bound: Callable[[Problem], float | None] = field(default=lambda problem: None)
 
 
 #: The optimizers :func:`~hdmm.optimizers.optimize` knows, by name, in the order it runs them.
@@ -205,7 +238,7 @@ def _identity(problem: Problem) -> Candidate:
 
 def _opt_kron(problem: Problem) -> Candidate:
     A, _ = opt_kron_union(problem.union, problem.privacy, None, problem.restarts, problem.rng,
-                          progress=problem.progress)
+                          progress=problem.progress, deadline=problem.deadline)
     return problem.candidate(A)
 
 
@@ -214,10 +247,57 @@ def _opt_marginals(problem: Problem) -> Candidate:
     return problem.candidate(A)
 
 
+class Abandoned(Exception):
+    """Raised by an optimizer's run that stopped because it can no longer win; the message says why."""
+
+
+def _union_check(problem: Problem, groups: list[np.ndarray]) -> Callable[[list[Matrix], list[float]], None] | None:
+    """A check for OPT_+ after each group: raise :class:`Abandoned` once it cannot beat the best candidate so far.
+
+    Beyond ``UNION_EXACT_MAX_N`` cells OPT_+ is judged by its upper bound, unless its stacked
+    strategy lies in the marginals algebra (every factor's Gram ``aI + bJ``), where it gets its
+    exact error; a group whose strategy has any other factor rules that out. From then on the
+    bound, with the groups still to come at their SVD bounds (no OPT_(x) error is lower), is a
+    floor under what OPT_+ can be judged by. ``None`` when no check applies.
+    """
+    W, union = problem.workload, problem.union
+    if not problem.abandon or W.shape[1] <= UNION_EXACT_MAX_N or len(groups) < 2:
+        return None
+    floors: list[float] = []
+    exact_possible = [True]
+
+    def check(parts: list[Matrix], errors: list[float]) -> None:
+        best = problem.best_unit_error()
+        if best is None:
+            return
+        if exact_possible[0]:
+            exact_possible[0] = not any(exchangeable_parts(f.gram()) is None for A in parts for f in A.factors)
+            if exact_possible[0]:
+                return
+        if not floors:
+            for terms in groups:
+                live = terms[union.weights[terms] != 0]
+                if live.size == 1:  # one Kronecker product: its nuclear norm is the product of its factors'
+                    weight, factors = union.term(int(live[0]))
+                    norm = abs(weight) * math.prod(factor_nuclear_norm(f) for f in factors)
+                else:
+                    group = KronUnion(union.factors, union.index[live], union.weights[live])
+                    norm = nuclear_norm(group, exact_limit=BOUND_EXACT_LIMIT, estimate=False).value if live.size else 0.0
+                floors.append(norm**2 / W.shape[1])
+        e = np.array(list(errors) + floors[len(errors):])
+        floor = float(np.sum(np.cbrt(e)) ** 3) if problem.privacy.norm == 1 else float(np.sum(np.sqrt(e)) ** 2)
+        if floor >= best * (1.0 + 1e-9):
+            unit = problem.unit_variance
+            raise Abandoned(f"abandoned after {len(errors)} of {len(groups)} groups: its error bound, which judges "
+                            f"it here, is at least {floor * unit:.6g}, above the best so far ({best * unit:.6g})")
+
+    return check
+
+
 def _opt_union(problem: Problem) -> Candidate:
     groups = default_groups(problem.workload, problem.union)
     A, bound = opt_union_groups(problem.union, groups, problem.privacy, None, problem.restarts, problem.rng,
-                                problem.progress)
+                                problem.progress, _union_check(problem, groups))
     return union_candidate(problem, A, bound)
 
 
@@ -248,11 +328,17 @@ def _union_skip(problem: Problem) -> str | None:
     return None
 
 
+def _marginals_lower_bound(problem: Problem) -> float:
+    """The optimal residual strategy's unit-noise error: no weighted marginals do better (module docstring)."""
+    return residual_strategy(problem.workload, problem.union)[1]
+
+
 register(Optimizer("identity", _identity, summary="the identity strategy (reference)"))
 register(Optimizer("residual", _residual, applies=lambda problem: problem.privacy.noise == "gaussian",
                    summary="the optimal residual strategy (Gaussian noise)"))
 register(Optimizer("opt_kron", _opt_kron, summary="OPT_(x): one Kronecker strategy"))
-register(Optimizer("opt_marginals", _opt_marginals, summary="OPT_M: weighted marginals", skip=_marginals_skip))
+register(Optimizer("opt_marginals", _opt_marginals, summary="OPT_M: weighted marginals", skip=_marginals_skip,
+                   lower_bound=_marginals_lower_bound))
 register(Optimizer("opt_union", _opt_union, applies=lambda problem: problem.union.num_terms > 1,
                    summary="OPT_+: one Kronecker strategy per group of terms (several Kronecker terms)",
                    skip=_union_skip))

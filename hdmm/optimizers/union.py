@@ -84,6 +84,7 @@ def opt_union_groups(
     union: KronUnion, groups: Sequence[np.ndarray], privacy: Privacy, p: int | None = None,
     restarts: int | None = None, rng: np.random.Generator | None = None,
     progress: Callable[[str], None] | None = None,
+    check: Callable[[list[Matrix], list[float]], None] | None = None,
 ) -> tuple[Matrix, float]:
     """OPT_(x) per group, stacked with the optimal budget split; returns the strategy and the bound.
 
@@ -94,6 +95,8 @@ def opt_union_groups(
     Each group's OPT_(x) makes ``restarts`` p-Identity starts per attribute, ``GROUP_RESTARTS``
     by default; groups share first-round one-attribute solutions for effective Grams equal up
     to scale (the same prefix attribute in many two-way products is optimized once).
+    ``check(strategies, errors)``, when given, is called after each group with those found so
+    far; it may raise to abandon the search.
     """
     restarts = GROUP_RESTARTS if restarts is None else restarts
     groups = [np.asarray(terms, dtype=np.intp) for terms in groups]
@@ -109,5 +112,7 @@ def opt_union_groups(
         errors.append(e)
         if progress is not None:
             progress(f"OPT_+ group {k + 1}/{len(groups)}: error {e:.6g}")
+        if check is not None:
+            check(parts, errors)
     weights, bound = budget_split(errors, privacy.norm)
     return VStack([Weighted(A, w) for A, w in zip(parts, weights)]), bound
