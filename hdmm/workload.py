@@ -225,7 +225,9 @@ class PrefixGram(_SymmetricStructured):
     """
 
     def _matmat(self, X):
-        return np.cumsum(np.cumsum(X, axis=0)[::-1], axis=0)[::-1]
+        Y = np.cumsum(X, axis=0)
+        np.cumsum(Y[::-1], axis=0, out=Y[::-1])  # then the reverse cumulative sum, in place
+        return Y
 
     def diag(self):
         return self.n - np.arange(self.n, dtype=float)

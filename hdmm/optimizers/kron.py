@@ -297,6 +297,7 @@ def opt_kron_union(
     After ``deadline`` (a ``time.perf_counter()`` value) no new round starts.
     """
     rng = np.random.default_rng() if rng is None else rng
+    shared = memo is not None
     memo = {} if memo is None else memo
     d = union.dim
     w2 = union.weights**2
@@ -326,7 +327,7 @@ def opt_kron_union(
             else:
                 G_eff = _effective_gram(grams[i], coef)
                 key = None
-                if round_ == 0:
+                if round_ == 0 and (d > 1 or shared):  # one attribute alone has no one to share with
                     fingerprint = _fingerprint(G_eff)
                     key = None if fingerprint is None else (fingerprint, privacy.norm, p, restarts)
                 if key is not None and key in memo:
