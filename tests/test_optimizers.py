@@ -388,3 +388,25 @@ def test_the_p_identity_search_does_not_depend_on_the_grams_scale(scale):
     T2, v2 = optimize_pidentity(hdmm.matrix.Weighted(G, scale), 4, 1, 3, np.random.default_rng(0))
     assert v2 / scale == pytest.approx(v1, rel=1e-9)
     np.testing.assert_allclose(T2, T1, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("norm", [1, 2])
+def test_the_batched_opt_m_objective_equals_the_single_one_column_by_column(norm):
+    W = hdmm.union([hdmm.AllMarginals((3, 4, 2), 2), hdmm.Kronecker([hdmm.Prefix(3), hdmm.Identity(4), hdmm.Total(2)])])
+    problem = MarginalsProblem(kron_union(W))
+    rng = np.random.default_rng(0)
+    theta = rng.random((problem.members.shape[0], 5))
+    theta[:, 4] = 0.0  # no support: infinite
+    values, grads = problem.objectives(theta, norm)
+    for j in range(4):
+        value, grad = problem.objective(theta[:, j], norm)
+        assert values[j] == pytest.approx(value, rel=1e-12)
+        np.testing.assert_allclose(grads[:, j], grad, rtol=1e-10, atol=1e-14 * np.abs(grad).max())
+    assert values[4] == np.inf
+
+
+def test_opt_m_with_screened_starts_reaches_the_optimum_of_every_seed():
+    dom = hdmm.Domain.from_dict({"age": 75, "education": 16, "race": 5, "sex": 2, "hours": 20})
+    W = hdmm.DimKMarginals(dom, 2)
+    values = {opt_marginals_strategy(W, hdmm.PureDP(1.0), None, np.random.default_rng(seed))[1] for seed in range(3)}
+    assert max(values) == pytest.approx(min(values), rel=1e-6)

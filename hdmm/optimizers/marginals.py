@@ -63,7 +63,12 @@ STARTS = 3
 
 #: Fewest starts for a cheap problem: enough that the best optimum found no longer depends on the
 #: seed on the benchmark workloads, where the starts of a cheap problem cost well under a second.
-MIN_STARTS = 64
+MIN_STARTS = 128
+
+#: More starts than ``SCREEN_KEEP`` are first screened by ``SCREEN_ITER`` batched descent steps
+#: (:func:`_screen`), and ``SCREEN_KEEP`` of them go on to the L-BFGS-B searches.
+SCREEN_ITER = 20
+SCREEN_KEEP = 32
 
 #: L-BFGS-B iterations of a search run to convergence (at most).
 MAXITER = 2000
@@ -184,6 +189,27 @@ class MarginalsProblem:
         out[np.searchsorted(self.keys, other.keys)] = theta
         return out
 
+    def objectives(self, theta: np.ndarray, norm: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`objective` for many weight vectors at once: the columns of ``theta`` (``k x m``).
+
+        Returns the ``m`` values (``inf`` where a weight vector loses support) and the ``k x m`` gradients.
+        """
+        lam = self.Z @ theta**2
+        live = self.tau > 0
+        tau = self.tau[live, None]
+        lam_live = lam[live]
+        lost = np.any(lam_live <= 0, axis=0)
+        lam_live = np.where(lam_live > 0, lam_live, np.inf)
+        F = np.sum(tau / lam_live, axis=0)
+        r = np.zeros_like(lam)
+        r[live] = tau / lam_live**2
+        dF = -2.0 * theta * (self.Z.T @ r)
+        s = theta.sum(axis=0) if norm == 1 else np.einsum("ij,ij->j", theta, theta)
+        values = (s**2 if norm == 1 else s) * F
+        grads = (2.0 * s * F + s**2 * dF) if norm == 1 else (2.0 * theta * F + s * dF)
+        values[lost] = np.inf
+        return values, grads
+
     def objective(self, theta: np.ndarray, norm: int) -> tuple[float, np.ndarray]:
         r"""Error (at unit noise) of weights ``theta`` and its gradient in ``theta``.
 
@@ -224,6 +250,33 @@ def _descend(problem: MarginalsProblem, privacy: Privacy, theta0: np.ndarray,
     return result.x / np.sqrt(result.x @ result.x), float(result.fun)
 
 
+def _screen(problem: MarginalsProblem, norm: int, starts: list[np.ndarray]) -> list[np.ndarray]:
+    """``SCREEN_ITER`` batched descent steps from every start; the first two and the last start (the
+    deterministic ones) and the best others, ``SCREEN_KEEP`` in all, as weights to search on from.
+
+    The weights are searched as ``theta = v^2``; each start takes normalised gradient steps in ``v``
+    of its own length, which grows by half after a step that lowers its objective and shrinks to
+    0.3 of itself (the step refused) after one that does not. All starts' objectives are one sparse
+    product (:meth:`MarginalsProblem.objectives`).
+    """
+    V = np.sqrt(np.column_stack(starts))
+    V /= np.linalg.norm(V, axis=0)
+    theta = V * V
+    values, grads = problem.objectives(theta, norm)
+    grads = 2.0 * V * grads
+    step = np.full(V.shape[1], 0.1)
+    for _ in range(SCREEN_ITER):
+        trial = V - step * grads / (np.linalg.norm(grads, axis=0) + np.finfo(float).tiny)
+        trial_values, trial_grads = problem.objectives(trial * trial, norm)
+        better = trial_values < values
+        V[:, better], values[better] = trial[:, better], trial_values[better]
+        grads[:, better] = 2.0 * trial[:, better] * trial_grads[:, better]
+        step = np.where(better, 1.5 * step, 0.3 * step)
+    fixed = [0, 1, len(starts) - 1]
+    rest = [j for j in np.argsort(values, kind="stable") if j not in fixed]
+    return [V[:, j] ** 2 for j in fixed + rest[:SCREEN_KEEP - len(fixed)]]
+
+
 def optimize_marginal_weights(problem: MarginalsProblem, privacy: Privacy, restarts: int | None,
                               rng: np.random.Generator) -> tuple[np.ndarray, float]:
     """Minimise the OPT_M objective over ``theta >= 0``; returns ``(theta, objective)``.
@@ -231,10 +284,13 @@ def optimize_marginal_weights(problem: MarginalsProblem, privacy: Privacy, resta
     Starts: every candidate weighted equally, (nearly) the full data cube only, then uniform
     random weights, ``restarts`` in all (default ``STARTS``), or ``MIN_STARTS`` for a cheap
     problem; and always (nearly) the full data cube with the workload's own marginals and their
-    sub-marginals. The starts race by successive halving: all run ``RUNG_ITER`` iterations, the
-    best ``1 / RUNG_KEEP`` of them run on ``RUNG_GROWTH`` times as many, and so on until one is
-    left, which runs to convergence. A start far behind after a few iterations rarely wins, so
-    most of them cost a few iterations instead of a full search.
+    sub-marginals. With more than ``SCREEN_KEEP`` starts, all of them first take ``SCREEN_ITER``
+    steps of a batched gradient descent (:func:`_screen`), and only the three deterministic ones and
+    the best of the rest, ``SCREEN_KEEP`` in all, go on. These race by successive halving: all run
+    ``RUNG_ITER`` L-BFGS-B iterations, the best ``1 / RUNG_KEEP`` of them run on ``RUNG_GROWTH``
+    times as many, and so on until one is left, which runs to convergence. A start far behind
+    after a few iterations rarely wins, so most of them cost a few iterations instead of a full
+    search.
     """
     k = problem.members.shape[0]
     restarts = STARTS if restarts is None else restarts
@@ -243,6 +299,8 @@ def optimize_marginal_weights(problem: MarginalsProblem, privacy: Privacy, resta
     full[np.argmax(problem.members.sum(axis=1))] = 1.0
     candidates = ([np.ones(k), full] + [rng.random(k) for _ in range(starts - 2)])[:starts]
     candidates.append(np.where(problem.tau > 0, 1.0, full))
+    if len(candidates) > SCREEN_KEEP:
+        candidates = _screen(problem, privacy.norm, candidates)
     iterations = RUNG_ITER
     while len(candidates) > 1:
         runs = sorted((_descend(problem, privacy, theta0, iterations) for theta0 in candidates),

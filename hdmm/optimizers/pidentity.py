@@ -40,6 +40,7 @@ returned ``T`` is a valid p-Identity strategy whose error is computed exactly af
 
 from __future__ import annotations
 
+import functools
 from functools import cached_property
 
 import numpy as np
@@ -62,8 +63,8 @@ T_MAX = 1e3
 #: Successive halving of the starts (:func:`optimize_pidentity`): every start first runs
 #: ``RUNG_ITER`` iterations; each rung keeps the best ``1 / RUNG_KEEP`` of the starts and
 #: multiplies the iterations by ``RUNG_GROWTH``.
-RUNG_ITER = 10
-RUNG_KEEP = 2
+RUNG_ITER = 15
+RUNG_KEEP = 4
 RUNG_GROWTH = 3
 
 #: At most this many iterations by default.
@@ -89,6 +90,9 @@ WOODBURY_RTOL = 1e-9
 
 #: Block size of the triangular-pentagonal QR behind a p-Identity strategy's exact error.
 TPQRT_BLOCK = 32
+
+#: Up to this many values the search multiplies by the Gram as a dense matrix.
+DENSE_GRAM_N = 256
 
 #: Below this fraction of non-zeros, ``T`` is handled as a sparse matrix, when it has more than
 #: ``DENSE_T_MAX`` entries (below that, a sparse matrix's overheads outweigh what it saves).
@@ -124,7 +128,13 @@ def _spd_inverse(M: np.ndarray) -> np.ndarray:
         c, info = dpotri(c, lower=1)
     if info != 0:
         raise np.linalg.LinAlgError("I + T T^T is not positive definite (non-finite T?)")
-    return np.tril(c) + np.tril(c, -1).T
+    return np.where(_lower_mask(c.shape[0]), c, c.T)  # the inverse is in the lower triangle
+
+
+@functools.lru_cache(maxsize=16)
+def _lower_mask(p: int) -> np.ndarray:
+    """The boolean lower triangle (diagonal included) of a ``p x p`` matrix."""
+    return np.tri(p, dtype=bool)
 
 
 class _Evaluation:
@@ -279,6 +289,9 @@ class _Problem:
         self.p, self.n, self.norm = p, n, norm
         self.diagG = np.asarray(G.diag(), dtype=float)
         self.G, self.scale = _unscaled(G)
+        if n <= DENSE_GRAM_N and not isinstance(self.G, Explicit):
+            # small: one BLAS product with the dense Gram beats a structured product's passes
+            self.G = Explicit(self.G.dense())
         self.nfev = 0
 
     def evaluate(self, omega: np.ndarray, x: np.ndarray) -> _Evaluation:
@@ -499,7 +512,7 @@ def optimize_pidentity(
     hierarchy of :func:`hierarchical_start` or the bumps of :func:`bump_start`; or ``start``, a
     warm start, when given), a partition of the
     values into ``p`` blocks of consecutive values, then uniform random in [0, 1). Several starts
-    race by successive halving: all run ``RUNG_ITER`` iterations, the better half runs
+    race by successive halving: all run ``RUNG_ITER`` iterations, the best ``1 / RUNG_KEEP`` run
     ``RUNG_GROWTH`` times as many more, and so on until one is left, which runs on to
     ``maxiter`` iterations in all (default ``MAXITER``; beyond ``SMALL_N`` values it stops
     earlier once ``WINDOW`` iterations gain less than ``WINDOW_TOL``). A start that is far
@@ -532,7 +545,7 @@ def optimize_pidentity(
         blocks[np.arange(n) * p // n, np.arange(n)] = 1.0
         starts += [blocks] + [rng.random((p, n)) for _ in range(restarts - 2)]
     with threadpool_limits(limits=1, user_api="blas"):
-        # successive halving: the starts race, the better half going on each rung with more iterations
+        # successive halving: the starts race, the best 1 / RUNG_KEEP going on each rung with more iterations
         rung, used = min(RUNG_ITER, maxiter), 0
         while len(starts) > 1 and used + rung < maxiter:
             runs = sorted((_projected_lbfgs(problem, T0, rung, window_tol=window_tol) for T0 in starts),
