@@ -322,3 +322,17 @@ def test_a_time_limit_ends_opt_kron_after_its_current_round():
 def test_a_bad_time_limit_names_the_fix(bad):
     with pytest.raises(ValueError, match="time_limit must be a positive number of seconds"):
         hdmm.optimize(hdmm.Identity(4), LAPLACE, time_limit=bad)
+
+
+@pytest.mark.parametrize("make", [lambda: hdmm.AllMarginals((3, 4, 2, 5)), lambda: hdmm.DimKMarginals((6, 2, 3, 4), 2),
+                                  lambda: hdmm.union([hdmm.AllMarginals((3, 4, 5), 1), hdmm.Kronecker(
+                                      [hdmm.Identity(3), hdmm.Total(4), hdmm.Identity(5)])], weights=[1.0, 3.0])],
+                         ids=["all", "two-way", "weighted"])
+def test_under_laplace_opt_union_is_left_to_opt_m_on_identities_and_totals(make):
+    W = make()
+    result = hdmm.optimize(W, LAPLACE, seed=0).report.set_index("optimizer")
+    assert result.loc["opt_union", "note"].startswith("skipped: on identities and totals")
+    full = hdmm.optimize(W, LAPLACE, seed=0, exhaustive=True).report.set_index("optimizer")
+    assert full.loc["opt_marginals", "total squared error"] <= full.loc["opt_union", "total squared error"]
+    # under Gaussian noise the residual strategy settles it
+    assert hdmm.optimize(W, GAUSS, seed=0).optimizer == "residual"

@@ -22,7 +22,9 @@ for a given seed; ``identity`` and ``residual`` draw none):
     ``MARGINALS_MAX_CANDIDATES`` candidate marginals.
 ``opt_union``
     OPT_+, one Kronecker strategy per group of terms (:mod:`.union`); applies to workloads of
-    several Kronecker terms. Skipped by default beyond ``UNION_MAX_SOLVES`` groups x attributes.
+    several Kronecker terms. Skipped by default beyond ``UNION_MAX_SOLVES`` groups x attributes,
+    and under Laplace noise on workloads of identities and totals, where OPT_M searches a family
+    that contains its strategies (:func:`_union_skip`).
 
 An optimizer may also say why it should not run on a problem by default (``skip``): its cost
 estimate is out of proportion (OPT_M over hundreds of thousands of candidate marginals, OPT_+
@@ -56,6 +58,7 @@ from ..error import ErrorResult, exact_route, expected_error
 from ..kron_union import KronUnion, kron_union
 from ..matrix import Identity, Matrix
 from ..privacy import Privacy
+from ..structure import classify
 from .kron import exchangeable_parts, opt_kron_union
 from .marginals import marginal_candidate_count, opt_marginals_strategy, residual_strategy
 from .union import default_groups, opt_union_groups
@@ -319,7 +322,19 @@ def _marginals_skip(problem: Problem) -> str | None:
 
 
 def _union_skip(problem: Problem) -> str | None:
-    """Why OPT_+ should not run by default: its groups times attributes exceed ``UNION_MAX_SOLVES``."""
+    """Why OPT_+ should not run by default: its groups times attributes exceed ``UNION_MAX_SOLVES``, or,
+    under Laplace noise on a workload of identities and totals, OPT_M searches all its strategies.
+
+    There every effective Gram is :math:`aI + bJ`, so each group's strategy is a Kronecker product of
+    identities, totals and identities with a total row: a stack of weighted marginals. The stack of
+    all groups is then one too, with some marginals repeated; merging the repeats (weights
+    :math:`\theta_1, \theta_2` into :math:`(\theta_1^2 + \theta_2^2)^{1/2}`) keeps the Gram and lowers
+    the L1 sensitivity, so a weighted-marginals strategy does at least as well.
+    """
+    if (problem.privacy.noise == "laplace" and _marginals_skip(problem) is None
+            and classify(problem.workload).form == "marginals"):
+        return ("skipped: on identities and totals its strategies are weighted marginals, which OPT_M "
+                "searches (name it in optimizers= to run it)")
     groups = len(default_groups(problem.workload, problem.union))
     solves = groups * problem.union.dim
     if solves > UNION_MAX_SOLVES:
