@@ -88,13 +88,47 @@ def test_weights_set_per_table_targets():
     assert variances["favoured"][0] * 4 == pytest.approx(variances["favoured"][1], rel=1e-6)
 
 
-def test_unsupported_objectives_and_workloads_say_why():
+def test_unsupported_objectives_and_workloads_say_why(monkeypatch):
     W = AllMarginals((3, 4), 2)
-    with pytest.raises(ValueError, match="Gaussian noise"):
-        hdmm.optimize(W, hdmm.PureDP(1.0), objective="max_variance")
     with pytest.raises(ValueError, match="objective must be"):
         hdmm.optimize(W, GAUSS, objective="worst")
     with pytest.raises(ValueError, match="optimizers= does not apply"):
         hdmm.optimize(W, GAUSS, objective="max_variance", optimizers=["residual"])
     with pytest.raises(ValueError, match="same variance"):
-        hdmm.optimize(hdmm.Prefix(6), GAUSS, objective="max_variance")
+        MaxVarianceProblem(hdmm.kron_union.kron_union(hdmm.Prefix(6)))
+    import hdmm.optimizers.reweight as reweight
+    monkeypatch.setattr(reweight, "MAX_QUERIES", 10)
+    with pytest.raises(ValueError, match="every query's variance each round; this workload has 21 queries"):
+        hdmm.optimize(hdmm.AllRange(6), hdmm.PureDP(1.0), objective="max_variance")
+
+
+def _dense_max_variance(W, A, privacy):
+    Wd, Ad = W.dense(), A.dense()
+    variances = np.einsum("ij,jk,ik->i", Wd, np.linalg.pinv(Ad.T @ Ad), Wd)
+    return privacy.noise_variance(float(np.abs(Ad).sum(axis=0).max() if privacy.noise == "laplace"
+                                        else np.sqrt((Ad**2).sum(axis=0)).max())) * variances.max()
+
+
+@pytest.mark.parametrize("privacy", [hdmm.PureDP(1.0), GAUSS], ids=["laplace", "gaussian"])
+def test_reweighting_lowers_the_largest_variance_of_any_workload_and_reports_it_exactly(privacy):
+    # prefixes (unequal variances within the term) with a total held to a quarter of their RMSE
+    W = hdmm.union([hdmm.Prefix(16), hdmm.Total(16)], weights=[1.0, 4.0])
+    result = hdmm.optimize(W, privacy, objective="max_variance", seed=0)
+    report = result.report
+    assert result.optimizer == "reweighted" and result.objective == "max_variance"
+    assert report["optimizer"].iloc[0] == "reweighted, round 1" and "total-error optimum" in report["note"].iloc[0]
+    assert result.max_variance == pytest.approx(report["max variance"].min(), rel=1e-12)
+    assert result.max_variance < report["max variance"].iloc[0]  # below the total-error optimum's
+    assert result.max_variance == pytest.approx(_dense_max_variance(W, result.strategy, privacy), rel=1e-8)
+    mean_bound = result.bound.value / W.shape[0]
+    assert result.max_variance >= mean_bound
+    assert float(result.error) == pytest.approx(float(hdmm.expected_error(W, result.strategy, privacy)), rel=1e-9)
+
+
+def test_reweighting_on_a_multi_attribute_union_of_ranges_and_marginals():
+    dom = hdmm.Domain(["a", "b", "c"], [6, 3, 4])
+    W = hdmm.union([hdmm.product(dom, {"a": hdmm.AllRange(6)}), hdmm.product(dom, {"b": hdmm.Identity(3),
+                                                                                   "c": hdmm.Identity(4)})])
+    result = hdmm.optimize(W, hdmm.PureDP(1.0), objective="max_variance", seed=0)
+    assert result.max_variance <= result.report["max variance"].iloc[0]
+    assert result.max_variance == pytest.approx(_dense_max_variance(W, result.strategy, hdmm.PureDP(1.0)), rel=1e-8)

@@ -33,6 +33,7 @@ from ..privacy import ZCDP, Privacy, PureDP
 from .kron import opt_kron_union
 from .marginals import opt_marginals_strategy, residual_strategy
 from .max_variance import MaxVarianceProblem, max_variance_residual
+from .reweight import reweighted_max_variance
 from .registry import BOUND_EXACT_LIMIT, REGISTRY, Abandoned, Problem, union_candidate
 from .union import check_groups, default_groups, opt_union_groups
 
@@ -291,13 +292,18 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     no limit.
 
     ``objective="max_variance"`` minimizes the largest per-query variance instead of the total
-    (agencies publish per-table accuracy; :mod:`.max_variance`). Implemented under Gaussian noise
-    for workloads whose queries within each Kronecker term share their variance (marginals,
-    identities, totals; union weights scale the terms' variances, so they set per-table
-    targets): the best residual strategy, from a small convex program with a certified duality
-    gap. The report compares it with the total-error residual strategy; ``result.max_variance``
-    is its largest variance, and ``result.bound`` the SVD bound, which divided by the number of
-    queries bounds every strategy's mean, hence largest, variance.
+    (agencies publish per-table accuracy). Union weights scale the terms' variances, so they set
+    per-table targets. Under Gaussian noise, for workloads whose queries within each Kronecker term
+    share their variance (marginals, identities, totals): the best residual strategy, from a small
+    convex program with a certified duality gap (:mod:`.max_variance`); the report compares it with
+    the total-error residual strategy. Otherwise (Laplace noise, prefixes, ranges, any union of
+    Kronecker products of at most :data:`~hdmm.optimizers.reweight.MAX_QUERIES` queries): the
+    total-error optimizers (identity, residual, OPT_(x), OPT_M) on the workload with its terms
+    reweighted round by round towards the terms of largest variance (:mod:`.reweight`); the
+    report has one row per round, the first being the total-error optimum. ``result.max_variance``
+    is the strategy's largest variance, and ``result.bound`` the SVD bound, which divided by the
+    number of queries bounds every strategy's mean, hence largest, variance (the report's last
+    ratio column). ``seed``, ``restarts`` and ``progress`` apply to the reweighted search.
     """
     _check(W, restarts=restarts)
     if not isinstance(privacy, Privacy):
@@ -309,8 +315,9 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     deadline = None if time_limit is None else started + float(time_limit)
     if objective == "max_variance":
         if optimizers is not None:
-            raise ValueError("objective='max_variance' solves the residual program only; optimizers= does not apply")
-        return _optimize_max_variance(W, privacy)
+            raise ValueError("objective='max_variance' chooses its own optimizers; optimizers= does not apply")
+        say = (lambda line: tqdm.write(line)) if progress is True else (progress or None)
+        return _optimize_max_variance(W, privacy, restarts, seed, say)
     if objective != "total":
         raise ValueError(f"objective must be 'total' or 'max_variance', got {objective!r}")
     bar = None
@@ -378,12 +385,51 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
                               is_optimal)
 
 
-def _optimize_max_variance(W: Matrix, privacy: Privacy) -> OptimizationResult:
-    """``optimize(..., objective="max_variance")``: the best residual strategy for the largest variance."""
-    if privacy.noise != "gaussian":
-        raise ValueError("the max-variance objective is implemented under Gaussian noise (ApproxDP or ZCDP), with "
-                         "residual strategies; under PureDP optimize the total (objective='total')")
+def _optimize_max_variance(W: Matrix, privacy: Privacy, restarts: int | None = None, seed=None,
+                           progress: Callable[[str], None] | None = None) -> OptimizationResult:
+    """``optimize(..., objective="max_variance")``: the exact residual program where it applies, else reweighting."""
     problem = Problem(W, privacy)
+    if privacy.noise == "gaussian":
+        try:
+            MaxVarianceProblem(problem.union)
+        except ValueError:
+            pass
+        else:
+            return _max_variance_residual(W, privacy, problem)
+    return _max_variance_reweighted(W, privacy, problem, restarts, seed, progress)
+
+
+def _max_variance_reweighted(W: Matrix, privacy: Privacy, problem: Problem, restarts: int | None, seed,
+                             progress: Callable[[str], None] | None) -> OptimizationResult:
+    """The max-variance objective by reweighting the workload's terms (:mod:`.reweight`)."""
+    bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False)
+    # optimizers whose strategies have per-query variances in closed form, unless their cost would explode
+    names = [name for name in ("identity", "residual", "opt_kron", "opt_marginals")
+             if REGISTRY[name].applies(problem) and REGISTRY[name].skip(problem) is None]
+    rng = _rng(seed)
+
+    def total(weighted: Matrix) -> tuple[Matrix, str]:
+        result = optimize(weighted, privacy, restarts=restarts, seed=rng, optimizers=names)
+        return result.strategy, result.optimizer
+
+    solution = reweighted_max_variance(W, privacy, total, progress=progress)
+    report = solution.history.rename(columns={"optimizer": "total-error optimizer"})
+    best = int(report["max variance"].idxmin())
+    report.insert(0, "optimizer", [f"reweighted, round {r}" for r in report["round"]])
+    report["rmse"] = np.sqrt(report["total squared error"] / W.shape[0])
+    mean_bound = bound.value / W.shape[0]
+    report["max variance / SVD mean-variance bound"] = report["max variance"] / mean_bound if mean_bound > 0 else np.inf
+    report["note"] = ["the total-error optimum" if i == 0 else "" for i in range(len(report))]
+    report.loc[best, "note"] = (report.loc[best, "note"] + "; " if report.loc[best, "note"] else "") + "best"
+    report = report[["optimizer", "max variance", "total squared error", "seconds", "rmse",
+                     "max variance / SVD mean-variance bound", "total-error optimizer", "note"]]
+    error = problem.expected_error(solution.strategy)
+    return OptimizationResult(solution.strategy, "reweighted", error, privacy, bound, report, False, "max_variance",
+                              solution.max_variance)
+
+
+def _max_variance_residual(W: Matrix, privacy: Privacy, problem: Problem) -> OptimizationResult:
+    """The best residual strategy for the largest variance (Gaussian noise, equal variances within terms)."""
     unit = problem.unit_variance
     bound = svd_bound(W, privacy, seed=0)
     rows = []
