@@ -253,7 +253,7 @@ def _plan(spec: str, named: NamedWorkload, privacy: Privacy, args: argparse.Name
     if spec == "identity":
         return plan(W, Identity(named.domain.size), privacy, origin="identity"), {"origin": "identity"}
     if spec == "auto":
-        result = optimize(W, privacy, seed=args.seed, restarts=args.restarts, progress=True)
+        result = optimize(W, privacy, seed=args.seed, restarts=args.restarts, progress=True, time_limit=args.time_limit)
         origin = f"{result.optimizer} (hdmm.optimize, this run)"
         return plan(W, result, privacy, origin=origin), {"origin": origin, "optimizer": result.optimizer,
                                                           "optimizer_seed": args.seed}
@@ -513,14 +513,18 @@ def optimize_command(args: argparse.Namespace) -> None:
     _check_output(args.output, "--output", (".npz",))
     named = _workload(args.workload)
     start = time.perf_counter()
-    result = optimize(named.workload, privacy, seed=args.seed, restarts=args.restarts, progress=True)
+    result = optimize(named.workload, privacy, seed=args.seed, restarts=args.restarts, progress=True,
+                      time_limit=args.time_limit)
     seconds = time.perf_counter() - start
     save_strategy(result, args.output, {"workload": args.workload, "hdmm_version": hdmm_version()})
     bound = result.bound.rmse
     report = result.report[["optimizer", "rmse", "exact", "seconds"]].copy()
     report.insert(2, "RMSE / SVD bound RMSE", report["rmse"] / bound if bound > 0 else np.inf)
     print(f"{named.description}, {privacy.description}")
-    print(report.to_string(index=False, float_format=_format))
+    print(report.to_string(index=False, float_format=_format, na_rep="-"))
+    for name, note in zip(result.report["optimizer"], result.report["note"]):
+        if note:
+            print(f"  {name}: {note}")
     print(f"best: {result.optimizer} (RMSE per query {_format(result.rmse)}; SVD lower bound RMSE {_format(bound)}; "
           f"RMSE ratio to the bound {_format(result.rmse / bound) if bound > 0 else 'inf'}x); optimized in "
           f"{seconds:.3g} s")
@@ -623,6 +627,8 @@ def _add_search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="seed of the optimizer's random starts (reproducible research)")
     p.add_argument("--restarts", type=int, help="random starts per optimizer (default: as hdmm.optimize, 3 to 8 "
                    "depending on the optimizer and attribute size)")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS", help="return the best strategy found after this "
+                   "many seconds (no optimizer starts later; default: no limit)")
 
 
 STRATEGY_HELP = ("auto (optimise now, the default), identity (measure every cell), or a strategy file (.npz) "

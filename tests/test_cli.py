@@ -117,3 +117,15 @@ def test_parquet_in_and_out(files, capsys):
                  "identity", "--output", str(out)]) == 0
     table = pd.read_parquet(out)
     assert len(table) == 22 and table["query"][0] == "age by sex: age=0 & sex=female"
+
+
+def test_optimize_with_a_time_limit_says_what_was_skipped(files, capsys):
+    tmp, workload, _ = files
+    strategy = str(tmp / "limited.npz")
+    assert main(["optimize", "--workload", workload, "--epsilon", "1", "--seed", "0", "--time-limit", "1e-9",
+                 "--output", strategy]) == 0
+    out = capsys.readouterr().out
+    assert "best: identity" in out and "skipped: the time limit of 1e-09 s was reached" in out
+    assert main(["optimize", "--workload", workload, "--epsilon", "1", "--time-limit", "-1",
+                 "--output", str(tmp / "bad.npz")]) != 0
+    assert "time_limit must be a positive number of seconds" in capsys.readouterr().err
