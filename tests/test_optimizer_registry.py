@@ -336,3 +336,25 @@ def test_under_laplace_opt_union_is_left_to_opt_m_on_identities_and_totals(make)
     assert full.loc["opt_marginals", "total squared error"] <= full.loc["opt_union", "total squared error"]
     # under Gaussian noise the residual strategy settles it
     assert hdmm.optimize(W, GAUSS, seed=0).optimizer == "residual"
+
+
+def test_opt_union_check_counts_only_the_groups_it_measures(monkeypatch):
+    # a group of weight zero is not measured: the check must not pair errors with the wrong groups
+    W = hdmm.union([hdmm.Kronecker([hdmm.Prefix(32), hdmm.Prefix(16)]), hdmm.Kronecker([hdmm.AllRange(32), hdmm.Total(16)]),
+                    hdmm.Kronecker([hdmm.Total(32), hdmm.AllRange(16)])], weights=[1.0, 0.0, 1.0])
+    monkeypatch.setattr(registry, "UNION_EXACT_MAX_N", 4)
+    problem = Problem(W, LAPLACE, rng=np.random.default_rng(0))
+    groups = registry.default_groups(W, problem.union)
+    assert len(groups) == 3
+    problem.expected_error(hdmm.Identity(512))
+    check = registry._union_check(problem, groups)
+    run = registry.REGISTRY["opt_union"].run(Problem(W, LAPLACE, rng=np.random.default_rng(0), abandon=False))
+    monkeypatch.setattr(Problem, "best_unit_error", lambda self, v=run.unit_error: v * 0.999)
+    with pytest.raises(registry.Abandoned, match="of 2 groups"):
+        registry.REGISTRY["opt_union"].run(Problem(W, LAPLACE, rng=np.random.default_rng(0)))
+    assert check is not None
+    # one measured group left: OPT_+ is one Kronecker strategy with its exact error, so no check
+    single = hdmm.union([hdmm.Kronecker([hdmm.Prefix(32), hdmm.Prefix(16)]),
+                         hdmm.Kronecker([hdmm.AllRange(32), hdmm.Total(16)])], weights=[1.0, 0.0])
+    one = Problem(single, LAPLACE)
+    assert registry._union_check(one, registry.default_groups(single, one.union)) is None

@@ -201,7 +201,16 @@ def factor_candidates(G: Matrix, privacy: Privacy, p: int | None, restarts: int,
 def exchangeable_parts(G: Matrix) -> tuple[float, float] | None:
     """``(a, b)`` when ``G = aI + bJ`` (to rounding), else ``None``: from the diagonal, the row sums and one
     product with a fixed vector. A false match could only cost optimality: every candidate's error is
-    computed exactly on the workload's own factors."""
+    computed exactly on the workload's own factors.
+
+    Examples
+    --------
+    >>> import hdmm
+    >>> exchangeable_parts(hdmm.Identity(4).gram() + 2 * hdmm.Total(4).gram())
+    (1.0, 2.0)
+    >>> exchangeable_parts(hdmm.Prefix(4).gram()) is None
+    True
+    """
     n = G.shape[0]
     if n < 2:
         return None

@@ -37,11 +37,18 @@ more error than that, since it cannot win:
   strategy under L2 sensitivity 1 is the optimal residual strategy's (:mod:`.marginals`); an L1
   sensitivity is at least the L2 one, so that bounds OPT_M under Laplace noise too, and under
   Gaussian noise the residual strategy itself attains it.
+
 An optimizer's run may also stop itself once it cannot win, raising :class:`Abandoned` with
 the reason (``optimize`` reports it): OPT_+ on large domains is judged by its upper bound
 :math:`(\sum_g e_g^{1/3})^3` (Laplace) or :math:`(\sum_g e_g^{1/2})^2` (Gaussian) over its
 groups (:mod:`.union`), and each group's OPT_(x) error :math:`e_g` is at least the group's SVD
 bound, so after each group a floor under that bound is known (:func:`_union_check`).
+
+Strategies are compared at unit noise (``privacy.unit_noise()``): under any privacy level of one
+noise kind every error is the same multiple of its unit-noise error, so the ranking does not
+depend on the level. A problem also evaluates each strategy's exact error under its own privacy
+once (:meth:`Problem.expected_error`), so ``optimize`` reports and returns that result without
+computing it again.
 """
 
 from __future__ import annotations
@@ -56,10 +63,10 @@ import numpy as np
 from ..bound import factor_nuclear_norm, nuclear_norm
 from ..error import ErrorResult, exact_route, expected_error
 from ..kron_union import KronUnion, kron_union
-from ..matrix import Identity, Matrix
+from ..matrix import Identity, Matrix, VStack
 from ..privacy import Privacy
 from ..structure import classify
-from .kron import exchangeable_parts, opt_kron_union
+from .kron import opt_kron_union
 from .marginals import marginal_candidate_count, opt_marginals_strategy, residual_strategy
 from .union import default_groups, opt_union_groups
 
@@ -258,12 +265,16 @@ def _union_check(problem: Problem, groups: list[np.ndarray]) -> Callable[[list[M
     """A check for OPT_+ after each group: raise :class:`Abandoned` once it cannot beat the best candidate so far.
 
     Beyond ``UNION_EXACT_MAX_N`` cells OPT_+ is judged by its upper bound, unless its stacked
-    strategy lies in the marginals algebra (every factor's Gram ``aI + bJ``), where it gets its
-    exact error; a group whose strategy has any other factor rules that out. From then on the
+    strategy has a closed-form error (it lies in the marginals algebra: every factor's Gram
+    ``aI + bJ``); once the stack of the groups found so far has none
+    (:func:`hdmm.error.exact_route`), neither will the whole. From then on the
     bound, with the groups still to come at their SVD bounds (no OPT_(x) error is lower), is a
     floor under what OPT_+ can be judged by. ``None`` when no check applies.
     """
     W, union = problem.workload, problem.union
+    # the groups as opt_union_groups measures them: terms of weight zero, and groups of only those, left out
+    groups = [terms[union.weights[terms] != 0] for terms in groups]
+    groups = [terms for terms in groups if terms.size]
     if not problem.abandon or W.shape[1] <= UNION_EXACT_MAX_N or len(groups) < 2:
         return None
     floors: list[float] = []
@@ -274,18 +285,18 @@ def _union_check(problem: Problem, groups: list[np.ndarray]) -> Callable[[list[M
         if best is None:
             return
         if exact_possible[0]:
-            exact_possible[0] = not any(exchangeable_parts(f.gram()) is None for A in parts for f in A.factors)
+            # the stack of the groups so far is judged as the whole will be: a general one stays general
+            exact_possible[0] = exact_route(W, VStack(list(parts))) != "dense"
             if exact_possible[0]:
                 return
         if not floors:
             for terms in groups:
-                live = terms[union.weights[terms] != 0]
-                if live.size == 1:  # one Kronecker product: its nuclear norm is the product of its factors'
-                    weight, factors = union.term(int(live[0]))
+                if terms.size == 1:  # one Kronecker product: its nuclear norm is the product of its factors'
+                    weight, factors = union.term(int(terms[0]))
                     norm = abs(weight) * math.prod(factor_nuclear_norm(f) for f in factors)
                 else:
-                    group = KronUnion(union.factors, union.index[live], union.weights[live])
-                    norm = nuclear_norm(group, exact_limit=BOUND_EXACT_LIMIT, estimate=False).value if live.size else 0.0
+                    group = KronUnion(union.factors, union.index[terms], union.weights[terms])
+                    norm = nuclear_norm(group, exact_limit=BOUND_EXACT_LIMIT, estimate=False).value
                 floors.append(norm**2 / W.shape[1])
         e = np.array(list(errors) + floors[len(errors):])
         floor = float(np.sum(np.cbrt(e)) ** 3) if problem.privacy.norm == 1 else float(np.sum(np.sqrt(e)) ** 2)
