@@ -132,3 +132,14 @@ def test_reweighting_on_a_multi_attribute_union_of_ranges_and_marginals():
     result = hdmm.optimize(W, hdmm.PureDP(1.0), objective="max_variance", seed=0)
     assert result.max_variance <= result.report["max variance"].iloc[0]
     assert result.max_variance == pytest.approx(_dense_max_variance(W, result.strategy, hdmm.PureDP(1.0)), rel=1e-8)
+
+
+def test_a_time_limit_stops_the_reweighting_after_its_first_round(monkeypatch):
+    import hdmm.optimizers.api as api
+    clock = iter(np.arange(0.0, 1e6, 10.0))  # every call to the clock moves on 10 s
+    monkeypatch.setattr(api.time, "perf_counter", lambda: float(next(clock)))
+    import hdmm.optimizers.reweight as reweight
+    monkeypatch.setattr(reweight.time, "perf_counter", lambda: float(next(clock)))
+    W = hdmm.union([hdmm.Prefix(16), hdmm.Total(16)], weights=[1.0, 4.0])
+    result = hdmm.optimize(W, hdmm.PureDP(1.0), objective="max_variance", seed=0, time_limit=5)
+    assert len(result.report) == 1 and result.max_variance == result.report["max variance"].iloc[0]

@@ -275,9 +275,8 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     bound (to a relative ``OPTIMAL_RTOL``), no strategy can do better: ``optimize`` stops, marks
     it ``"optimal"`` in the report (and ``result.optimal``) and lists the optimizers left as
     skipped. **Certified skips**: an optimizer that states a lower bound on the error it can be
-    judged by (:attr:`~hdmm.optimizers.registry.Optimizer.lower_bound`: OPT_M, and OPT_+ on large
-    domains) is skipped when a candidate found already has no more error, with both figures in
-    the report. An optimizer whose cost would explode on this workload (OPT_M over too many
+    judged by (:attr:`~hdmm.optimizers.registry.Optimizer.lower_bound`: OPT_M) is skipped when a
+    candidate found already has no more error, with both figures in the report. An optimizer whose cost would explode on this workload (OPT_M over too many
     candidate marginals, OPT_+ over too many groups;
     :attr:`~hdmm.optimizers.registry.Optimizer.skip`) is skipped by default with the reason in
     the report. Naming an optimizer in ``optimizers`` runs it despite both kinds of skip;
@@ -303,7 +302,8 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     report has one row per round, the first being the total-error optimum. ``result.max_variance``
     is the strategy's largest variance, and ``result.bound`` the SVD bound, which divided by the
     number of queries bounds every strategy's mean, hence largest, variance (the report's last
-    ratio column). ``seed``, ``restarts`` and ``progress`` apply to the reweighted search.
+    ratio column). ``seed``, ``restarts``, ``progress`` and ``time_limit`` (no round starts after it)
+    apply to the reweighted search.
     """
     _check(W, restarts=restarts)
     if not isinstance(privacy, Privacy):
@@ -317,7 +317,7 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
         if optimizers is not None:
             raise ValueError("objective='max_variance' chooses its own optimizers; optimizers= does not apply")
         say = (lambda line: tqdm.write(line)) if progress is True else (progress or None)
-        return _optimize_max_variance(W, privacy, restarts, seed, say)
+        return _optimize_max_variance(W, privacy, restarts, seed, say, deadline)
     if objective != "total":
         raise ValueError(f"objective must be 'total' or 'max_variance', got {objective!r}")
     bar = None
@@ -386,7 +386,8 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
 
 
 def _optimize_max_variance(W: Matrix, privacy: Privacy, restarts: int | None = None, seed=None,
-                           progress: Callable[[str], None] | None = None) -> OptimizationResult:
+                           progress: Callable[[str], None] | None = None,
+                           deadline: float | None = None) -> OptimizationResult:
     """``optimize(..., objective="max_variance")``: the exact residual program where it applies, else reweighting."""
     problem = Problem(W, privacy)
     if privacy.noise == "gaussian":
@@ -396,11 +397,11 @@ def _optimize_max_variance(W: Matrix, privacy: Privacy, restarts: int | None = N
             pass
         else:
             return _max_variance_residual(W, privacy, problem)
-    return _max_variance_reweighted(W, privacy, problem, restarts, seed, progress)
+    return _max_variance_reweighted(W, privacy, problem, restarts, seed, progress, deadline)
 
 
 def _max_variance_reweighted(W: Matrix, privacy: Privacy, problem: Problem, restarts: int | None, seed,
-                             progress: Callable[[str], None] | None) -> OptimizationResult:
+                             progress: Callable[[str], None] | None, deadline: float | None) -> OptimizationResult:
     """The max-variance objective by reweighting the workload's terms (:mod:`.reweight`)."""
     bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False)
     # optimizers whose strategies have per-query variances in closed form, unless their cost would explode
@@ -412,7 +413,7 @@ def _max_variance_reweighted(W: Matrix, privacy: Privacy, problem: Problem, rest
         result = optimize(weighted, privacy, restarts=restarts, seed=rng, optimizers=names)
         return result.strategy, result.optimizer
 
-    solution = reweighted_max_variance(W, privacy, total, progress=progress)
+    solution = reweighted_max_variance(W, privacy, total, progress=progress, deadline=deadline)
     report = solution.history.rename(columns={"optimizer": "total-error optimizer"})
     best = int(report["max variance"].idxmin())
     report.insert(0, "optimizer", [f"reweighted, round {r}" for r in report["round"]])

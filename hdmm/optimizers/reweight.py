@@ -77,12 +77,14 @@ def _reweighted(union: KronUnion, omega: np.ndarray) -> Matrix:
 
 
 def reweighted_max_variance(W: Matrix, privacy: Privacy, optimize_total: Callable[[Matrix], tuple[Matrix, str]],
-                            rounds: int = ROUNDS, progress: Callable[[str], None] | None = None) -> ReweightedSolution:
+                            rounds: int = ROUNDS, progress: Callable[[str], None] | None = None,
+                            deadline: float | None = None) -> ReweightedSolution:
     """Lower the largest per-query variance of ``W`` under ``privacy`` by reweighting its terms (module docstring).
 
     ``optimize_total(W_weighted)`` returns a strategy for the reweighted workload (optimized for
     total squared error) and the name of the optimizer that found it; its strategies must have
     per-query variances in closed form or on a small domain (:func:`hdmm.error.per_query_variance`).
+    No round starts after ``deadline`` (a ``time.perf_counter()`` value); the first always runs.
 
     Examples
     --------
@@ -121,6 +123,8 @@ def reweighted_max_variance(W: Matrix, privacy: Privacy, optimize_total: Callabl
             best = (A, worst, omega.copy())
         level = float(np.mean(term_max[live]))
         if not np.isfinite(worst) or worst <= level * (1.0 + BALANCED_RTOL):
+            break
+        if deadline is not None and time.perf_counter() >= deadline:
             break
         omega = np.where(live, omega * (term_max / level) ** STEP, omega)
         omega /= omega[live].max()
