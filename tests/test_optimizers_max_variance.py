@@ -143,3 +143,18 @@ def test_a_time_limit_stops_the_reweighting_after_its_first_round(monkeypatch):
     W = hdmm.union([hdmm.Prefix(16), hdmm.Total(16)], weights=[1.0, 4.0])
     result = hdmm.optimize(W, hdmm.PureDP(1.0), objective="max_variance", seed=0, time_limit=5)
     assert len(result.report) == 1 and result.max_variance == result.report["max variance"].iloc[0]
+
+
+def test_reweighting_takes_each_terms_largest_variance_over_its_own_rows_only():
+    from hdmm.optimizers.reweight import reweighted_max_variance
+    W = hdmm.union([hdmm.Prefix(8), hdmm.Identity(8), hdmm.Total(8)], weights=[1.0, 0.0, 2.0])
+    seen = []
+
+    def total(weighted):
+        seen.append(hdmm.kron_union.kron_union(weighted).weights.copy())
+        return hdmm.Identity(8), "identity"
+
+    solution = reweighted_max_variance(W, hdmm.PureDP(1.0), total, rounds=2)
+    # under the identity: prefix variances 2 * (1..8), the total's 2 * 4 * 8; the zero-weight term is left alone
+    assert solution.history["max variance"].iloc[0] == pytest.approx(64.0)
+    assert seen[1][1] == 0.0 and seen[1][2] / 2.0 > seen[1][0]

@@ -113,7 +113,9 @@ def reweighted_max_variance(W: Matrix, privacy: Privacy, optimize_total: Callabl
         A, name = optimize_total(_reweighted(union, omega))
         variances = per_query_variance(W, A, privacy)
         term_max = np.zeros(union.num_terms)
-        term_max[live] = np.maximum.reduceat(variances, starts[live]) if live.any() else 0.0
+        nonempty = rows > 0
+        term_max[nonempty] = np.maximum.reduceat(variances, starts[nonempty])  # each term's own rows
+        term_max[~live] = 0.0  # terms of weight zero: zero queries, nothing to balance
         worst = float(term_max.max())
         history.append({"round": round_ + 1, "max variance": worst, "total squared error": float(np.sum(variances)),
                         "seconds": time.perf_counter() - start, "optimizer": name})
