@@ -189,9 +189,8 @@ def _without_attribute(W: hdmm.Matrix, drop: int) -> hdmm.Matrix:
     union = kron_union(W)
     if not all(isinstance(f, hdmm.matrix.Ones) and f.shape[0] == 1 for f in union.factors[drop]):
         raise ValueError("the attribute to drop is not a total in every term")
-    keep = [i for i in range(union.dim) if i != drop]
-    return VStack([Weighted(hdmm.Kronecker([union.factors[i][union.index[j, i]] for i in keep]), union.weights[j])
-                   for j in range(union.num_terms)])
+    terms = [union.term(j) for j in range(union.num_terms)]
+    return VStack([Weighted(hdmm.Kronecker(factors[:drop] + factors[drop + 1:]), weight) for weight, factors in terms])
 
 
 def multi(repeats: int = 3) -> pd.DataFrame:

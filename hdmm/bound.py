@@ -568,9 +568,8 @@ def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, pr
         value = weight**2 * math.prod(factor_nuclear_norm(f) ** 2 / f.shape[1] for f in factors)
         return SVDBound(unit * value, True, 0.0, method="Kronecker product of factor bounds", **common)
     if structure.form == "marginals":
-        spectrum = trace_spectrum(union)
-        root = float(np.sum(np.sqrt(spectrum.trace_E * spectrum.tau)))
-        return SVDBound(unit * root**2, True, 0.0, method="marginals algebra (E_T basis)", **common)
+        return SVDBound(unit * trace_spectrum(union).residual_error, True, 0.0, method="marginals algebra (E_T basis)",
+                        **common)
     norm = nuclear_norm(union, exact_limit=exact_limit, probes=probes, steps=steps, seed=seed, estimate=estimate)
     N = W.shape[1]
     return SVDBound(

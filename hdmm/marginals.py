@@ -130,6 +130,13 @@ class TraceSpectrum:
         return np.rint(member_products(self.members, np.array(self.sizes, dtype=float) - 1, np.ones(len(self.sizes))))
 
     @property
+    def residual_error(self) -> float:
+        r""":math:`(\sum_T \sqrt{\tau_T\,\mathrm{tr}(E_T)})^2`: the least total squared error at unit noise
+        of any strategy in the marginals algebra with L2 sensitivity 1 (the optimal residual
+        strategy's), and the SVD bound of a workload in the algebra (docs/math.md, sections 4.8 and 5.3)."""
+        return float(np.sum(np.sqrt(self.trace_E * self.tau))) ** 2
+
+    @property
     def eigenvalues(self) -> np.ndarray:
         r""":math:`\mu_T / N = \tau_T / \mathrm{tr}(E_T)`: the normalised eigenvalue on each ``E_T``.
 

@@ -358,4 +358,4 @@ def residual_strategy(W: Matrix, union: KronUnion | None = None) -> tuple[Residu
     lam_normalised /= float(lam_normalised @ trace_E)  # sum_T lambda'_T tr(E_T) = 1: D_2 = 1
     N = float(np.prod(np.array(union.sizes, dtype=float)))
     strategy = Residuals.from_members(_domain_of(W, union), members, np.sqrt(lam_normalised * N))
-    return strategy, float(np.sum(np.sqrt(tau * trace_E)) ** 2)
+    return strategy, spectrum.residual_error

@@ -63,6 +63,7 @@ import numpy as np
 from ..bound import factor_nuclear_norm, nuclear_norm
 from ..error import ErrorResult, exact_route, expected_error
 from ..kron_union import KronUnion, kron_union
+from ..marginals import trace_spectrum
 from ..matrix import Identity, Matrix, VStack
 from ..privacy import Privacy
 from ..structure import classify
@@ -356,7 +357,7 @@ def _union_skip(problem: Problem) -> str | None:
 
 def _marginals_lower_bound(problem: Problem) -> float:
     """The optimal residual strategy's unit-noise error: no weighted marginals do better (module docstring)."""
-    return residual_strategy(problem.workload, problem.union)[1]
+    return trace_spectrum(problem.union).residual_error
 
 
 register(Optimizer("identity", _identity, summary="the identity strategy (reference)"))

@@ -72,8 +72,8 @@ class ReweightedSolution:
 
 def _reweighted(union: KronUnion, omega: np.ndarray) -> Matrix:
     """The workload's terms, in order, with term ``j``'s weight multiplied by ``omega[j]``."""
-    return VStack([Weighted(Kronecker([union.factors[i][union.index[j, i]] for i in range(union.dim)]),
-                            float(union.weights[j] * omega[j])) for j in range(union.num_terms)])
+    terms = [union.term(j) for j in range(union.num_terms)]
+    return VStack([Weighted(Kronecker(factors), weight * float(omega[j])) for j, (weight, factors) in enumerate(terms)])
 
 
 def reweighted_max_variance(W: Matrix, privacy: Privacy, optimize_total: Callable[[Matrix], tuple[Matrix, str]],
