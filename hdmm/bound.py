@@ -120,7 +120,7 @@ class SVDBound:
         return math.sqrt(self.value / self.queries)
 
     def __repr__(self) -> str:
-        est = "exact" if self.exact else f"estimate +/- {self.stderr:.3g}" if self.stderr else "weaker lower bound"
+        est = "exact" if self.exact else "weaker lower bound" if self.lower else f"estimate +/- {self.stderr:.3g}"
         return (f"SVDBound(total squared error {self.value:.6g}, RMSE {self.rmse:.6g}, {est}, {self.method}, "
                 f"{self.privacy.description})")
 

@@ -38,7 +38,7 @@ from .marginals import trace_spectrum
 from .matrix import DENSE_LIMIT, DenseLimitError, Matrix
 from .privacy import Privacy
 from .structure import ZERO_RTOL, Structure, aligned_unions, classify
-from .traces import SUPPORT_TOL, factor_rows, factor_trace, gram_pinv, squared_row_norms
+from .traces import SUPPORT_TOL, factor_rows, factor_trace, gram_pinv, row_projections
 
 __all__ = [
     "ErrorResult",
@@ -227,10 +227,9 @@ def _spectral_traces(w_union: KronUnion, a_union: KronUnion) -> tuple[_Traces, t
 
 
 def _row_projections(f: Matrix) -> tuple[np.ndarray, np.ndarray]:
-    r"""Per-row ``(diag(f P f^T)/n, diag(f Q f^T)/n)`` of a one-attribute factor."""
+    r"""Per-row ``(diag(f P f^T)/n, diag(f Q f^T)/n)`` of a one-attribute factor, rounding-level ``Q`` parts as 0."""
     n = f.shape[1]
-    p = (f @ np.ones(n)) ** 2 / n
-    q = np.maximum(squared_row_norms(f) - p, 0.0)
+    p, q = row_projections(f)
     q = np.where(q <= ZERO_RTOL * (p + q), 0.0, q)
     return p / n, q / n
 

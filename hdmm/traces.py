@@ -49,6 +49,7 @@ __all__ = [
     "factor_trace",
     "factor_rows",
     "squared_row_norms",
+    "row_projections",
 ]
 
 #: Largest one-attribute Gram a strategy factor inverts densely (8192 x 8192).
@@ -214,6 +215,14 @@ def squared_row_norms(f: Matrix) -> np.ndarray:
         V = f.T @ unit_columns(rows, block)  # rows of f in this block, as columns
         out[block] = np.einsum("ij,ij->j", V, V)
     return out
+
+
+def row_projections(f: Matrix) -> tuple[np.ndarray, np.ndarray]:
+    r"""Per row ``w`` of a one-attribute factor: :math:`(w^TPw, w^TQw)` with :math:`P = J/n` (the mean)
+    and :math:`Q = I - P`, i.e. ``((w . 1)^2 / n, |w|^2 - (w . 1)^2 / n)``, the second clipped at 0."""
+    n = f.shape[1]
+    p = (f @ np.ones(n)) ** 2 / n
+    return p, np.maximum(squared_row_norms(f) - p, 0.0)
 
 
 @factor_rows.register

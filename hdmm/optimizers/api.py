@@ -392,11 +392,11 @@ def _optimize_max_variance(W: Matrix, privacy: Privacy, restarts: int | None = N
     problem = Problem(W, privacy)
     if privacy.noise == "gaussian":
         try:
-            MaxVarianceProblem(problem.union)
+            exact = MaxVarianceProblem(problem.union)
         except ValueError:
             pass
         else:
-            return _max_variance_residual(W, privacy, problem)
+            return _max_variance_residual(W, privacy, problem, exact)
     return _max_variance_reweighted(W, privacy, problem, restarts, seed, progress, deadline)
 
 
@@ -429,21 +429,22 @@ def _max_variance_reweighted(W: Matrix, privacy: Privacy, problem: Problem, rest
                               solution.max_variance)
 
 
-def _max_variance_residual(W: Matrix, privacy: Privacy, problem: Problem) -> OptimizationResult:
-    """The best residual strategy for the largest variance (Gaussian noise, equal variances within terms)."""
+def _max_variance_residual(W: Matrix, privacy: Privacy, problem: Problem,
+                           reference: MaxVarianceProblem) -> OptimizationResult:
+    """The best residual strategy for the largest variance (Gaussian noise, equal variances within terms);
+    ``reference`` is the workload's :class:`MaxVarianceProblem`."""
     unit = problem.unit_variance
     bound = svd_bound(W, privacy, seed=0)
     rows = []
     start = time.perf_counter()
     total_strategy, _ = residual_strategy(W, problem.union)
-    reference = MaxVarianceProblem(problem.union)
     lam = np.asarray(total_strategy.weights) ** 2  # residual weights are sqrt(lambda_T N)
     rows.append({"optimizer": "residual (total)", "max variance": np.nan, "total squared error":
                  float(problem.expected_error(total_strategy)), "seconds": time.perf_counter() - start,
                  "note": "the total-error optimum"})
     rows[-1]["max variance"] = unit * reference.objective(_inverse_levels(reference, total_strategy, lam))
     start = time.perf_counter()
-    solution = max_variance_residual(W, problem.union)
+    solution = max_variance_residual(W, problem.union, problem=reference)
     error = problem.expected_error(solution.strategy)
     rows.append({"optimizer": "max_variance", "max variance": unit * solution.value, "total squared error":
                  float(error), "seconds": time.perf_counter() - start,

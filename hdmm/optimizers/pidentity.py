@@ -663,9 +663,10 @@ def _(A: PIdentity, f: Matrix) -> tuple[float, bool]:
     """
     check_width(f, A)
     n = A.shape[1]
+    G = f.gram()
     if n > DENSE_QR_MAX_N:
-        value, error = _woodbury_trace(A.params, f.gram(), A.norm)
+        value, error = _woodbury_trace(A.params, G, A.norm)
         if n > STABLE_MAX_N or error <= WOODBURY_RTOL:
             return value, True
     Rinv = A._r_inverse
-    return float(np.einsum("ij,ij->", Rinv, f.gram() @ Rinv)), True  # tr(R^-T G R^-1)
+    return float(np.einsum("ij,ij->", Rinv, G @ Rinv)), True  # tr(R^-T G R^-1)
