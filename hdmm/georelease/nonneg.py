@@ -92,9 +92,8 @@ def transport_projection(V: np.ndarray, columns: np.ndarray, rows: np.ndarray, *
     scale = max(1.0, float(c.sum()))
     if abs(float(c.sum()) - float(r.sum())) > 1e-9 * scale:
         raise ValueError(f"the cells add up to {c.sum():g} but the children's totals to {r.sum():g}")
-    beta = np.zeros(V.shape[0])
+    alpha = thresholds(V, c)  # with beta = 0; each round then starts from the last round's alpha
     for _ in range(maxiter):
-        alpha = thresholds(V - beta[:, None], c)
         beta = thresholds((V - alpha[None, :]).T, r)
         alpha = thresholds(V - beta[:, None], c)
         X = np.maximum(V - alpha[None, :] - beta[:, None], 0.0)
@@ -188,7 +187,8 @@ def nonnegative_estimates(plan: GeoPlan, z: dict[int, np.ndarray], lam: dict[int
             squared[d] += float(np.sum((a - W @ x_ls) ** 2))
 
     root_ls = cells(0, np.array([0]))[0]
-    root = np.maximum(root_ls, 0.0) if np.isnan(known[0][0]) else _project_total(root_ls, float(known[0][0]))
+    root = (np.maximum(root_ls, 0.0) if np.isnan(known[0][0])
+            else simplex_projection(root_ls[:, None], np.array([known[0][0]]))[:, 0])
     record(0, 0, root, root_ls)
 
     def descend(d: int, unit: int, x_plus: np.ndarray) -> None:
@@ -208,15 +208,3 @@ def nonnegative_estimates(plan: GeoPlan, z: dict[int, np.ndarray], lam: dict[int
     descend(0, 0, root)
     change = {d: float(np.sqrt(squared[d] / (tree.sizes[d] * plan.queries))) for d in plan.levels}
     return NonNegative(answers, totals, change)
-
-
-def _project_total(x: np.ndarray, total: float) -> np.ndarray:
-    """The projection of ``x`` onto :math:`\\{v \\ge 0, \\mathbf 1^Tv = c\\}`."""
-    u = -np.sort(-x)
-    excess = np.cumsum(u) - total
-    r = np.arange(1, x.size + 1)
-    ok = u - excess / r > 0
-    if not ok.any():
-        return np.zeros_like(x)
-    last = int(np.flatnonzero(ok)[-1])
-    return np.maximum(x - excess[last] / (last + 1), 0.0)

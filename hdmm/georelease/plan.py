@@ -185,8 +185,9 @@ class GeoPlan:
         """:math:`h = W_pG_p^+\\mathbf 1` and :math:`\\gamma = \\mathbf 1^TG_p^+\\mathbf 1` (invariants only)."""
         if "h" not in self._cache:
             A = self.person.strategy
-            u = A.pinv().T @ np.ones(A.shape[1])
-            g = A.pinv() @ u
+            pinv = A.pinv()
+            u = pinv.T @ np.ones(A.shape[1])
+            g = pinv @ u
             self._cache["h"] = (self.person.workload @ g, float(u @ u))
         return self._cache["h"]
 

@@ -43,7 +43,7 @@ from ..geography import GeographyError
 from .passes import Partition, partition_down, partition_up, top_passes
 from .plan import GeoPlan
 from .files import check_output, finish_output, start_output, write_units
-from .steps import measure_top, progress_printer, provenance
+from .steps import correct, invariant_multipliers, measure_top, progress_printer, provenance
 from .units import check_source, measure_partition
 
 __all__ = ["SparkGeoRelease", "release_spark", "require_spark", "spark_session", "LEAF", "PART"]
@@ -368,13 +368,11 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     for d in range(P - 1, -1, -1):
         estimates[d] = np.add.reduceat(estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
     coarse = {d: estimates[d].copy() for d in range(P)}
-    lam = {d: np.zeros(tree.sizes[d]) for d in range(passes.finest + 1)}
-    if inv is not None:
-        h, gamma = plan.total_direction
-        estimated = np.array([estimates[d][u, -1] for d, u in zip(inv.levels.tolist(), inv.units_at.tolist())])
-        lam = inv.multipliers(tree, plan.solver, estimated, gamma)
-        apply_invariants_coarse = {d: coarse[d] - np.outer(lam[d], np.append(h, gamma)) for d in coarse}
-        coarse = apply_invariants_coarse
+    lam = invariant_multipliers(plan, lambda d, units: estimates[d][units, -1])
+    if lam is None:
+        lam = {d: np.zeros(tree.sizes[d]) for d in range(passes.finest + 1)}
+    else:
+        correct(plan, coarse, lam)
     timings["invariants"] = time.perf_counter() - start
     # ---------------------------------------------------------------- stage 3: labelled answers
     # every task writes its units' answers straight to Parquet with dictionary-encoded labels

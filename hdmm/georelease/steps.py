@@ -14,7 +14,7 @@ from ..version import HDMM_VERSION
 from .plan import GeoPlan
 from .units import measure_units
 
-__all__ = ["measure_top", "apply_invariants", "invariant_multipliers", "provenance", "progress_printer"]
+__all__ = ["measure_top", "apply_invariants", "invariant_multipliers", "correct", "provenance", "progress_printer"]
 
 
 def measure_top(plan: GeoPlan, roots: np.ndarray, seed: int | None, space: str = "answers") -> dict[int, np.ndarray]:
@@ -45,8 +45,12 @@ def apply_invariants(plan: GeoPlan, estimates: dict[int, np.ndarray]) -> None:
     """Move every estimate (answers and total) by the invariants' correction, in place
     (:mod:`hdmm.georelease.invariants`)."""
     lam = invariant_multipliers(plan, lambda d, units: estimates[d][units, -1])
-    if lam is None:
-        return
+    if lam is not None:
+        correct(plan, estimates, lam)
+
+
+def correct(plan: GeoPlan, estimates: dict[int, np.ndarray], lam: dict[int, np.ndarray]) -> None:
+    """Subtract the invariants' correction with multipliers ``lam`` from every level in ``estimates``, in place."""
     h, gamma = plan.total_direction
     direction = np.append(h, gamma)
     for d in estimates:
