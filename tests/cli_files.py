@@ -1,4 +1,5 @@
-"""Shared by the CLI tests: a JSON workload file and a CSV of records over its domain."""
+"""Shared by the CLI tests: a JSON workload file and a CSV of records over its domain, a runner for
+expected failures, and a guard that the CLI started no work."""
 
 from __future__ import annotations
 
@@ -6,6 +7,25 @@ import json
 
 import numpy as np
 import pandas as pd
+
+import hdmm.cli as cli
+
+
+def fails(argv, capsys) -> str:
+    """Run the CLI expecting a bad-input failure; returns its one error line."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("hdmm: error: ") and "Traceback" not in "\n".join(err)
+    return err[-1]
+
+
+def block_work(monkeypatch, names, message: str) -> None:
+    """Make each of the CLI's functions ``names`` fail the test with ``message`` if it is reached."""
+    def reached(*args, **kwargs):
+        raise AssertionError(message)
+
+    for name in names:
+        monkeypatch.setattr(cli, name, reached)
 
 
 def write_workload_and_records(tmp_path, spec: dict, count: int) -> tuple:

@@ -7,7 +7,7 @@ import sys
 
 import pandas as pd
 import pytest
-from cli_files import write_workload_and_records
+from cli_files import fails, write_workload_and_records
 
 from hdmm.cli import main
 
@@ -21,14 +21,6 @@ SPEC = {
 def files(tmp_path):
     """A JSON workload file and a CSV of 500 records over its domain."""
     return write_workload_and_records(tmp_path, SPEC, 500)
-
-
-def fails(argv, capsys) -> str:
-    """Run the CLI expecting a bad-input failure; returns its one error line."""
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("hdmm: error: ") and "Traceback" not in "\n".join(err)
-    return err[-1]
 
 
 def test_release_from_files_writes_a_labelled_table(files, capsys):

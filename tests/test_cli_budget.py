@@ -5,28 +5,17 @@ from __future__ import annotations
 import json
 
 import pytest
-from cli_files import write_workload_and_records
+from cli_files import GEO_SPEC, block_work, fails, write_workload_and_records
 
-import hdmm.cli as cli
 import hdmm.kernel
 from hdmm.budget import Budget
 from hdmm.cli import main
 from hdmm.privacy import ApproxDP, zcdp_rho
 
-SPEC = {"domain": {"age": 8, "sex": ["female", "male"]},
-        "queries": [{"name": "age by sex", "age": "prefix", "sex": "identity"}]}
-
 
 @pytest.fixture
 def files(tmp_path):
-    return write_workload_and_records(tmp_path, SPEC, 200)
-
-
-def fails(argv, capsys) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("hdmm: error: ") and "Traceback" not in "\n".join(err)
-    return err[-1]
+    return write_workload_and_records(tmp_path, GEO_SPEC, 200)
 
 
 def release(workload, data, *more, privacy=("--epsilon", "1")):
@@ -35,11 +24,8 @@ def release(workload, data, *more, privacy=("--epsilon", "1")):
 
 @pytest.fixture
 def no_work(monkeypatch):
-    def reached(*args, **kwargs):
-        raise AssertionError("the CLI started work before the budget was checked")
-
-    for name in ("optimize", "plan", "run", "_records"):
-        monkeypatch.setattr(cli, name, reached)
+    block_work(monkeypatch, ("optimize", "plan", "run", "_records"),
+               "the CLI started work before the budget was checked")
 
 
 def test_create_release_show_and_refuse_when_exhausted(files, capsys, monkeypatch):
@@ -61,8 +47,8 @@ def test_create_release_show_and_refuse_when_exhausted(files, capsys, monkeypatc
     shown = capsys.readouterr().out
     assert "spent epsilon = 1 in 1 charge(s); remaining 0.5" in shown and str(out) in shown
     before = open(budget, "rb").read()
-    for name in ("optimize", "plan", "run", "_records"):  # refused before reading the data or planning
-        monkeypatch.setattr(cli, name, lambda *a, **k: pytest.fail("work started"))
+    # refused before reading the data or planning
+    block_work(monkeypatch, ("optimize", "plan", "run", "_records"), "work started")
     assert "cannot pay" in fails(release(workload, data, "--budget", budget), capsys)
     assert "pure-DP budget" in fails(release(workload, data, "--budget", budget, privacy=("--rho", "0.01")), capsys)
     assert open(budget, "rb").read() == before

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-from cli_files import write_workload_and_records
+from cli_files import GEO_SPEC, block_work, fails, write_workload_and_records
 
 import hdmm
 import hdmm.cli as cli
@@ -23,16 +23,7 @@ from hdmm.io import save_strategy
 
 REGIONS = {"domain": {"region": [str(k) for k in range(1, 10)], "sex": ["f", "m"]},
            "queries": [{"name": "region by sex", "region": "identity", "sex": "identity"}]}
-SPEC = {"domain": {"age": 8, "sex": ["female", "male"]},
-        "queries": [{"name": "age by sex", "age": "prefix", "sex": "identity"}]}
-
-
-def fails(argv, capsys) -> str:
-    """Run the CLI expecting a bad-input failure; returns its one error line."""
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("hdmm: error: ") and "Traceback" not in "\n".join(err)
-    return err[-1]
+SPEC = GEO_SPEC
 
 
 @pytest.fixture
@@ -44,11 +35,7 @@ def files(tmp_path):
 @pytest.fixture
 def no_work(monkeypatch):
     """Fail the test if the CLI optimizes, plans or measures."""
-    def reached(*args, **kwargs):
-        raise AssertionError("the CLI started work before all checks were done")
-
-    for name in ("optimize", "plan", "run", "svd_bound"):
-        monkeypatch.setattr(cli, name, reached)
+    block_work(monkeypatch, ("optimize", "plan", "run", "svd_bound"), "the CLI started work before all checks were done")
 
 
 def release(workload, data, *more):
