@@ -454,6 +454,11 @@ class Budget:
             raise BudgetError("give the delta at which to state this zCDP budget as (epsilon, delta)-DP")
         return zcdp_epsilon(amount, delta)
 
+    def charged(self, charge: Charge) -> str:
+        """One line for a release just charged: its cost, what is spent of the total and what is left."""
+        return (f"budget {self._path}: charged {self.unit} {charge.cost:.6g}; spent {self.spent:.6g} of "
+                f"{_amount(self._total):g}, {self.remaining:.6g} left")
+
     def summary(self) -> str:
         """A few readable lines: the total, what is spent and left, and every charge."""
         unit = self.unit

@@ -461,13 +461,7 @@ def release(args: argparse.Namespace) -> None:
         if budget is not None:
             budget.settle(result.charge, output=os.path.abspath(args.output))
     if budget is not None:
-        print(f"budget {budget.path}: charged {budget.unit} {result.charge.cost:.6g}; spent {budget.spent:.6g} of "
-              f"{_amount(budget)}, {budget.remaining:.6g} left")
-
-
-def _amount(budget: Budget) -> str:
-    total = budget.total
-    return f"{total.epsilon:g}" if budget.unit == "epsilon" else f"{total.rho:g}"
+        print(budget.charged(result.charge))
 
 
 def _budget(path: str, privacy: Privacy) -> Budget:

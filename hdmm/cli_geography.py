@@ -190,8 +190,7 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
           f"privacy and provenance in {os.path.join(args.output, '_provenance.json')})")
     if budget is not None and result.charge is not None:
         budget.settle(result.charge, output=os.path.abspath(args.output))
-        print(f"  budget {budget.path}: charged {budget.unit} {result.charge.cost:.6g}; spent {budget.spent:.6g}, "
-              f"{budget.remaining:.6g} left")
+        print("  " + budget.charged(result.charge))
     if args.noise_seed is not None:
         print("  note: the noise came from --noise-seed: reproducible, for tests and research only")
 
