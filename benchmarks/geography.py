@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -194,7 +195,7 @@ def run_spark(master: str, full: bool, people_per_tract: int) -> dict:
         spark.stop()
     out["peak memory GB"] = memory.peak / 1e9
     out["peak memory by process GB"] = {k: v / 1e9 for k, v in memory.parts.items()}
-    subprocess.run(["rm", "-rf", output], check=False)
+    shutil.rmtree(output, ignore_errors=True)
     return out
 
 

@@ -160,23 +160,18 @@ def one_d(max_n: int, names: list[str], noises: Sequence[str] = tuple(PRIVACY), 
     return pd.DataFrame(rows)
 
 
-def _range_marginals(domain: hdmm.Domain, numeric: set[str], sizes: Sequence[int] | None = None) -> hdmm.Matrix:
-    """Every subset of attributes (of the given sizes; all by default): AllRange on numeric ones,
-    Identity on the others, Total elsewhere."""
+#: The CPS domain of the HDMM paper's benchmarks; income and age are numeric.
+CPS = hdmm.Domain.from_dict({"income": 50, "age": 100, "marital": 7, "race": 4, "sex": 2})
+
+
+def _range_marginals(domain: hdmm.Domain, numeric: set[str], sizes: Sequence[int] | None = None,
+                     block=hdmm.AllRange) -> hdmm.Matrix:
+    """Every subset of attributes (of the given sizes; all by default): ``block`` (AllRange, or e.g.
+    Prefix) on numeric ones, Identity on the others, Total elsewhere."""
     parts = []
     for k in range(len(domain) + 1) if sizes is None else sizes:
         for subset in itertools.combinations(domain.names, k):
-            blocks = {a: hdmm.AllRange(domain[a]) if a in numeric else hdmm.Identity(domain[a]) for a in subset}
-            parts.append(hdmm.product(domain, blocks))
-    return hdmm.union(parts)
-
-
-def _prefix_marginals(domain: hdmm.Domain, numeric: set[str]) -> hdmm.Matrix:
-    """Every subset of attributes: Prefix on numeric ones, Identity on the others, Total elsewhere."""
-    parts = []
-    for k in range(len(domain) + 1):
-        for subset in itertools.combinations(domain.names, k):
-            blocks = {a: hdmm.Prefix(domain[a]) if a in numeric else hdmm.Identity(domain[a]) for a in subset}
+            blocks = {a: block(domain[a]) if a in numeric else hdmm.Identity(domain[a]) for a in subset}
             parts.append(hdmm.product(domain, blocks))
     return hdmm.union(parts)
 
@@ -198,7 +193,6 @@ def multi(repeats: int = 3) -> pd.DataFrame:
     from census_workloads import sf1_persons, sf1_plus
 
     adult = hdmm.Domain.from_dict({"age": 75, "education": 16, "race": 5, "sex": 2, "hours": 20})
-    cps = hdmm.Domain.from_dict({"income": 50, "age": 100, "marital": 7, "race": 4, "sex": 2})
     cases = {
         "2-D ranges 64x64": (hdmm.Kronecker([hdmm.AllRange(64)] * 2),
                              {"H2 x H2": S.kron(S.hierarchical(64), S.hierarchical(64)), "HB x HB": S.kron(S.hb(64), S.hb(64)),
@@ -211,10 +205,10 @@ def multi(repeats: int = 3) -> pd.DataFrame:
         "SF1+ (x 51 states)": (sf1_plus(), {}),
         "Adult all marginals": (hdmm.AllMarginals(adult), {"DataCube": S.datacube(adult, hdmm.AllMarginals(adult))}),
         "Adult 2-way marginals": (hdmm.DimKMarginals(adult, 2), {"DataCube": S.datacube(adult, hdmm.DimKMarginals(adult, 2))}),
-        "CPS all marginals": (hdmm.AllMarginals(cps), {"DataCube": S.datacube(cps, hdmm.AllMarginals(cps))}),
-        "CPS range-marginals": (_range_marginals(cps, {"income", "age"}), {}),
-        "CPS prefix-marginals": (_prefix_marginals(cps, {"income", "age"}), {}),
-        "CPS 2-way range-marginals": (_range_marginals(cps, {"income", "age"}, sizes=[2]), {}),
+        "CPS all marginals": (hdmm.AllMarginals(CPS), {"DataCube": S.datacube(CPS, hdmm.AllMarginals(CPS))}),
+        "CPS range-marginals": (_range_marginals(CPS, {"income", "age"}), {}),
+        "CPS prefix-marginals": (_range_marginals(CPS, {"income", "age"}, block=hdmm.Prefix), {}),
+        "CPS 2-way range-marginals": (_range_marginals(CPS, {"income", "age"}, sizes=[2]), {}),
     }
     rows = []
     for name, (W, baselines) in cases.items():
@@ -361,8 +355,7 @@ def maxvar() -> pd.DataFrame:
     """``objective="max_variance"`` beyond marginals, both noises: reweighting, against the total-error optimum."""
     from census_workloads import sf1_persons
 
-    cps = hdmm.Domain.from_dict({"income": 50, "age": 100, "marital": 7, "race": 4, "sex": 2})
-    cases = {"SF1 Persons": sf1_persons(), "CPS prefix-marginals": _prefix_marginals(cps, {"income", "age"}),
+    cases = {"SF1 Persons": sf1_persons(), "CPS prefix-marginals": _range_marginals(CPS, {"income", "age"}, block=hdmm.Prefix),
              "2-D ranges 64x64": hdmm.Kronecker([hdmm.AllRange(64)] * 2)}
     rows = []
     for name, W in cases.items():
