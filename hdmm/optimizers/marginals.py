@@ -50,6 +50,7 @@ from ..marginals import Marginals, Residuals, as_domain, subset_keys, trace_spec
 from ..domain import Domain
 from ..matrix import Kronecker, Matrix, Weighted
 from ..privacy import Privacy
+from .racing import successive_halving
 
 __all__ = ["MarginalsProblem", "marginal_candidate_count", "optimize_marginal_weights", "opt_marginals_strategy",
            "residual_strategy"]
@@ -301,13 +302,9 @@ def optimize_marginal_weights(problem: MarginalsProblem, privacy: Privacy, resta
     candidates.append(np.where(problem.tau > 0, 1.0, full))
     if len(candidates) > SCREEN_KEEP:
         candidates = _screen(problem, privacy.norm, candidates)
-    iterations = RUNG_ITER
-    while len(candidates) > 1:
-        runs = sorted((_descend(problem, privacy, theta0, iterations) for theta0 in candidates),
-                      key=lambda run: run[1])
-        candidates = [theta for theta, _ in runs[:max(1, len(runs) // RUNG_KEEP)]]
-        iterations *= RUNG_GROWTH
-    return _descend(problem, privacy, candidates[0])
+    best, _ = successive_halving(candidates, lambda theta0, k: _descend(problem, privacy, theta0, k),
+                                 RUNG_ITER, RUNG_KEEP, RUNG_GROWTH)
+    return _descend(problem, privacy, best)
 
 
 def opt_marginals_strategy(W: Matrix, privacy: Privacy, restarts: int | None, rng: np.random.Generator,

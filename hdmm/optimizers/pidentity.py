@@ -51,6 +51,7 @@ from threadpoolctl import threadpool_limits
 from ..matrix import Explicit, Identity, KronVector, Matrix, Sum, Weighted
 from ..traces import compute_gram_inverse, factor_trace
 from ..validation import check_norm, check_width
+from .racing import successive_halving
 
 __all__ = ["PIdentity", "pidentity_objective", "optimize_pidentity", "default_p", "default_restarts",
            "hierarchical_start", "bump_start", "default_start"]
@@ -545,15 +546,9 @@ def optimize_pidentity(
         blocks[np.arange(n) * p // n, np.arange(n)] = 1.0
         starts += [blocks] + [rng.random((p, n)) for _ in range(restarts - 2)]
     with threadpool_limits(limits=1, user_api="blas"):
-        # successive halving: the starts race, the best 1 / RUNG_KEEP going on each rung with more iterations
-        rung, used = min(RUNG_ITER, maxiter), 0
-        while len(starts) > 1 and used + rung < maxiter:
-            runs = sorted((_projected_lbfgs(problem, T0, rung, window_tol=window_tol) for T0 in starts),
-                          key=lambda r: r[1])
-            starts = [T for T, _, _ in runs[:max(1, len(runs) // RUNG_KEEP)]]
-            used += rung
-            rung *= RUNG_GROWTH
-        T, f, it = _projected_lbfgs(problem, starts[0], maxiter - used, window_tol=window_tol)
+        best, used = successive_halving(starts, lambda T0, k: _projected_lbfgs(problem, T0, k, window_tol=window_tol)[:2],
+                                        RUNG_ITER, RUNG_KEEP, RUNG_GROWTH, budget=maxiter)
+        T, f, it = _projected_lbfgs(problem, best, maxiter - used, window_tol=window_tol)
         if not T.any():
             T, f, it = min((T, f, it), _projected_lbfgs(problem, starts[0], maxiter, window_tol=window_tol, cautious=True),
                            key=lambda r: r[1])
