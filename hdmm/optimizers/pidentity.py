@@ -186,28 +186,35 @@ class _Evaluation:
         g = self.d * self.diagG - self.TQ / self.d
         return self.Minv @ (self.T @ self.Qt), g
 
-    def gradient(self) -> np.ndarray:
-        """The full ``p x n`` gradient."""
-        Z, g = self._parts
-        core = self.T.T @ Z                    # (E T)^T = T^T M^{-1} P
+    @cached_property
+    def _core(self) -> np.ndarray:
+        """``(E T)^T - Q^T = T^T M^{-1} P - Q^T`` (``n x p``), shared by the full and the restricted gradient."""
+        Z, _ = self._parts
+        core = self.T.T @ Z
         core -= self.Qt
+        return core
+
+    @cached_property
+    def _gradient(self) -> np.ndarray:
+        _, g = self._parts
         if self.norm == 1:
-            core += g[:, None]
-            return np.multiply(core.T, 2.0, order="C")
-        grad = np.multiply(core.T, 2.0, order="C")
+            return np.multiply((self._core + g[:, None]).T, 2.0, order="C")
+        grad = np.multiply(self._core.T, 2.0, order="C")
         grad += (self.T.multiply(2.0 * g / self.d)).toarray() if self.sparse else self.T * (2.0 * g / self.d)
         return grad
+
+    def gradient(self) -> np.ndarray:
+        """The full ``p x n`` gradient (computed once per evaluation; do not modify it)."""
+        return self._gradient
 
     def gradient_at(self, omega: np.ndarray) -> np.ndarray:
         """The gradient at the flat indices ``omega`` of ``T`` (for a sparse ``T``: its pattern)."""
         if not self.sparse:
             return self.gradient().ravel()[omega]
-        Z, g = self._parts
-        out = (self.T.T @ Z)[self.cols, self.rows]
-        out -= self.Qg
+        _, g = self._parts
+        out = self._core[self.cols, self.rows]
         out += g[self.cols] if self.norm == 1 else self.values * (g / self.d)[self.cols]
         return 2.0 * out
-
 
 def _unscaled(G: Matrix) -> tuple[Matrix, tuple[float, ...]]:
     """``G`` as its weights (innermost first) times a base, peeling weights and sums of one term.
