@@ -31,6 +31,7 @@ from .budget import Budget
 from .catalog import NamedWorkload
 from .geography import GeographyTree
 from .georelease import RecordHistograms, geo_plan, release_geography
+from .georelease.files import check_output
 from .io import load_strategy
 from .matrix import Identity
 from .privacy import Privacy
@@ -78,15 +79,15 @@ def _tree(args: argparse.Namespace, levels: list[str]) -> GeographyTree:
 def _check_output(path: str | None, engine: str) -> None:
     if path is None:
         raise ValueError("--geography writes a Parquet dataset: give --output DIRECTORY (a new one)")
-    if os.path.exists(path):
-        raise ValueError(f"--output {path} exists: give a new directory (a release is never overwritten)")
+    try:  # the engines' own check (a leftover partial directory too), before any noise
+        check_output(path)
+    except FileExistsError as exc:
+        raise ValueError(f"--output: {exc}") from None
+    except ImportError:
+        raise ValueError("--geography writes Parquet, which needs pyarrow: pip install 'hdmm[parquet]'") from None
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
         raise ValueError(f"--output {path}: cannot create it in {parent} (no such directory, or not writable)")
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        raise ValueError("--geography writes Parquet, which needs pyarrow: pip install 'hdmm[parquet]'") from None
     if engine == "spark":
         from .georelease.spark import require_spark
 

@@ -74,6 +74,16 @@ def test_geography_output_must_be_new(tmp_path, capsys):
     assert "exists" in capsys.readouterr().err
 
 
+def test_a_leftover_partial_output_is_refused_before_any_budget_is_charged(files, capsys):
+    (files / "o.partial").mkdir()  # left by an interrupted run
+    budget = files / "budget.json"
+    assert main(["budget", "create", str(budget), "--rho", "0.8"]) == 0
+    before = budget.read_bytes()
+    assert main(_release(files, "--data", str(files / "people.csv"), "--budget", str(budget), "--output",
+                         str(files / "o"))) == 2
+    assert "o.partial exists" in capsys.readouterr().err and budget.read_bytes() == before
+
+
 def test_geography_release_charges_a_budget_file(files, capsys):
     budget = files / "budget.json"
     assert main(["budget", "create", str(budget), "--rho", "0.8"]) == 0
