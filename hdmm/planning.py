@@ -45,7 +45,7 @@ from .structure import Structure, classify
 from .version import HDMM_VERSION
 from .workload import unweighted
 
-__all__ = ["Plan", "plan", "check_inputs", "strategy_plan", "union_variance_bound", "plan_to_json", "plan_from_json",
+__all__ = ["Plan", "plan", "check_inputs", "strategy_plan", "union_variance_bound", "unit_variances_or_bounds", "plan_to_json", "plan_from_json",
            "SENSITIVITY_MARGIN", "ROUNDOFF_ALLOWANCE"]
 
 #: Relative safety margin on every computed sensitivity: a plan calibrates its noise to
@@ -228,14 +228,18 @@ def union_variance_bound(W: Matrix, structure: Structure) -> np.ndarray:
     return best
 
 
+def unit_variances_or_bounds(W: Matrix, A: Matrix, structure: Structure) -> tuple[np.ndarray, bool]:
+    """Per-query variances at unit noise (``inf`` where unsupported) and whether they are exact: exact where a
+    closed form or a dense pseudo-inverse applies, else upper bounds (:func:`union_variance_bound`)."""
+    try:
+        return unit_query_variances(W, A, structure), True
+    except DenseLimitError:
+        return union_variance_bound(W, structure), False
+
+
 def _unit_variances(W: Matrix, A: Matrix, structure: Structure) -> tuple[np.ndarray, bool]:
     """Per-query variances at unit noise and whether exact; raises if the strategy does not support ``W``."""
-    try:
-        unit = unit_query_variances(W, A, structure)
-        exact = True
-    except DenseLimitError:
-        unit = union_variance_bound(W, structure)
-        exact = False
+    unit, exact = unit_variances_or_bounds(W, A, structure)
     bad = ~np.isfinite(unit)
     if not bad.any():
         return unit, exact

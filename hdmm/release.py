@@ -50,7 +50,8 @@ from .kernel import Counts, as_generator, measure
 from .matrix import DENSE_LIMIT, DenseLimitError, Matrix, VStack, Weighted
 from .mechanism import Measurement, least_squares, reconstruct, reconstruction_method
 from .optimizers import OptimizationResult
-from .planning import Plan, check_inputs, plan_from_json, plan_to_json, strategy_plan, union_variance_bound
+from .planning import (Plan, check_inputs, plan_from_json, plan_to_json, strategy_plan, unit_variances_or_bounds,
+                       union_variance_bound)
 from .postprocess import nonnegative_least_squares, round_to_total
 from .io import FORMAT, MAX_BYTES, VERSION, decode_matrix, encode_matrix, read_archive, write_archive
 from .planning import plan as make_plan
@@ -966,10 +967,7 @@ def _measurement_plan(W: Matrix, A: Matrix, privacy: Privacy, method: str) -> Pl
     p = strategy_plan(A, privacy)
     queries, weights = unweighted(W)
     resolved = reconstruction_method(A, method, structure=p.structure)
-    try:
-        unit, exact = unit_query_variances(queries, A, p.structure), True
-    except DenseLimitError:
-        unit, exact = union_variance_bound(queries, p.structure), False
+    unit, exact = unit_variances_or_bounds(queries, A, p.structure)
     variances = privacy.noise_variance(p.sensitivity) * unit if np.all(np.isfinite(unit)) else None
     return dataclasses.replace(p, workload=queries, weights=weights, method=resolved, variances=variances,
                                variance_exact=exact)
