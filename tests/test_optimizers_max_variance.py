@@ -20,8 +20,9 @@ def _weighted_marginals(sizes, k, seed):
 
 
 def _dense_variances(W: hdmm.Matrix, A: hdmm.Matrix, privacy) -> np.ndarray:
+    """Every query's variance from dense numpy, the sensitivity in the privacy's norm."""
     Wd, Ad = W.dense(), A.dense()
-    sensitivity = np.sqrt((Ad**2).sum(axis=0)).max()
+    sensitivity = (np.abs(Ad).sum(axis=0) if privacy.noise == "laplace" else np.sqrt((Ad**2).sum(axis=0))).max()
     Xp = np.linalg.pinv(Ad.T @ Ad)
     return privacy.noise_variance(sensitivity) * np.einsum("ij,jk,ik->i", Wd, Xp, Wd)
 
@@ -102,13 +103,6 @@ def test_unsupported_objectives_and_workloads_say_why(monkeypatch):
         hdmm.optimize(hdmm.AllRange(6), hdmm.PureDP(1.0), objective="max_variance")
 
 
-def _dense_max_variance(W, A, privacy):
-    Wd, Ad = W.dense(), A.dense()
-    variances = np.einsum("ij,jk,ik->i", Wd, np.linalg.pinv(Ad.T @ Ad), Wd)
-    return privacy.noise_variance(float(np.abs(Ad).sum(axis=0).max() if privacy.noise == "laplace"
-                                        else np.sqrt((Ad**2).sum(axis=0)).max())) * variances.max()
-
-
 @pytest.mark.parametrize("privacy", [hdmm.PureDP(1.0), GAUSS], ids=["laplace", "gaussian"])
 def test_reweighting_lowers_the_largest_variance_of_any_workload_and_reports_it_exactly(privacy):
     # prefixes (unequal variances within the term) with a total held to a quarter of their RMSE
@@ -119,7 +113,7 @@ def test_reweighting_lowers_the_largest_variance_of_any_workload_and_reports_it_
     assert report["optimizer"].iloc[0] == "reweighted, round 1" and "total-error optimum" in report["note"].iloc[0]
     assert result.max_variance == pytest.approx(report["max variance"].min(), rel=1e-12)
     assert result.max_variance < report["max variance"].iloc[0]  # below the total-error optimum's
-    assert result.max_variance == pytest.approx(_dense_max_variance(W, result.strategy, privacy), rel=1e-8)
+    assert result.max_variance == pytest.approx(_dense_variances(W, result.strategy, privacy).max(), rel=1e-8)
     mean_bound = result.bound.value / W.shape[0]
     assert result.max_variance >= mean_bound
     assert float(result.error) == pytest.approx(float(hdmm.expected_error(W, result.strategy, privacy)), rel=1e-9)
@@ -131,7 +125,7 @@ def test_reweighting_on_a_multi_attribute_union_of_ranges_and_marginals():
                                                                                    "c": hdmm.Identity(4)})])
     result = hdmm.optimize(W, hdmm.PureDP(1.0), objective="max_variance", seed=0)
     assert result.max_variance <= result.report["max variance"].iloc[0]
-    assert result.max_variance == pytest.approx(_dense_max_variance(W, result.strategy, hdmm.PureDP(1.0)), rel=1e-8)
+    assert result.max_variance == pytest.approx(_dense_variances(W, result.strategy, hdmm.PureDP(1.0)).max(), rel=1e-8)
 
 
 def test_a_time_limit_stops_the_reweighting_after_its_first_round(monkeypatch):
