@@ -117,8 +117,6 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     _check_output(args.output, args.engine)
     if args.postprocess not in (None, "nonnegative"):
         raise ValueError("--geography releases least squares or --postprocess nonnegative (top down), not integer")
-    if args.postprocess and args.engine == "spark":
-        raise ValueError("--postprocess nonnegative runs on the local engine only: drop --engine spark")
     if any(level in named.domain.names for level in levels):
         raise ValueError(f"the workload's domain has a {levels[0]!r} attribute already: use a person workload "
                          "(e.g. sf1, not sf1-states) with --geography")
@@ -147,10 +145,12 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
         source = RecordHistograms.of(tree, named.domain, records, codes=args.codes)
     invariants = None
     if args.invariants:
-        if source is None:
-            raise ValueError("--invariants with --engine spark and a Parquet path: not supported yet; read the data "
-                             "with --engine local, or declare the invariants in Python (hdmm.georelease.geo_plan)")
-        totals = source.leaf_totals()
+        if source is None:  # a Parquet path for Spark: counted by Spark
+            from .georelease.spark import leaf_totals
+
+            totals = leaf_totals(tree, records)
+        else:
+            totals = source.leaf_totals()
         invariants = {level: dict(zip(tree.codes(level), tree.aggregate(level, totals).tolist()))
                       for level in _levels(args.invariants)}
     read_seconds = time.perf_counter() - start
@@ -173,16 +173,16 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
         data = records if isinstance(records, str) else spark.createDataFrame(records)
         result = release_geography(plan, data, engine="spark", seed=args.noise_seed, output=args.output,
                                    domain=named.domain, codes=args.codes, progress=True, budget=budget,
-                                   label=label)
+                                   label=label, postprocess=args.postprocess)
     else:
         with tqdm(total=tree.sizes[plan.partition_level], desc="release: measure", unit="partition",
                   file=sys.stderr, leave=False) as bar:
             result = release_geography(plan, source, seed=args.noise_seed, postprocess=args.postprocess,
                                        progress=lambda text: bar.update(), budget=budget, label=label)
-        if result.change is not None:
-            print("  non-negative estimates (top down) moved the answers by RMSE " + ", ".join(
-                f"{tree.levels[d]} {v:.3g}" for d, v in result.change.items()))
         result.save(args.output)
+    if result.change is not None:
+        print("  non-negative estimates (top down) moved the answers by RMSE " + ", ".join(
+            f"{tree.levels[d]} {v:.3g}" for d, v in result.change.items()))
     # the time spent reading records grows with their number, which is private: shown for synthetic
     # data or with --evaluate only, as for hdmm release without --geography
     read = f"read data {read_seconds:.1f} s, " if synthetic or args.evaluate else ""

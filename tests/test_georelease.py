@@ -333,8 +333,6 @@ def test_nonnegative_refusals_come_before_noise(monkeypatch):
     plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, invariants={"county": some})
     with pytest.raises(GeographyError, match="all or none"):
         release_geography(plan, ArrayHistograms(H), postprocess="nonnegative")
-    with pytest.raises(ValueError, match="local engine only"):
-        release_geography(plan, ArrayHistograms(H), engine="spark", postprocess="nonnegative")
     assert calls == []
 
 

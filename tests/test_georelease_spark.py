@@ -143,3 +143,68 @@ def test_cli_spark_engine_reads_a_parquet_of_people(spark, tmp_path, capsys):
     a = pd.read_parquet(out / "level=county").sort_values(["code", "query"])
     b = pd.read_parquet(local / "level=county").sort_values(["code", "query"])
     np.testing.assert_allclose(a["answer"].to_numpy(), b["answer"].to_numpy(), rtol=1e-9, atol=1e-9)
+
+
+def _spark_table(result) -> pd.DataFrame:
+    table = result.dataframe.toPandas()
+    return table.assign(level=table["level"].astype(str), query=table["query"].astype(str))
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_spark_nonnegative_estimates_equal_the_local_engine(spark, country, tmp_path, held):
+    tree, records = country
+    source = RecordHistograms.of(tree, DOMAIN, records)
+    invariants = None
+    if held:  # the state totals: the driver's families become transportation problems
+        totals, bounds = source.leaf_totals(), tree.leaf_bounds("state")
+        invariants = {"state": {tree.codes("state")[s]: float(totals[bounds[s]:bounds[s + 1]].sum()) for s in range(3)}}
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.2), strategy=AP, invariants=invariants)
+    local = release_geography(plan, source, seed=4, postprocess="nonnegative")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        remote = release_geography(plan, spark.createDataFrame(records), engine="spark", seed=4, domain=DOMAIN,
+                                   output=str(tmp_path / "nn"), postprocess="nonnegative")
+        table = _spark_table(remote)
+    merged = _local_table(local).merge(table, on=["level", "code", "query"], suffixes=("_local", "_spark"))
+    assert len(merged) == len(table) == sum(tree.sizes) * WP.shape[0]
+    np.testing.assert_allclose(merged["answer_local"], merged["answer_spark"], rtol=1e-10, atol=1e-8)
+    np.testing.assert_allclose(merged["std_error_local"], merged["std_error_spark"], rtol=1e-12)
+    assert (merged["answer_spark"] >= -1e-9).all()
+    assert remote.postprocess == "nonnegative" and remote.change.keys() == local.change.keys()
+    for d in local.change:
+        assert remote.change[d] == pytest.approx(local.change[d], rel=1e-9)
+    meta = json.loads((tmp_path / "nn" / "_provenance.json").read_text())
+    assert meta["estimates"].startswith("nonnegative") and not (tmp_path / "nn.work").exists()
+
+
+def test_spark_nonnegative_refusals_come_before_noise(spark, country, tmp_path, monkeypatch):
+    import hdmm.georelease.units as units
+
+    tree, records = country
+    county = int(np.flatnonzero(np.diff(tree.child_bounds(1)) > 1)[0])  # a state with several counties
+    first = int(tree.child_bounds(1)[county])
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, invariants={"county": {tree.codes("county")[first]: 1.0}})
+    monkeypatch.setattr(units, "measure", lambda *a, **k: pytest.fail("noise drawn"))
+    with pytest.raises(GeographyError, match="all or none"):
+        release_geography(plan, spark.createDataFrame(records), engine="spark", domain=DOMAIN,
+                          output=str(tmp_path / "never"), postprocess="nonnegative")
+    assert not (tmp_path / "never").exists() and not (tmp_path / "never.partial").exists()
+
+
+def test_cli_spark_parquet_takes_invariants_and_nonnegative_estimates(spark, tmp_path, capsys):
+    files = write_geography_files(tmp_path)
+    more = ("--data", str(files / "people.parquet"), "--invariants", "state", "--postprocess", "nonnegative")
+    assert main(geography_release_args(files, *more, "--engine", "spark", "--output", str(files / "s"))) == 0
+    printed = capsys.readouterr().out
+    assert "not protected" in printed and "non-negative estimates (top down) moved the answers" in printed
+    assert main(geography_release_args(files, *more, "--output", str(files / "l"))) == 0
+    people = pd.read_parquet(files / "people.parquet")
+    for level in ("state", "county"):
+        a = pd.read_parquet(files / "s" / f"level={level}").sort_values(["code", "query"])
+        b = pd.read_parquet(files / "l" / f"level={level}").sort_values(["code", "query"])
+        np.testing.assert_allclose(a["answer"].to_numpy(), b["answer"].to_numpy(), rtol=1e-9, atol=1e-8)
+        assert (a["answer"] >= -1e-9).all()
+    held = people.groupby(people["state"].astype(str)).size()
+    meta = json.loads((files / "s" / "_provenance.json").read_text())
+    assert meta["invariants"]["public_not_private"] is True and meta["invariants"]["units"] == len(held)
+    assert meta["estimates"].startswith("nonnegative")

@@ -36,10 +36,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..geography import GeographyError
+from .passes import Partition
 from .plan import GeoPlan
 
-__all__ = ["simplex_projection", "transport_projection", "thresholds", "known_totals", "NonNegative",
-           "check_nonnegative", "nonnegative_estimates", "MAX_FAMILY_CELLS", "MAX_HELD_MEASUREMENTS"]
+__all__ = ["simplex_projection", "transport_projection", "thresholds", "known_totals", "NonNegative", "TopDown",
+           "held_measurements", "check_nonnegative", "nonnegative_estimates", "change_rmse", "MAX_FAMILY_CELLS",
+           "MAX_HELD_MEASUREMENTS"]
 
 #: Largest ``children x cells`` one family may hold in memory (doubles): 2**28, 2 GiB.
 MAX_FAMILY_CELLS = 2**28
@@ -124,8 +126,24 @@ def known_totals(plan: GeoPlan) -> dict[int, np.ndarray]:
     return known
 
 
-def check_nonnegative(plan: GeoPlan) -> None:
-    """Refuse, before any noise, a plan whose non-negative estimates this module cannot make in memory."""
+def held_measurements(plan: GeoPlan, engine: str = "local") -> int:
+    """How many strategy answers the top-down pass holds at once: every unit's to the finest measured
+    level (local engine), or, on Spark, the most of the driver's (levels down to the partition level)
+    and one partition's (its units below that level)."""
+    tree, finest, P = plan.tree, plan.solver.finest, plan.partition_level
+    if engine == "local":
+        units = sum(tree.sizes[d] for d in range(finest + 1))
+    else:
+        widest = 0
+        for u in range(tree.sizes[P]):
+            part = Partition.of(tree, P, u)
+            widest = max(widest, sum(hi - lo for lo, hi in (part.range(d) for d in range(P, finest + 1))))
+        units = max(sum(tree.sizes[d] for d in range(P + 1)), widest)
+    return units * plan.person.strategy.shape[0]
+
+
+def check_nonnegative(plan: GeoPlan, engine: str = "local") -> None:
+    """Refuse, before any noise, a plan whose non-negative estimates ``engine`` cannot make in memory."""
     tree = plan.tree
     known = known_totals(plan)
     deepest = max(plan.levels)
@@ -147,12 +165,81 @@ def check_nonnegative(plan: GeoPlan) -> None:
                 f"{tree.levels[d]} x {plan.person.cells:,} cells is more than {MAX_FAMILY_CELLS:,}; release "
                 f"least-squares estimates, or non-negative ones down to a coarser level"
             )
-    held = sum(tree.sizes[d] for d in range(plan.solver.finest + 1)) * plan.person.strategy.shape[0]
+    held = held_measurements(plan, engine)
     if held > MAX_HELD_MEASUREMENTS:
+        where = "every unit's" if engine == "local" else "the largest partition's (or the driver's)"
         raise GeographyError(
-            f"non-negative estimates hold every unit's strategy answers ({held:,} numbers, more than "
+            f"non-negative estimates hold {where} strategy answers ({held:,} numbers, more than "
             f"{MAX_HELD_MEASUREMENTS:,}); release least-squares estimates, or non-negative ones for fewer levels"
         )
+
+
+class TopDown:
+    """The top-down walk over (part of) the tree, from least-squares estimates in measurement space.
+
+    ``z(d, units)`` gives those units' estimates (``len(units) x rows of A_p``) and ``lam`` the
+    invariant multipliers per level (or ``None``). :meth:`descend` projects every family below a unit
+    whose non-negative cells are known, down to the deepest released level; :attr:`answers`,
+    :attr:`totals` and :attr:`squared` collect, for the units of the released levels it meets, the
+    answers, totals and the squared change of the answers from least squares. The local engine walks
+    the whole tree; the Spark engine walks down to the partition level on the driver and each
+    partition's subtree in a task.
+    """
+
+    def __init__(self, plan: GeoPlan, z, lam: dict[int, np.ndarray] | None):
+        self.plan, self.z, self.lam = plan, z, lam
+        self.known = known_totals(plan)
+        self.deepest = max(plan.levels)
+        self.answers: dict[int, dict[int, np.ndarray]] = {d: {} for d in plan.levels}
+        self.totals: dict[int, dict[int, float]] = {d: {} for d in plan.levels}
+        self.squared = {d: 0.0 for d in plan.levels}
+
+    def cells(self, d: int, units: np.ndarray) -> np.ndarray:
+        """The least-squares cells of ``units`` of level ``d`` (with the invariants' correction)."""
+        pinv = self.plan.strategy_pinv
+        Z = self.z(d, units)
+        X = np.vstack([pinv @ Z[i] for i in range(len(units))])  # one vector at a time: faster than a block
+        if self.lam is not None:
+            X -= np.outer(self.lam[d][units], self.plan.total_parts[1])
+        return X
+
+    def record(self, d: int, unit: int, x_plus: np.ndarray, x_ls: np.ndarray) -> None:
+        if d in self.answers:
+            W = self.plan.person.workload
+            a = W @ x_plus
+            self.answers[d][unit] = a
+            self.totals[d][unit] = float(x_plus.sum())
+            self.squared[d] += float(np.sum((a - W @ x_ls) ** 2))
+
+    def root(self) -> np.ndarray:
+        """The root's non-negative cells (recorded): clipped, or projected onto its held total."""
+        root_ls = self.cells(0, np.array([0]))[0]
+        held = self.known[0][0]
+        root = (np.maximum(root_ls, 0.0) if np.isnan(held)
+                else simplex_projection(root_ls[:, None], np.array([held]))[:, 0])
+        self.record(0, 0, root, root_ls)
+        return root
+
+    def descend(self, d: int, unit: int, x_plus: np.ndarray, stop: int | None = None,
+                reached: dict[int, np.ndarray] | None = None) -> None:
+        """Project the families below ``unit`` of level ``d`` down to level ``stop`` (default: the
+        deepest released); ``reached`` (if given) receives the cells of the units of level ``stop``."""
+        stop = self.deepest if stop is None else stop
+        if d >= stop:
+            if reached is not None:
+                reached[unit] = x_plus
+            return
+        tree = self.plan.tree
+        lo, hi = tree.child_bounds(d)[unit], tree.child_bounds(d)[unit + 1]
+        children = np.arange(lo, hi)
+        X = self.cells(d + 1, children)
+        held = self.known[d + 1][lo:hi]
+        P = simplex_projection(X, x_plus) if np.isnan(held).all() else transport_projection(X, x_plus, held)
+        for i, c in enumerate(children.tolist()):
+            self.record(d + 1, c, P[i], X[i])
+        del X
+        for i, c in enumerate(children.tolist()):
+            self.descend(d + 1, c, P[i], stop, reached)
 
 
 def nonnegative_estimates(plan: GeoPlan, z: dict[int, np.ndarray], lam: dict[int, np.ndarray] | None
@@ -160,51 +247,17 @@ def nonnegative_estimates(plan: GeoPlan, z: dict[int, np.ndarray], lam: dict[int
     """Top-down non-negative answers from the least-squares estimates ``z`` in measurement space.
 
     ``z[d]`` holds every unit of level ``d`` (``units x rows of A_p``) and ``lam`` the invariant
-    multipliers (:mod:`hdmm.georelease.invariants`) or ``None``.
+    multipliers (:mod:`hdmm.georelease.invariants`) or ``None``. The plan must have passed
+    :func:`check_nonnegative`.
     """
-    check_nonnegative(plan)
-    tree, A = plan.tree, plan.person.strategy
-    known = known_totals(plan)
-    deepest = max(plan.levels)
-    pinv, W = A.pinv(), plan.person.workload
-    g = None if lam is None else pinv @ (pinv.T @ np.ones(A.shape[1]))  # G_p^+ 1
+    walk = TopDown(plan, lambda d, units: z[d][units], lam)
+    walk.descend(0, 0, walk.root())
+    tree = plan.tree
+    answers = {d: np.vstack([walk.answers[d][u] for u in range(tree.sizes[d])]) for d in plan.levels}
+    totals = {d: np.array([walk.totals[d][u] for u in range(tree.sizes[d])]) for d in plan.levels}
+    return NonNegative(answers, totals, change_rmse(plan, walk.squared))
 
-    def cells(d: int, units: np.ndarray) -> np.ndarray:
-        X = np.vstack([pinv @ z[d][u] for u in units.tolist()])  # one vector at a time: faster than a block
-        if g is not None:
-            X -= np.outer(lam[d][units], g)
-        return X
 
-    answers = {d: np.empty((tree.sizes[d], plan.queries)) for d in plan.levels}
-    totals = {d: np.empty(tree.sizes[d]) for d in plan.levels}
-    squared = {d: 0.0 for d in plan.levels}
-
-    def record(d: int, unit: int, x_plus: np.ndarray, x_ls: np.ndarray) -> None:
-        if d in answers:
-            a = W @ x_plus
-            answers[d][unit] = a
-            totals[d][unit] = x_plus.sum()
-            squared[d] += float(np.sum((a - W @ x_ls) ** 2))
-
-    root_ls = cells(0, np.array([0]))[0]
-    root = (np.maximum(root_ls, 0.0) if np.isnan(known[0][0])
-            else simplex_projection(root_ls[:, None], np.array([known[0][0]]))[:, 0])
-    record(0, 0, root, root_ls)
-
-    def descend(d: int, unit: int, x_plus: np.ndarray) -> None:
-        if d >= deepest:
-            return
-        lo, hi = tree.child_bounds(d)[unit], tree.child_bounds(d)[unit + 1]
-        children = np.arange(lo, hi)
-        X = cells(d + 1, children)
-        held = known[d + 1][lo:hi]
-        P = simplex_projection(X, x_plus) if np.isnan(held).all() else transport_projection(X, x_plus, held)
-        for i, c in enumerate(children.tolist()):
-            record(d + 1, c, P[i], X[i])
-        del X
-        for i, c in enumerate(children.tolist()):
-            descend(d + 1, c, P[i])
-
-    descend(0, 0, root)
-    change = {d: float(np.sqrt(squared[d] / (tree.sizes[d] * plan.queries))) for d in plan.levels}
-    return NonNegative(answers, totals, change)
+def change_rmse(plan: GeoPlan, squared: dict[int, float]) -> dict[int, float]:
+    """Per released level, the RMSE of the answers' change from the summed squared changes."""
+    return {d: float(np.sqrt(squared[d] / (plan.tree.sizes[d] * plan.queries))) for d in plan.levels}

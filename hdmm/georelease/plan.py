@@ -184,12 +184,24 @@ class GeoPlan:
     def total_direction(self) -> tuple[np.ndarray, float]:
         """:math:`h = W_pG_p^+\\mathbf 1` and :math:`\\gamma = \\mathbf 1^TG_p^+\\mathbf 1` (invariants only)."""
         if "h" not in self._cache:
-            A = self.person.strategy
-            pinv = A.pinv()
-            u = pinv.T @ np.ones(A.shape[1])
-            g = pinv @ u
+            u, g = self.total_parts
             self._cache["h"] = (self.person.workload @ g, float(u @ u))
         return self._cache["h"]
+
+    @property
+    def strategy_pinv(self) -> Matrix:
+        """:math:`A_p^+`, formed once (cells from a unit's measurements: :math:`\hat x = A_p^+ z`)."""
+        return self.memo("pinv", lambda: self.person.strategy.pinv())
+
+    @property
+    def total_parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """:math:`u = (A_p^+)^T\mathbf 1` (a unit's total from its measurements, :math:`u^Tz`) and
+        :math:`G_p^+\mathbf 1 = A_p^+u`, formed once."""
+        def make():
+            pinv = self.strategy_pinv
+            u = pinv.T @ np.ones(self.person.strategy.shape[1])
+            return u, pinv @ u
+        return self.memo("total parts", make)
 
     def variances(self, level: int, units: np.ndarray | None = None) -> np.ndarray:
         """Variance of every released answer of ``level`` (``units x queries``; only ``units``, positions

@@ -99,7 +99,7 @@ class GeoRelease:
 
     def provenance(self) -> dict:
         """What a file of this release records: privacy spent, sensitivity, levels, weights, invariants, charge."""
-        return provenance(self.plan, self.seeded, self.charge)
+        return provenance(self.plan, self.seeded, self.charge, self.postprocess)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write a Parquet dataset partitioned by level (``path/level=<name>/...``) with the provenance
@@ -152,8 +152,8 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
         ``None`` (default): noise from fresh OS entropy, as a real release must. An int: every
         unit's noise from a stream derived from the seed and the unit (for tests and research only).
     postprocess
-        ``None`` (least squares) or ``"nonnegative"`` (local engine: top-down non-negative
-        estimates, :mod:`hdmm.georelease.nonneg`; the change it makes is reported).
+        ``None`` (least squares) or ``"nonnegative"`` (top-down non-negative estimates,
+        :mod:`hdmm.georelease.nonneg`, on either engine; the change it makes is reported).
     budget, label
         A :class:`~hdmm.Budget` to charge (once: the whole release spends ``plan.privacy``, every
         unit's noise being calibrated to the geography strategy's sensitivity), after the data are
@@ -177,10 +177,9 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
         budget.check(plan.privacy)  # refused before any work; charged after the data checks
     label = label or f"geography release of {[plan.tree.levels[d] for d in plan.levels]}"
     if engine == "spark":
-        if postprocess is not None:
-            raise ValueError("non-negative estimates run on the local engine only (engine='local')")
         from .spark import release_spark
-        return release_spark(plan, data, seed=seed, progress=progress, budget=budget, label=label, **engine_options)
+        return release_spark(plan, data, seed=seed, progress=progress, budget=budget, label=label,
+                             postprocess=postprocess, **engine_options)
     if engine_options:
         raise TypeError(f"the local engine takes no options {sorted(engine_options)}")
     if postprocess == "nonnegative":
@@ -216,7 +215,7 @@ def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, 
         return GeoRelease(plan, {d: estimates[d] for d in plan.levels}, seeded=seed is not None, timings=timings,
                           charge=charge)
     start = time.perf_counter()
-    u = plan.person.strategy.pinv().T @ np.ones(plan.person.cells)  # 1^T A_p^+: a unit's total from z
+    u = plan.total_parts[0]  # 1^T A_p^+: a unit's total from z
     lam = invariant_multipliers(plan, lambda d, units: estimates[d][units] @ u)
     result = nonnegative_estimates(plan, estimates, lam)
     timings["non-negative"] = time.perf_counter() - start

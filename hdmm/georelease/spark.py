@@ -15,6 +15,12 @@ The plan is made on the driver and broadcast. Then:
 5. *stage 3* (``mapInPandas``): every unit's answers, corrected and labelled with their standard
    errors, written as a Parquet dataset partitioned by level.
 
+Non-negative estimates (``postprocess="nonnegative"``, :mod:`hdmm.georelease.nonneg`) keep every
+unit's estimate in the strategy's measurement space through stages 1 and 2; the driver then walks
+the tree top down to the partition level, and stage 3 (``groupBy(partition).applyInPandas``, each
+partition receiving its root's non-negative cells as one more row) walks each partition's subtree
+and writes its units' answers. The answers are the local engine's.
+
 The histograms may also come from any picklable :class:`~hdmm.georelease.units.HistogramSource`
 (a benchmark draws them instead of reading records); stage 1 then runs over the partition ids.
 With the same seed the local and Spark engines give the same release: each unit's noise stream
@@ -39,14 +45,15 @@ import pandas as pd
 import scipy.sparse as sp
 
 from ..domain import Domain
-from ..geography import GeographyError
+from ..geography import GeographyError, GeographyTree
 from .passes import Partition, partition_down, partition_up, top_passes
 from .plan import GeoPlan
 from .files import check_output, finish_output, start_output, write_units
+from .nonneg import TopDown, change_rmse, check_nonnegative
 from .steps import correct, invariant_multipliers, measure_top, progress_printer, provenance
 from .units import check_source, measure_partition
 
-__all__ = ["SparkGeoRelease", "release_spark", "require_spark", "spark_session", "LEAF", "PART"]
+__all__ = ["SparkGeoRelease", "release_spark", "require_spark", "spark_session", "leaf_totals", "LEAF", "PART"]
 
 #: Columns the engine adds to the records: the leaf position and the partition unit.
 LEAF, PART = "_hdmm_leaf", "_hdmm_partition"
@@ -97,6 +104,11 @@ class SparkGeoRelease:
         The answers, read back: ``level, code, name, query, answer, std_error``.
     seeded : bool
     timings : dict
+    charge : Charge or None
+    postprocess : str or None
+        ``"nonnegative"`` for the top-down non-negative estimates (:mod:`hdmm.georelease.nonneg`).
+    change : dict or None
+        With ``postprocess``: per level, the RMSE of the answers' change from least squares.
     """
 
     plan: GeoPlan
@@ -105,10 +117,12 @@ class SparkGeoRelease:
     seeded: bool
     timings: dict[str, float] = field(default_factory=dict)
     charge: object = None
+    postprocess: str | None = None
+    change: dict[int, float] | None = None
 
     def provenance(self) -> dict:
         """What the release's files record (privacy spent, sensitivity, levels, weights, charge)."""
-        return provenance(self.plan, self.seeded, self.charge)
+        return provenance(self.plan, self.seeded, self.charge, self.postprocess)
 
 
 def _schema_units():
@@ -120,8 +134,9 @@ def _schema_units():
     ])
 
 
-#: ``level`` markers of stage 1's extra rows: the first-pass vector and the total histogram.
-G_ROW, ROOT_ROW = -1, -2
+#: ``level`` markers of stage 1's extra rows (the first-pass vector and the total histogram) and of the
+#: rows that carry a partition root's non-negative cells to its task (non-negative estimates).
+G_ROW, ROOT_ROW, CELLS_ROW = -1, -2, -3
 
 
 _NO_INDEX = np.zeros(0, dtype=np.int64)
@@ -147,9 +162,9 @@ def _own_from_rows(pdf: pd.DataFrame) -> dict[int, np.ndarray]:
     return own
 
 
-def _stage1(plan: GeoPlan, unit: int, histograms, seed: int | None) -> pd.DataFrame:
+def _stage1(plan: GeoPlan, unit: int, histograms, seed: int | None, space: str) -> pd.DataFrame:
     part = Partition.of(plan.tree, plan.partition_level, unit)
-    own, root = measure_partition(plan, part, histograms, seed)
+    own, root = measure_partition(plan, part, histograms, seed, space)
     rows = _unit_rows(unit, own, part)
     rows.append({"partition": unit, "level": G_ROW, "unit": unit, "index": [],
                  "values": partition_up(plan.passes, part, own).ravel().tolist()})
@@ -163,8 +178,25 @@ def _records_frame(spark, plan: GeoPlan, data, domain: Domain, leaf_column: str 
     """The records with their leaf and partition, checked on the driver (distinct values only)."""
     from pyspark.sql import functions as F
 
+    df, counts, leaf, totals = _leaf_counts(spark, plan.tree, data, leaf_column)
+    missing = [n for n in domain.names if n not in df.columns]
+    if missing:
+        raise ValueError(f"the records have no column for person attribute(s) {missing}; they have {df.columns}")
+    for name in domain.names:  # every distinct value must be readable (checked once, here)
+        values = df.select(name).distinct().toPandas()
+        domain.project([name]).cell_index(values, codes=codes)
+    lookup = spark.createDataFrame(pd.DataFrame({
+        "_hdmm_code": counts["_hdmm_code"].astype(str), LEAF: leaf.astype(np.int64),
+        PART: _partition_of_leaves(plan)[leaf].astype(np.int64)}))
+    return df.join(F.broadcast(lookup), on="_hdmm_code", how="inner").drop("_hdmm_code"), totals
+
+
+def _leaf_counts(spark, tree: GeographyTree, data, leaf_column: str | None):
+    """The records with a ``_hdmm_code`` column (their leaf's code), the records per code, each code's leaf and
+    the records per leaf."""
+    from pyspark.sql import functions as F
+
     df = spark.read.parquet(os.fspath(data)) if isinstance(data, (str, os.PathLike)) else data
-    tree = plan.tree
     if leaf_column is None:
         if tree.columns is None:
             raise GeographyError("give leaf_column= (a column of leaf codes) for a tree not made by from_table")
@@ -176,21 +208,25 @@ def _records_frame(spark, plan: GeoPlan, data, domain: Domain, leaf_column: str 
         if leaf_column not in df.columns:
             raise GeographyError(f"the records have no column {leaf_column!r}; they have {df.columns}")
         code = F.col(leaf_column).cast("string")
-    missing = [n for n in domain.names if n not in df.columns]
-    if missing:
-        raise ValueError(f"the records have no column for person attribute(s) {missing}; they have {df.columns}")
     df = df.withColumn("_hdmm_code", code)
     counts = df.groupBy("_hdmm_code").count().toPandas()
     leaf = tree.leaf_index(counts["_hdmm_code"])  # unknown codes: one GeographyError, listing them
-    for name in domain.names:  # every distinct value must be readable (checked once, here)
-        values = df.select(name).distinct().toPandas()
-        domain.project([name]).cell_index(values, codes=codes)
     totals = np.zeros(tree.leaves)
     np.add.at(totals, leaf, counts["count"].to_numpy(dtype=float))
-    lookup = spark.createDataFrame(pd.DataFrame({
-        "_hdmm_code": counts["_hdmm_code"].astype(str), LEAF: leaf.astype(np.int64),
-        PART: _partition_of_leaves(plan)[leaf].astype(np.int64)}))
-    return df.join(F.broadcast(lookup), on="_hdmm_code", how="inner").drop("_hdmm_code"), totals
+    return df, counts, leaf, totals
+
+
+def leaf_totals(tree: GeographyTree, data, *, leaf_column: str | None = None, spark=None) -> np.ndarray:
+    """The number of records in every leaf of ``tree`` (leaf order), counted by Spark.
+
+    ``data`` is a Spark DataFrame of records or a Parquet path; the leaf of a record is read from
+    ``leaf_column`` or, by default, the tree's level columns. Codes not in the tree are refused, all
+    named. For invariants declared from the data (``geo_plan(invariants=...)``): those totals are
+    then published exactly, not protected.
+    """
+    require_spark()
+    spark = spark_session() if spark is None else spark
+    return _leaf_counts(spark, tree, data, leaf_column)[3]
 
 
 def _partition_of_leaves(plan: GeoPlan) -> np.ndarray:
@@ -209,7 +245,7 @@ class _Totals:
 def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: bool | Callable[[str], None] = False,
                   spark=None, output: str | os.PathLike | None = None, domain: Domain | None = None,
                   leaf_column: str | None = None, codes: bool = False, work_dir: str | None = None,
-                  budget=None, label: str = "") -> SparkGeoRelease:
+                  budget=None, label: str = "", postprocess: str | None = None) -> SparkGeoRelease:
     """Run a geography release on Spark (module docstring).
 
     Parameters
@@ -233,6 +269,10 @@ def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: boo
     budget, label
         A :class:`~hdmm.Budget` charged once, after the checks and before any noise, and the
         release's name in it.
+    postprocess
+        ``None`` (least squares) or ``"nonnegative"``: the top-down non-negative estimates of
+        :mod:`hdmm.georelease.nonneg`, down to the partition level on the driver, then each
+        partition's subtree in its task (the same answers as the local engine's).
     """
     with warnings.catch_warnings():
         # PySpark 4 warns on every pandas conversion that pandas 3 is not yet fully supported;
@@ -240,14 +280,20 @@ def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: boo
         warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
         warnings.filterwarnings("ignore", message="The copy keyword is deprecated", module="pyspark")
         return _run(plan, data, seed=seed, progress=progress, spark=spark, output=output, domain=domain,
-                    leaf_column=leaf_column, codes=codes, work_dir=work_dir, budget=budget, label=label)
+                    leaf_column=leaf_column, codes=codes, work_dir=work_dir, budget=budget, label=label,
+                    postprocess=postprocess)
 
 
-def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_column, codes, work_dir, budget, label
-         ) -> SparkGeoRelease:
+def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_column, codes, work_dir, budget, label,
+         postprocess) -> SparkGeoRelease:
     require_spark()
     from pyspark.sql import functions as F
 
+    if postprocess not in (None, "nonnegative"):
+        raise ValueError(f"postprocess must be None or 'nonnegative', got {postprocess!r}")
+    space = "answers" if postprocess is None else "measurements"
+    if postprocess is not None:
+        check_nonnegative(plan, "spark")
     say = progress_printer(progress)
     spark = spark_session() if spark is None else spark
     tree, P = plan.tree, plan.partition_level
@@ -280,7 +326,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
             p = plan_b.value
             for pdf in batches:
                 for unit in pdf["partition"].tolist():
-                    yield _stage1(p, int(unit), source_b.value.histograms, seed)
+                    yield _stage1(p, int(unit), source_b.value.histograms, seed, space)
 
         ids = spark.createDataFrame(pd.DataFrame({"partition": np.arange(tree.sizes[P], dtype=np.int64)}))
         ids = ids.repartition(min(tree.sizes[P], max(2, sc.defaultParallelism * 4)), "partition")
@@ -296,7 +342,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
             cells = domain.cell_index(pdf[names], codes=codes)
             H = sp.csr_matrix((np.ones(len(pdf)), (pdf[LEAF].to_numpy() - lo, cells)), shape=(hi - lo, domain.size))
             H.sum_duplicates()
-            return _stage1(p, unit, H, seed)
+            return _stage1(p, unit, H, seed, space)
 
         stage1 = records.select(PART, LEAF, *names).groupBy(PART).applyInPandas(stage1_records, schema)
     stage1.write.parquet(os.path.join(work, "stage1"))
@@ -306,7 +352,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     # ---------------------------------------------------------------- driver: top
     start = time.perf_counter()
     extra = stage1.filter(F.col("level") < 0).toPandas()
-    k = plan.queries + 1
+    k = plan.queries + 1 if space == "answers" else plan.person.strategy.shape[0]
     g_own = np.zeros((tree.sizes[P], k))
     roots = np.zeros((tree.sizes[P], plan.person.cells))
     seen = set()
@@ -322,10 +368,10 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     for unit in missing:  # partitions without records: measured here, with their own streams
         part = Partition.of(tree, P, unit)
         lo, hi = part.leaves()
-        own, _ = measure_partition(plan, part, sp.csr_matrix((hi - lo, plan.person.cells)), seed)
+        own, _ = measure_partition(plan, part, sp.csr_matrix((hi - lo, plan.person.cells)), seed, space)
         local_own[unit] = own
         g_own[unit] = partition_up(passes, part, own).ravel()
-    c, t = top_passes(passes, P, g_own, measure_top(plan, roots, seed))
+    c, t = top_passes(passes, P, g_own, measure_top(plan, roots, seed, space))
     timings["top"] = time.perf_counter() - start
     # ---------------------------------------------------------------- stage 2
     start = time.perf_counter()
@@ -367,6 +413,9 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
         estimates[int(d)] = block
     for d in range(P - 1, -1, -1):
         estimates[d] = np.add.reduceat(estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
+    if space == "measurements":
+        timings["invariants"] = time.perf_counter() - start
+        return _nonnegative(plan, spark, estimates, estimates_df, seed, output, charge, timings, say, work)
     coarse = {d: estimates[d].copy() for d in range(P)}
     lam = invariant_multipliers(plan, lambda d, units: estimates[d][units, -1])
     if lam is None:
@@ -418,3 +467,66 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     say(f"  stage 3: wrote {rows:,} answers in {timings['stage 3 (answers)']:.1f} s")
     return SparkGeoRelease(plan, output, spark.read.parquet(output), seeded=seed is not None, timings=timings,
                            charge=charge)
+
+
+def _nonnegative(plan: GeoPlan, spark, estimates: dict[int, np.ndarray], estimates_df, seed, output: str, charge,
+                 timings: dict[str, float], say, work: str) -> SparkGeoRelease:
+    """Non-negative estimates: the top-down walk to the partition level on the driver, then one task per
+    partition for its subtree, which writes its units' answers (least-squares standard errors)."""
+    from pyspark.sql import functions as F
+
+    tree, P = plan.tree, plan.partition_level
+    start = time.perf_counter()
+    u = plan.total_parts[0]
+    lam = invariant_multipliers(plan, lambda d, units: estimates[d][units] @ u)
+    walk = TopDown(plan, lambda d, units: estimates[d][units], lam)
+    cells: dict[int, np.ndarray] = {}
+    walk.descend(0, 0, walk.root(), stop=P, reached=cells)
+    timings["non-negative (driver)"] = time.perf_counter() - start
+    start = time.perf_counter()
+    for d in plan.levels:  # the variances' factors, computed here once and shipped with the plan
+        plan.variances(d, units=[0])
+    plan_b = spark.sparkContext.broadcast(plan)
+    meta = provenance(plan, seed is not None, charge, "nonnegative")
+    partial = start_output(output)
+    aux_b = spark.sparkContext.broadcast((lam, meta, partial))
+
+    def stage3(pdf: pd.DataFrame) -> pd.DataFrame:
+        p = plan_b.value
+        lam_, meta_, partial_ = aux_b.value
+        unit = int(pdf["partition"].iloc[0])
+        part = Partition.of(p.tree, p.partition_level, unit)
+        own = _own_from_rows(pdf)
+        x_plus = np.asarray(pdf.loc[pdf["level"] == CELLS_ROW, "values"].iloc[0], dtype=float)
+        task = TopDown(p, lambda d, units: own[d][units - part.range(d)[0]], lam_)
+        task.descend(p.partition_level, unit, x_plus)
+        out = {"level": [], "rows": [], "squared": []}
+        for d, answers in task.answers.items():
+            if answers:
+                units = np.array(sorted(answers))
+                values = np.vstack([answers[i] for i in units.tolist()])
+                out["rows"].append(write_units(partial_, p, d, units, values, np.sqrt(p.variances(d, units)), meta_,
+                                               f"part-{unit:07d}"))
+                out["level"].append(d)
+                out["squared"].append(task.squared[d])
+        return pd.DataFrame(out, columns=["level", "rows", "squared"])
+
+    rows_of_cells = spark.createDataFrame(pd.DataFrame([
+        {"partition": v, "level": CELLS_ROW, "unit": v, "index": _NO_INDEX, "values": x}
+        for v, x in sorted(cells.items())], columns=["partition", "level", "unit", "index", "values"]),
+        _schema_units())
+    below = estimates_df.filter(F.col("level") >= P).unionByName(rows_of_cells)
+    done = below.groupBy("partition").applyInPandas(stage3, "level int, rows long, squared double").toPandas()
+    squared = {d: walk.squared[d] + float(done.loc[done["level"] == d, "squared"].sum()) for d in plan.levels}
+    rows = int(done["rows"].sum())
+    for d in plan.levels:
+        if d <= P:
+            units = np.arange(tree.sizes[d])
+            values = np.vstack([walk.answers[d][i] for i in units.tolist()])
+            rows += write_units(partial, plan, d, units, values, np.sqrt(plan.variances(d)), meta, "part-driver")
+    finish_output(partial, output, meta)
+    shutil.rmtree(work, ignore_errors=True)
+    timings["stage 3 (non-negative answers)"] = time.perf_counter() - start
+    say(f"  stage 3: wrote {rows:,} non-negative answers in {timings['stage 3 (non-negative answers)']:.1f} s")
+    return SparkGeoRelease(plan, output, spark.read.parquet(output), seeded=seed is not None, timings=timings,
+                           charge=charge, postprocess="nonnegative", change=change_rmse(plan, squared))

@@ -57,8 +57,9 @@ def correct(plan: GeoPlan, estimates: dict[int, np.ndarray], lam: dict[int, np.n
         estimates[d] -= np.outer(lam[d], direction)
 
 
-def provenance(plan: GeoPlan, seeded: bool, charge=None) -> dict:
-    """The release's record of what it spent and how (JSON-able), with its budget charge if any."""
+def provenance(plan: GeoPlan, seeded: bool, charge=None, postprocess: str | None = None) -> dict:
+    """The release's record of what it spent and how (JSON-able), with its budget charge if any and its
+    post-processing (``None``: least squares)."""
     tree = plan.tree
     return {
         "hdmm_version": HDMM_VERSION,
@@ -76,6 +77,7 @@ def provenance(plan: GeoPlan, seeded: bool, charge=None) -> dict:
         "seed_note": "noise from a seed is reproducible and for tests and research only" if seeded else
         "noise from fresh OS entropy",
         "variance_exact": plan.variance_exact,
+        "estimates": "least squares" if postprocess is None else f"{postprocess} (top down; std_error: least squares)",
         "charge": None if charge is None else charge.to_dict(),
     }
 
