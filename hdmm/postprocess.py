@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 
 from .matrix import Matrix
 
-__all__ = ["project_nonnegative", "nonnegative_least_squares", "round_to_total"]
+__all__ = ["project_nonnegative", "nonnegative_least_squares", "metric_projection", "largest_gram_eigenvalue",
+           "round_to_total"]
 
 
 #: Non-negative least squares stops when a step moves the fitted strategy answers by less than
@@ -61,8 +63,8 @@ def project_nonnegative(x: np.ndarray, total: float | None = None) -> np.ndarray
         kept_cells, count, kept = above, remaining, float(np.sum(x[above]))
 
 
-def _largest_gram_eigenvalue(A: Matrix, iterations: int = 30) -> float:
-    r"""An estimate of :math:`\|A\|_2^2` by power iteration on :math:`A^TA` (from below, so padded)."""
+def largest_gram_eigenvalue(A: Matrix, iterations: int = 30) -> float:
+    r"""An estimate of :math:`\|A\|_2^2` by power iteration on :math:`A^TA` (from below, so padded by 10%)."""
     u = np.random.default_rng(0).random(A.shape[1]) + 1.0  # data independent
     lam = 0.0
     for _ in range(iterations):
@@ -73,43 +75,37 @@ def _largest_gram_eigenvalue(A: Matrix, iterations: int = 30) -> float:
     return 1.1 * lam
 
 
-def nonnegative_least_squares(
-    A: Matrix, estimate: np.ndarray, noise_std: float, tol: float = NONNEGATIVE_TOL, maxiter: int = NONNEGATIVE_MAXITER
+def metric_projection(
+    A: Matrix, X: np.ndarray, project: Callable[[np.ndarray], np.ndarray], noise_std: float,
+    tol: float = NONNEGATIVE_TOL, maxiter: int = NONNEGATIVE_MAXITER, gram_norm: float | None = None,
 ) -> np.ndarray:
-    r"""The non-negative data vector with the released total that best fits the measurements.
+    r"""The point of a convex set closest to the rows of ``X`` as measured through ``A``.
 
-    .. math:: v = \arg\min_v \|A(v - \hat x)\|_2 \quad \text{s.t.} \quad v \ge 0,\;
-              \textstyle\sum_j v_j = t = \max(\sum_j \hat x_j, 0),
+    .. math:: V = \arg\min_{V \in C} \textstyle\sum_i \|A(V_i - X_i)\|_2^2,
 
-    which is least squares on the noisy answers, :math:`\|Av - y\|^2 = \|A(v - \hat x)\|^2 +
-    \text{const}`, restricted to valid data vectors. Measuring the distance through ``A`` (not
-    cell by cell) moves the well-measured directions, and so the workload answers, far less than
-    a Euclidean projection of :math:`\hat x` would: that one shifts and clips every noisy cell,
-    which biases large aggregates of sparse cells badly. Solved by accelerated projected
-    gradient (FISTA with adaptive restart, step :math:`1/\|A\|_2^2`), projecting onto the
-    constraints with :func:`project_nonnegative`; it stops when one step moves the fitted
-    strategy answers by at most ``tol`` noise standard deviations (root mean square per answer),
-    and warns if ``maxiter`` steps come first.
-
-    Raises
-    ------
-    ValueError
-        If the estimate holds NaN or infinite values, or its sum overflows.
+    for ``X`` of shape ``k x N`` (one estimate per row) and a convex set :math:`C` given by its
+    Euclidean projection ``project`` (a ``k x N`` array to a ``k x N`` array). Measuring the
+    distance through ``A`` moves the well-measured directions far less than a Euclidean
+    projection of ``X`` would. Solved by accelerated projected gradient (FISTA with adaptive
+    restart, step :math:`1/\|A\|_2^2`; ``gram_norm`` gives :math:`\|A\|_2^2` when known) from
+    ``project(X)``; it stops when one step moves the fitted strategy answers by at most ``tol``
+    noise standard deviations (root mean square per answer), and warns if ``maxiter`` steps come
+    first.
     """
-    v = project_nonnegative(estimate)  # refuses a non-finite estimate
-    t = max(float(np.sum(estimate)), 0.0)
-    L = _largest_gram_eigenvalue(A)
-    if t == 0.0 or L == 0.0:
+    X = np.atleast_2d(np.asarray(X, dtype=float))
+    v = project(X)
+    L = largest_gram_eigenvalue(A) if gram_norm is None else float(gram_norm)
+    if L == 0.0 or not v.any():
         return v
-    target = A @ estimate
-    Av = A @ v
+    target = A @ X.T
+    Av = A @ v.T
     f = 0.5 * float(np.sum((Av - target) ** 2))
     w, Aw, momentum = v, Av, 1.0
-    threshold = tol * noise_std * math.sqrt(A.shape[0])
+    threshold = tol * noise_std * math.sqrt(target.size)
     change = math.inf  # stays so if no step ever descends
     for _ in range(maxiter):
-        step = project_nonnegative(w - (A.T @ (Aw - target)) / L, t)
-        A_step = A @ step
+        step = project(w - (A.T @ (Aw - target)).T / L)
+        A_step = A @ step.T
         f_step = 0.5 * float(np.sum((A_step - target) ** 2))
         if f_step > f:  # no descent: drop the momentum; if a plain step fails, the step size was too long
             if w is v:
@@ -125,12 +121,39 @@ def nonnegative_least_squares(
             return v
     warnings.warn(
         f"non-negative least squares stopped after {maxiter:,} steps with the last step moving the fitted "
-        f"strategy answers by {change / math.sqrt(A.shape[0]) / noise_std:.3g} noise standard deviations "
+        f"strategy answers by {change / math.sqrt(target.size) / noise_std:.3g} noise standard deviations "
         f"(RMS; target {tol:g}); the post-processed answers are valid but not fully optimised",
         RuntimeWarning,
         stacklevel=3,
     )
     return v
+
+
+def nonnegative_least_squares(
+    A: Matrix, estimate: np.ndarray, noise_std: float, tol: float = NONNEGATIVE_TOL, maxiter: int = NONNEGATIVE_MAXITER
+) -> np.ndarray:
+    r"""The non-negative data vector with the released total that best fits the measurements.
+
+    .. math:: v = \arg\min_v \|A(v - \hat x)\|_2 \quad \text{s.t.} \quad v \ge 0,\;
+              \textstyle\sum_j v_j = t = \max(\sum_j \hat x_j, 0),
+
+    which is least squares on the noisy answers, :math:`\|Av - y\|^2 = \|A(v - \hat x)\|^2 +
+    \text{const}`, restricted to valid data vectors. Measuring the distance through ``A`` (not
+    cell by cell) moves the well-measured directions, and so the workload answers, far less than
+    a Euclidean projection of :math:`\hat x` would: that one shifts and clips every noisy cell,
+    which biases large aggregates of sparse cells badly. Solved by :func:`metric_projection`,
+    projecting onto the constraints with :func:`project_nonnegative`.
+
+    Raises
+    ------
+    ValueError
+        If the estimate holds NaN or infinite values, or its sum overflows.
+    """
+    estimate = np.asarray(estimate, dtype=float)
+    project_nonnegative(estimate)  # refuses a non-finite estimate
+    t = max(float(np.sum(estimate)), 0.0)
+    return metric_projection(A, estimate[None, :], lambda V: project_nonnegative(V[0], t)[None, :], noise_std,
+                             tol, maxiter)[0]
 
 
 def round_to_total(x: np.ndarray) -> np.ndarray:

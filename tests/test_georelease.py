@@ -322,6 +322,69 @@ def test_transport_projection_matches_a_general_solver():
     np.testing.assert_allclose(X.sum(axis=0), truth.sum(axis=0), atol=1e-12)
 
 
+def test_metric_projection_of_a_family_matches_a_general_solver():
+    from scipy.optimize import minimize
+
+    from hdmm.georelease.nonneg import simplex_projection
+    from hdmm.postprocess import metric_projection
+
+    rng = np.random.default_rng(3)
+    A = hdmm.Explicit(rng.random((5, 4)))          # a strategy that measures no cell alone
+    parent = np.array([3.0, 0.0, 1.0, 2.0])
+    X = parent / 3 + rng.normal(0, 1.5, size=(3, 4))
+    V = metric_projection(A, X, lambda Y: simplex_projection(Y, parent), noise_std=1.0, tol=1e-10)
+    D = A.dense()
+
+    def objective(v):
+        return float(np.sum((D @ (v.reshape(3, 4) - X).T) ** 2))
+
+    constraints = [{"type": "eq", "fun": lambda v, j=j: v.reshape(3, 4)[:, j].sum() - parent[j]} for j in range(4)]
+    best = minimize(objective, simplex_projection(X, parent).ravel(), constraints=constraints, bounds=[(0, None)] * 12,
+                    method="SLSQP", options={"ftol": 1e-15, "maxiter": 1000})
+    assert objective(V.ravel()) <= best.fun + 1e-7
+    np.testing.assert_allclose(V.sum(axis=0), parent, atol=1e-12)
+    assert V.min() >= 0
+    euclid = simplex_projection(X, parent)
+    assert objective(V.ravel()) < objective(euclid.ravel())   # the metric matters here
+
+
+def test_cell_space_collapses_attributes_the_strategy_only_totals():
+    from hdmm.georelease.nonneg import CellSpace
+
+    domain = hdmm.Domain(["a", "r", "b"], [2, 4, 3])
+    W = hdmm.product(domain, {"a": hdmm.Identity(2), "b": hdmm.Prefix(3)})     # totals over r
+    A = hdmm.Kronecker([hdmm.Identity(2), hdmm.Total(4), hdmm.Prefix(3)])
+    plan = geo_plan(small_country(), W, hdmm.PureDP(1.0), strategy=A)
+    space = CellSpace(plan)
+    assert space.collapsed == (1,) and space.strategy.shape == (6, 6)
+    x = np.random.default_rng(0).random(24)
+    reduced = space.reduce(x[None, :])[0]
+    np.testing.assert_allclose(reduced, x.reshape(2, 4, 3).sum(axis=1).ravel())
+    np.testing.assert_allclose(space.strategy @ reduced, A @ x)
+    np.testing.assert_allclose(W @ space.expand(reduced), W @ x)
+    assert CellSpace(geo_plan(small_country(), WP, hdmm.PureDP(1.0), strategy=AP)).collapsed == ()
+
+
+def test_nonnegative_estimates_stay_near_least_squares_when_cells_are_measured_only_in_sums():
+    # a strategy of wide sums measures no single cell precisely: projecting each noisy cell at zero
+    # (Euclidean) would add its clipped noise to every large sum; measured through the strategy, the
+    # non-negative answers stay within the least-squares error
+    domain = hdmm.Domain(["a", "r", "b"], [2, 4, 16])
+    W = hdmm.product(domain, {"a": hdmm.Identity(2), "b": hdmm.Prefix(16)})
+    A = hdmm.Kronecker([hdmm.Identity(2), hdmm.Total(4), hdmm.Prefix(16)])
+    tree = small_country(6)
+    rng = np.random.default_rng(1)
+    H = sp.csr_matrix(rng.poisson(0.05, size=(tree.leaves, domain.size)).astype(float))
+    plan = geo_plan(tree, W, hdmm.PureDP(0.5), strategy=A)
+    nn = release_geography(plan, ArrayHistograms(H), seed=3, postprocess="nonnegative")
+    for d in plan.levels:
+        assert np.all(nn.answers(d) >= -1e-9)
+        assert nn.change[d] < 2.0 * plan.expected_rmse(d), (d, nn.change[d], plan.expected_rmse(d))
+    for d in range(tree.depth):
+        children = np.add.reduceat(nn.estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
+        np.testing.assert_allclose(nn.estimates[d], children, rtol=1e-9, atol=1e-8)
+
+
 def test_nonnegative_refusals_come_before_noise(monkeypatch):
     tree = small_country()
     H = sp.csr_matrix(np.ones((tree.leaves, DOMAIN.size)))

@@ -190,13 +190,13 @@ class GeoPlan:
 
     @property
     def strategy_pinv(self) -> Matrix:
-        """:math:`A_p^+`, formed once (cells from a unit's measurements: :math:`\hat x = A_p^+ z`)."""
+        """:math:`A_p^+`, formed once (cells from a unit's measurements: :math:`\\hat x = A_p^+ z`)."""
         return self.memo("pinv", lambda: self.person.strategy.pinv())
 
     @property
     def total_parts(self) -> tuple[np.ndarray, np.ndarray]:
-        """:math:`u = (A_p^+)^T\mathbf 1` (a unit's total from its measurements, :math:`u^Tz`) and
-        :math:`G_p^+\mathbf 1 = A_p^+u`, formed once."""
+        """:math:`u = (A_p^+)^T\\mathbf 1` (a unit's total from its measurements, :math:`u^Tz`) and
+        :math:`G_p^+\\mathbf 1 = A_p^+u`, formed once."""
         def make():
             pinv = self.strategy_pinv
             u = pinv.T @ np.ones(self.person.strategy.shape[1])
