@@ -396,6 +396,13 @@ def test_nonnegative_refusals_come_before_noise(monkeypatch):
     plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, invariants={"county": some})
     with pytest.raises(GeographyError, match="all or none"):
         release_geography(plan, ArrayHistograms(H), postprocess="nonnegative")
+    import hdmm.georelease.nonneg as nonneg
+
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP)
+    widest = int(max(np.diff(tree.child_bounds(d)).max() for d in range(tree.depth)))
+    monkeypatch.setattr(nonneg, "MAX_FAMILY_CELLS", widest * DOMAIN.size - 1)
+    with pytest.raises(GeographyError, match="family's cells at once"):
+        release_geography(plan, ArrayHistograms(H), postprocess="nonnegative")
     assert calls == []
 
 

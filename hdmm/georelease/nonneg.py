@@ -48,8 +48,9 @@ __all__ = ["simplex_projection", "transport_projection", "thresholds", "known_to
            "held_measurements", "check_nonnegative", "nonnegative_estimates", "change_rmse", "MAX_FAMILY_CELLS",
            "MAX_HELD_MEASUREMENTS"]
 
-#: Largest ``children x cells`` one family may hold in memory (doubles): 2**28, 2 GiB.
-MAX_FAMILY_CELLS = 2**28
+#: Largest ``children x cells`` (the cells of :class:`CellSpace`) of one family: 2**26. The family's
+#: projection holds about ten arrays of that size (5 GiB at the limit).
+MAX_FAMILY_CELLS = 2**26
 
 #: Largest number of strategy answers (every unit's, doubles) held for the top-down pass: 2**30, 8 GiB.
 MAX_HELD_MEASUREMENTS = 2**30
@@ -162,12 +163,13 @@ def check_nonnegative(plan: GeoPlan, engine: str = "local") -> None:
                     f"non-negative estimates need the invariants of a family all or none: {int(held.sum())} of the "
                     f"{hi - lo} units below {tree.label(d, u)} have one; declare them for every unit of the family"
                 )
+    cells = plan.memo("cell space", lambda: CellSpace(plan)).strategy.shape[1]
     for d in range(deepest):
         widest = int(np.diff(tree.child_bounds(d)).max())
-        if widest * plan.person.cells > MAX_FAMILY_CELLS:
+        if widest * cells > MAX_FAMILY_CELLS:
             raise GeographyError(
                 f"non-negative estimates hold a family's cells at once: {widest:,} children of one "
-                f"{tree.levels[d]} x {plan.person.cells:,} cells is more than {MAX_FAMILY_CELLS:,}; release "
+                f"{tree.levels[d]} x {cells:,} cells is more than {MAX_FAMILY_CELLS:,}; release "
                 f"least-squares estimates, or non-negative ones down to a coarser level"
             )
     held = held_measurements(plan, engine)
