@@ -44,9 +44,9 @@ from ..postprocess import largest_gram_eigenvalue, metric_projection, project_no
 from .passes import Partition
 from .plan import GeoPlan
 
-__all__ = ["simplex_projection", "transport_projection", "thresholds", "known_totals", "NonNegative", "CellSpace", "TopDown",
-           "held_measurements", "check_nonnegative", "nonnegative_estimates", "change_rmse", "MAX_FAMILY_CELLS",
-           "MAX_HELD_MEASUREMENTS"]
+__all__ = ["simplex_projection", "transport_projection", "thresholds", "known_totals", "NonNegative", "CellSpace",
+           "cell_space", "TopDown", "held_measurements", "check_nonnegative", "nonnegative_estimates", "change_rmse",
+           "MAX_FAMILY_CELLS", "MAX_HELD_MEASUREMENTS"]
 
 #: Largest ``children x cells`` (the cells of :class:`CellSpace`) of one family: 2**26. The family's
 #: projection holds about ten arrays of that size (5 GiB at the limit).
@@ -163,7 +163,7 @@ def check_nonnegative(plan: GeoPlan, engine: str = "local") -> None:
                     f"non-negative estimates need the invariants of a family all or none: {int(held.sum())} of the "
                     f"{hi - lo} units below {tree.label(d, u)} have one; declare them for every unit of the family"
                 )
-    cells = plan.memo("cell space", lambda: CellSpace(plan)).strategy.shape[1]
+    cells = cell_space(plan)[0].strategy.shape[1]
     for d in range(deepest):
         widest = int(np.diff(tree.child_bounds(d)).max())
         if widest * cells > MAX_FAMILY_CELLS:
@@ -229,6 +229,14 @@ class CellSpace:
         return spread.ravel()
 
 
+def cell_space(plan: GeoPlan) -> tuple[CellSpace, float]:
+    """The plan's :class:`CellSpace` and :math:`\\|\\tilde A\\|_2^2`, made once per plan (data independent)."""
+    def make():
+        space = CellSpace(plan)
+        return space, largest_gram_eigenvalue(space.strategy)
+    return plan.memo("cell space", make)
+
+
 def _totals_only(f: Matrix) -> bool:
     """Whether every row of ``f`` is a multiple of the all-ones row (its Gram a positive multiple of ``J``)."""
     G = np.asarray(f.gram().dense(), dtype=float)
@@ -253,8 +261,7 @@ class TopDown:
 
     def __init__(self, plan: GeoPlan, z, lam: dict[int, np.ndarray] | None):
         self.plan, self.z, self.lam = plan, z, lam
-        self.space = plan.memo("cell space", lambda: CellSpace(plan))
-        self.gram_norm = plan.memo("cell space norm", lambda: largest_gram_eigenvalue(self.space.strategy))
+        self.space, self.gram_norm = cell_space(plan)
         self.known = known_totals(plan)
         self.deepest = max(plan.levels)
         self.answers: dict[int, dict[int, np.ndarray]] = {d: {} for d in plan.levels}

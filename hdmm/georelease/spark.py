@@ -313,7 +313,9 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
         check_source(plan, _Totals(totals))
     charge = None if budget is None else budget.charge(plan.privacy, label)  # on disk before any noise
     sc = spark.sparkContext
-    plan.passes  # noqa: B018 -- made once here and shipped with the plan
+    plan.passes  # noqa: B018 -- made once here and shipped with the plan, with the variances' factors
+    for d in plan.levels:
+        plan.variances(d, units=[0])
     plan_b = sc.broadcast(plan)
     timings["checks"] = time.perf_counter() - start
     # ---------------------------------------------------------------- stage 1
@@ -415,7 +417,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
         estimates[d] = np.add.reduceat(estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
     if space == "measurements":
         timings["invariants"] = time.perf_counter() - start
-        return _nonnegative(plan, spark, estimates, estimates_df, seed, output, charge, timings, say, work)
+        return _nonnegative(plan, plan_b, spark, estimates, estimates_df, seed, output, charge, timings, say, work)
     coarse = {d: estimates[d].copy() for d in range(P)}
     lam = invariant_multipliers(plan, lambda d, units: estimates[d][units, -1])
     if lam is None:
@@ -428,9 +430,6 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     # (through Spark's row conversion the strings cost as much time as measuring)
     start = time.perf_counter()
     released = list(plan.levels)
-    for d in released:  # the variances' factors, computed here once and shipped with the plan
-        plan.variances(d, units=[0])
-    plan3_b = sc.broadcast(plan)
     meta = provenance(plan, seed is not None, charge)
     partial = start_output(output)
     aux_b = sc.broadcast((lam, inv is not None, meta, partial))
@@ -438,7 +437,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     def stage3(batches):
         from pyspark import TaskContext
 
-        p = plan3_b.value
+        p = plan_b.value
         lam_, held, meta_, partial_ = aux_b.value
         task = TaskContext.get().partitionId()
         written = 0
@@ -469,8 +468,8 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
                            charge=charge)
 
 
-def _nonnegative(plan: GeoPlan, spark, estimates: dict[int, np.ndarray], estimates_df, seed, output: str, charge,
-                 timings: dict[str, float], say, work: str) -> SparkGeoRelease:
+def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray], estimates_df, seed, output: str,
+                 charge, timings: dict[str, float], say, work: str) -> SparkGeoRelease:
     """Non-negative estimates: the top-down walk to the partition level on the driver, then one task per
     partition for its subtree, which writes its units' answers (least-squares standard errors)."""
     from pyspark.sql import functions as F
@@ -484,9 +483,6 @@ def _nonnegative(plan: GeoPlan, spark, estimates: dict[int, np.ndarray], estimat
     walk.descend(0, 0, walk.root(), stop=P, reached=cells)
     timings["non-negative (driver)"] = time.perf_counter() - start
     start = time.perf_counter()
-    for d in plan.levels:  # the variances' factors, computed here once and shipped with the plan
-        plan.variances(d, units=[0])
-    plan_b = spark.sparkContext.broadcast(plan)
     meta = provenance(plan, seed is not None, charge, "nonnegative")
     partial = start_output(output)
     aux_b = spark.sparkContext.broadcast((lam, meta, partial))
