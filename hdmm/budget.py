@@ -61,13 +61,13 @@ import datetime
 import hashlib
 import json
 import math
-import numbers
 import os
 import tempfile
 from fractions import Fraction
 from typing import Any, Mapping
 
 from .privacy import ZCDP, ApproxDP, Privacy, PureDP, zcdp_delta, zcdp_rho
+from .validation import is_finite_real
 
 __all__ = ["Budget", "Charge", "BudgetError", "BudgetExceeded", "zcdp_epsilon", "BUDGET_RTOL", "MAX_BUDGET_BYTES",
            "BUDGET_FORMAT", "BUDGET_VERSION"]
@@ -111,9 +111,9 @@ def zcdp_epsilon(rho: float, delta: float) -> float:
     >>> round(eps, 3), zcdp_delta(0.5, eps) <= 1e-6
     (5.222, True)
     """
-    if not (_real(rho) and rho >= 0):
+    if not (is_finite_real(rho) and rho >= 0):
         raise ValueError(f"rho must be a finite number >= 0, got {rho!r}")
-    if not (_real(delta) and 0 < delta < 1):
+    if not (is_finite_real(delta) and 0 < delta < 1):
         raise ValueError(f"delta must be a number in (0, 1), got {delta!r}")
     if rho == 0:
         return 0.0
@@ -132,8 +132,12 @@ def zcdp_epsilon(rho: float, delta: float) -> float:
     return hi
 
 
-def _real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+def _entries_problem(d: Mapping, allowed: set, required: set) -> str:
+    """``"unknown entries [...]"`` or ``"missing entries [...]"`` for a JSON object's keys, or ``""``."""
+    unknown, missing = set(d) - allowed, required - set(d)
+    if unknown:
+        return f"unknown entries {sorted(unknown)}"
+    return f"missing entries {sorted(missing)}" if missing else ""
 
 
 def _now() -> str:
@@ -191,15 +195,13 @@ class Charge:
         """A charge from :meth:`to_dict` output, checked field by field (one ``ValueError`` naming ``source``)."""
         if not isinstance(d, Mapping):
             raise ValueError(f"{source}: a charge must be a JSON object, got {type(d).__name__}")
-        unknown = set(d) - _CHARGE_KEYS
-        missing = _CHARGE_KEYS - {"output"} - set(d)
-        if unknown or missing:
-            problem = f"unknown entries {sorted(unknown)}" if unknown else f"missing entries {sorted(missing)}"
+        problem = _entries_problem(d, _CHARGE_KEYS, _CHARGE_KEYS - {"output"})
+        if problem:
             raise ValueError(f"{source}: a charge has {problem}")
         number, cost = d["number"], d["charge"]
         if not (isinstance(number, int) and not isinstance(number, bool) and number >= 1):
             raise ValueError(f"{source}: a charge's number must be a whole number >= 1, got {number!r}")
-        if not (_real(cost) and cost >= 0):
+        if not (is_finite_real(cost) and cost >= 0):
             raise ValueError(f"{source}: charge {number}'s cost must be a finite number >= 0, got {cost!r}")
         for key in ("time", "workload"):
             if not isinstance(d[key], str):
@@ -279,7 +281,7 @@ class Budget:
         if delta is not None:
             if isinstance(total, PureDP):
                 raise BudgetError("delta applies to zCDP budgets only (a pure-DP budget is (epsilon, 0)-DP)")
-            if not (_real(delta) and 0 < delta < 1):
+            if not (is_finite_real(delta) and 0 < delta < 1):
                 raise BudgetError(f"delta must be a number in (0, 1), got {delta!r}")
             delta = float(delta)
         self._total: Privacy = total
@@ -542,9 +544,8 @@ class Budget:
         if version > BUDGET_VERSION:
             raise ValueError(f"{source} was written by a newer hdmm (budget file version {version}; this hdmm reads "
                              f"{BUDGET_VERSION}); upgrade hdmm")
-        unknown, missing = set(d) - _TOP_KEYS, _TOP_KEYS - set(d)
-        if unknown or missing:
-            problem = f"unknown entries {sorted(unknown)}" if unknown else f"missing entries {sorted(missing)}"
+        problem = _entries_problem(d, _TOP_KEYS, _TOP_KEYS)
+        if problem:
             raise ValueError(f"{source} is not a valid hdmm budget file: it has {problem}")
         total = _privacy_from(d["total"], f"{source}: the total")
         if not isinstance(d["created"], str):

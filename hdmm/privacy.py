@@ -40,6 +40,7 @@ from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
 from . import noise as grid_noise
+from .validation import is_finite_real
 
 __all__ = [
     "Privacy",
@@ -54,37 +55,28 @@ __all__ = [
 ]
 
 
-def _finite_real(value: Any) -> bool:
-    """Whether ``value`` is a finite real number (bools excluded)."""
-    return (
-        isinstance(value, numbers.Real)
-        and not isinstance(value, (bool, np.bool_))
-        and math.isfinite(value)
-    )
-
-
 def _positive(name: str, value: Any) -> float:
     """Validate a privacy parameter: a finite real number > 0."""
-    if not (_finite_real(value) and value > 0):
+    if not (is_finite_real(value) and value > 0):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
 
 
 def _delta(value: Any) -> float:
     """Validate delta: a finite real number in (0, 1)."""
-    if _finite_real(value) and value == 0:
+    if is_finite_real(value) and value == 0:
         raise ValueError(
             "delta must be a finite number in (0, 1), got 0; "
             "for delta = 0 use PureDP(epsilon) (Laplace noise)"
         )
-    if not (_finite_real(value) and 0 < value < 1):
+    if not (is_finite_real(value) and 0 < value < 1):
         raise ValueError(f"delta must be a finite number in (0, 1), got {value!r}")
     return float(value)
 
 
 def _sensitivity(value: Any) -> float:
     """Validate a sensitivity: a finite real number >= 0."""
-    if not (_finite_real(value) and value >= 0):
+    if not (is_finite_real(value) and value >= 0):
         raise ValueError(f"sensitivity must be a finite number >= 0, got {value!r}")
     return float(value)
 

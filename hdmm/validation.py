@@ -1,4 +1,4 @@
-"""Argument checks shared by the matrix classes: one place for each rule and its message.
+"""Argument checks shared across hdmm (the matrix classes, privacy, budgets): one place for each rule and its message.
 
 Every check raises with a message that names the problem and the fix, before any work is
 done (and, in a release, before any noise is drawn).
@@ -6,9 +6,13 @@ done (and, in a release, before any noise is drawn).
 
 from __future__ import annotations
 
+import math
 import numbers
 
-__all__ = ["DENSE_LIMIT", "ZERO_RTOL", "DenseLimitError", "check_dense_size", "check_norm", "check_width", "positive_int"]
+import numpy as np
+
+__all__ = ["DENSE_LIMIT", "ZERO_RTOL", "DenseLimitError", "check_dense_size", "check_norm", "check_width", "positive_int",
+           "is_finite_real"]
 
 #: Largest number of entries ``dense()`` and the dense fall-backs will materialise
 #: (2**25 entries = 256 MiB of float64).
@@ -20,6 +24,15 @@ DENSE_LIMIT = 2**25
 #: classifier, the error formulas, the reconstruction and the SVD bound all use it, so they
 #: agree on which directions a strategy measures (re-exported by :mod:`hdmm.structure`).
 ZERO_RTOL = 1e-12
+
+
+def is_finite_real(value) -> bool:
+    """Whether ``value`` is a finite real number (bools excluded, numpy's too).
+
+    >>> is_finite_real(0.5), is_finite_real(True), is_finite_real(float("nan"))
+    (True, False, False)
+    """
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
 
 
 class DenseLimitError(ValueError):
