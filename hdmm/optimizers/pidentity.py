@@ -460,12 +460,22 @@ def hierarchical_start(n: int, p: int, weight: float = 0.5) -> np.ndarray:
     T = np.zeros((p, n))
     row, k = 0, m
     while k >= 1:
-        edges = np.arange(k + 1) * n // k
-        for lo, hi in zip(edges[:-1], edges[1:]):
-            T[row, lo:hi] = weight
-            row += 1
+        row = _partition_rows(T, row, k, weight)
         k //= 2
     return T
+
+
+def _partition_rows(T: np.ndarray, row: int, k: int, weight: float) -> int:
+    """Fill rows ``row, row + 1, ...`` of ``T`` (as many as fit) with the ``k`` blocks ``[i n / k, (i + 1) n / k)``;
+    returns the next free row."""
+    n = T.shape[1]
+    edges = np.arange(k + 1) * n // k
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        if row >= T.shape[0]:
+            break
+        T[row, lo:hi] = weight
+        row += 1
+    return row
 
 
 def bump_start(n: int, p: int, weight: float = 0.5) -> np.ndarray:
@@ -490,11 +500,7 @@ def bump_start(n: int, p: int, weight: float = 0.5) -> np.ndarray:
         T[i, lo[i]:hi[i]] = weight
     row, level = k, 1
     while row < p:
-        edges = np.arange(level + 1) * n // level
-        for a, b in zip(edges[:-1], edges[1:]):
-            if row < p:
-                T[row, a:b] = weight
-                row += 1
+        row = _partition_rows(T, row, level, weight)
         level *= 2
     return T
 
