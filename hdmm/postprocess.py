@@ -120,7 +120,7 @@ def metric_projection(
         if change <= threshold:
             return v
     warnings.warn(
-        f"non-negative least squares stopped after {maxiter:,} steps with the last step moving the fitted "
+        f"the non-negative projection stopped after {maxiter:,} steps with the last step moving the fitted "
         f"strategy answers by {change / math.sqrt(target.size) / noise_std:.3g} noise standard deviations "
         f"(RMS; target {tol:g}); the post-processed answers are valid but not fully optimised",
         RuntimeWarning,

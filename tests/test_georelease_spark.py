@@ -208,3 +208,25 @@ def test_cli_spark_parquet_takes_invariants_and_nonnegative_estimates(spark, tmp
     meta = json.loads((files / "s" / "_provenance.json").read_text())
     assert meta["invariants"]["public_not_private"] is True and meta["invariants"]["units"] == len(held)
     assert meta["estimates"].startswith("nonnegative")
+
+
+def test_spark_nonnegative_with_every_released_level_above_the_partition_level(spark, country, tmp_path):
+    # the walk stops at the deepest released level; the families below it (here one county's invariant,
+    # which would refuse the family of its siblings) are never projected, on either engine
+    tree, records = country
+    source = RecordHistograms.of(tree, DOMAIN, records)
+    first = int(tree.child_bounds(1)[0])
+    lo, hi = tree.leaf_bounds("county")[first], tree.leaf_bounds("county")[first + 1]
+    held = {"county": {tree.codes("county")[first]: float(source.leaf_totals()[lo:hi].sum())}}
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, levels=["nation", "state"], partition="county",
+                    level_weights=[1, 1, 1, 1], invariants=held)
+    local = release_geography(plan, source, seed=8, postprocess="nonnegative")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        remote = release_geography(plan, spark.createDataFrame(records), engine="spark", seed=8, domain=DOMAIN,
+                                   output=str(tmp_path / "top"), postprocess="nonnegative")
+        table = _spark_table(remote)
+    merged = _local_table(local).merge(table, on=["level", "code", "query"], suffixes=("_local", "_spark"))
+    assert len(merged) == len(table) == (1 + tree.sizes[1]) * WP.shape[0]
+    np.testing.assert_allclose(merged["answer_local"], merged["answer_spark"], rtol=1e-10, atol=1e-8)
+    assert remote.change == pytest.approx(local.change, rel=1e-9)

@@ -23,8 +23,8 @@ Measured through :math:`A_p`, the projections keep the well-measured directions 
 sums) nearly where least squares put them; a Euclidean projection of the cells would add every
 cell's clipped noise to every large sum. The cells are those :class:`CellSpace` keeps (summed over
 attributes the strategy only totals). The answers move by what :attr:`NonNegative.change` reports
-(RMSE of the change per level). The walk is depth first, holding the cells of one path and of one
-family of children at a time. A family where only some children have invariants is refused
+(RMSE of the change per level). The walk is depth first: it holds the projected cells of one family
+per level of the path it is on. A family where only some children have invariants is refused
 (declare all of them, or none).
 
 >>> V = np.array([[3.0, -1.0], [1.0, 2.0]])      # two children, two cells
@@ -134,8 +134,8 @@ def known_totals(plan: GeoPlan) -> dict[int, np.ndarray]:
 
 def held_measurements(plan: GeoPlan, engine: str = "local") -> int:
     """How many strategy answers the top-down pass holds at once: every unit's to the finest measured
-    level (local engine), or, on Spark, the most of the driver's (levels down to the partition level)
-    and one partition's (its units below that level)."""
+    level (local engine), or, on Spark, the most of the driver's (levels down to the partition level,
+    and invariant levels below it) and one partition's (its units below that level)."""
     tree, finest, P = plan.tree, plan.solver.finest, plan.partition_level
     if engine == "local":
         units = sum(tree.sizes[d] for d in range(finest + 1))
@@ -144,7 +144,8 @@ def held_measurements(plan: GeoPlan, engine: str = "local") -> int:
         for u in range(tree.sizes[P]):
             part = Partition.of(tree, P, u)
             widest = max(widest, sum(hi - lo for lo, hi in (part.range(d) for d in range(P, finest + 1))))
-        units = max(sum(tree.sizes[d] for d in range(P + 1)), widest)
+        deeper = [] if plan.invariants is None else [d for d in np.unique(plan.invariants.levels).tolist() if d > P]
+        units = max(sum(tree.sizes[d] for d in range(P + 1)) + sum(tree.sizes[d] for d in deeper), widest)
     return units * plan.person.strategy.shape[0]
 
 
@@ -255,12 +256,16 @@ class TopDown:
     :meth:`descend` projects every family below a unit whose non-negative cells are known, down to
     the deepest released level; :attr:`answers`, :attr:`totals` and :attr:`squared` collect, for
     the units of the released levels it meets, the answers, totals and the squared change of the
-    answers from least squares. The local engine walks the whole tree; the Spark engine walks down
-    to the partition level on the driver and each partition's subtree in a task.
+    answers from least squares. With ``sink``, the answers go instead to ``sink(level, units,
+    answers)`` in batches of ``batch`` units of a level (call :meth:`flush` at the end), so that a
+    walk over many units does not hold them all. The local engine walks the whole tree; the Spark
+    engine walks down to the partition level on the driver and each partition's subtree in a task.
     """
 
-    def __init__(self, plan: GeoPlan, z, lam: dict[int, np.ndarray] | None):
+    def __init__(self, plan: GeoPlan, z, lam: dict[int, np.ndarray] | None, sink=None, batch: int = 1024):
         self.plan, self.z, self.lam = plan, z, lam
+        self.sink, self.batch = sink, batch
+        self._pending: dict[int, tuple[list[int], list[np.ndarray]]] = {d: ([], []) for d in plan.levels}
         self.space, self.gram_norm = cell_space(plan)
         self.known = known_totals(plan)
         self.deepest = max(plan.levels)
@@ -281,8 +286,8 @@ class TopDown:
         return np.vstack(out)
 
     def _noise_std(self, d: int) -> float:
-        """The noise of a unit's measurement-space estimate at level ``d`` (of the finest measured level for
-        unmeasured ones): the scale of :func:`metric_projection`'s stopping rule."""
+        """The noise of a unit's measurement-space estimate at level ``d`` (for unmeasured levels, that of
+        the level with the largest weight): the scale of :func:`metric_projection`'s stopping rule."""
         w = self.plan.level_weights
         return float(np.sqrt(self.plan.noise_variance)) / float(w[d] if w[d] > 0 else w.max())
 
@@ -290,12 +295,28 @@ class TopDown:
         return metric_projection(self.space.strategy, X, project, self._noise_std(d), gram_norm=self.gram_norm)
 
     def record(self, d: int, unit: int, x_plus: np.ndarray, x_ls: np.ndarray) -> None:
-        if d in self.answers:
-            W = self.plan.person.workload
-            a = W @ self.space.expand(x_plus)
+        if d not in self.squared:
+            return
+        W = self.plan.person.workload
+        a = W @ self.space.expand(x_plus)
+        self.squared[d] += float(np.sum((a - W @ self.space.expand(x_ls)) ** 2))
+        if self.sink is None:
             self.answers[d][unit] = a
             self.totals[d][unit] = float(x_plus.sum())
-            self.squared[d] += float(np.sum((a - W @ self.space.expand(x_ls)) ** 2))
+            return
+        units, rows = self._pending[d]
+        units.append(unit)
+        rows.append(a)
+        if len(units) >= self.batch:
+            self.flush(d)
+
+    def flush(self, level: int | None = None) -> None:
+        """Hand the answers waiting for ``sink`` (of ``level``, or of every level) over to it."""
+        for d in self._pending if level is None else (level,):
+            units, rows = self._pending[d]
+            if units:
+                self._pending[d] = ([], [])
+                self.sink(d, np.asarray(units), np.vstack(rows))
 
     def root(self) -> np.ndarray:
         """The root's non-negative cells (recorded), with its held total or its least-squares one (at least 0)."""

@@ -215,8 +215,7 @@ def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, 
         return GeoRelease(plan, {d: estimates[d] for d in plan.levels}, seeded=seed is not None, timings=timings,
                           charge=charge)
     start = time.perf_counter()
-    u = plan.total_parts[0]  # 1^T A_p^+: a unit's total from z
-    lam = invariant_multipliers(plan, lambda d, units: estimates[d][units] @ u)
+    lam = invariant_multipliers(plan, estimates, space)
     result = nonnegative_estimates(plan, estimates, lam)
     timings["non-negative"] = time.perf_counter() - start
     out = {d: np.column_stack([result.answers[d], result.totals[d]]) for d in plan.levels}

@@ -419,7 +419,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
         timings["invariants"] = time.perf_counter() - start
         return _nonnegative(plan, plan_b, spark, estimates, estimates_df, seed, output, charge, timings, say, work)
     coarse = {d: estimates[d].copy() for d in range(P)}
-    lam = invariant_multipliers(plan, lambda d, units: estimates[d][units, -1])
+    lam = invariant_multipliers(plan, estimates)
     if lam is None:
         lam = {d: np.zeros(tree.sizes[d]) for d in range(passes.finest + 1)}
     else:
@@ -471,55 +471,63 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
 def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray], estimates_df, seed, output: str,
                  charge, timings: dict[str, float], say, work: str) -> SparkGeoRelease:
     """Non-negative estimates: the top-down walk to the partition level on the driver, then one task per
-    partition for its subtree, which writes its units' answers (least-squares standard errors)."""
+    partition for its subtree, which writes its units' answers (least-squares standard errors), in files of
+    at most ``UNITS_PER_FILE`` units."""
     from pyspark.sql import functions as F
 
-    tree, P = plan.tree, plan.partition_level
+    P = plan.partition_level
     start = time.perf_counter()
-    u = plan.total_parts[0]
-    lam = invariant_multipliers(plan, lambda d, units: estimates[d][units] @ u)
-    walk = TopDown(plan, lambda d, units: estimates[d][units], lam)
-    cells: dict[int, np.ndarray] = {}
-    walk.descend(0, 0, walk.root(), stop=P, reached=cells)
-    timings["non-negative (driver)"] = time.perf_counter() - start
-    start = time.perf_counter()
+    lam = invariant_multipliers(plan, estimates, "measurements")
     meta = provenance(plan, seed is not None, charge, "nonnegative")
     partial = start_output(output)
-    aux_b = spark.sparkContext.broadcast((lam, meta, partial))
+    written = []
 
-    def stage3(pdf: pd.DataFrame) -> pd.DataFrame:
-        p = plan_b.value
-        lam_, meta_, partial_ = aux_b.value
-        unit = int(pdf["partition"].iloc[0])
-        part = Partition.of(p.tree, p.partition_level, unit)
-        own = _own_from_rows(pdf)
-        x_plus = np.asarray(pdf.loc[pdf["level"] == CELLS_ROW, "values"].iloc[0], dtype=float)
-        task = TopDown(p, lambda d, units: own[d][units - part.range(d)[0]], lam_)
-        task.descend(p.partition_level, unit, x_plus)
-        out = {"level": [], "rows": [], "squared": []}
-        for d, answers in task.answers.items():
-            if answers:
-                units = np.array(sorted(answers))
-                values = np.vstack([answers[i] for i in units.tolist()])
-                out["rows"].append(write_units(partial_, p, d, units, values, np.sqrt(p.variances(d, units)), meta_,
-                                               f"part-{unit:07d}"))
-                out["level"].append(d)
-                out["squared"].append(task.squared[d])
-        return pd.DataFrame(out, columns=["level", "rows", "squared"])
+    def write(d: int, units: np.ndarray, answers: np.ndarray) -> None:
+        written.append(write_units(partial, plan, d, units, answers, np.sqrt(plan.variances(d, units)), meta,
+                                   f"part-driver-{len(written):05d}"))
 
-    rows_of_cells = spark.createDataFrame(pd.DataFrame([
-        {"partition": v, "level": CELLS_ROW, "unit": v, "index": _NO_INDEX, "values": x}
-        for v, x in sorted(cells.items())], columns=["partition", "level", "unit", "index", "values"]),
-        _schema_units())
-    below = estimates_df.filter(F.col("level") >= P).unionByName(rows_of_cells)
-    done = below.groupBy("partition").applyInPandas(stage3, "level int, rows long, squared double").toPandas()
-    squared = {d: walk.squared[d] + float(done.loc[done["level"] == d, "squared"].sum()) for d in plan.levels}
-    rows = int(done["rows"].sum())
-    for d in plan.levels:
-        if d <= P:
-            units = np.arange(tree.sizes[d])
-            values = np.vstack([walk.answers[d][i] for i in units.tolist()])
-            rows += write_units(partial, plan, d, units, values, np.sqrt(plan.variances(d)), meta, "part-driver")
+    walk = TopDown(plan, lambda d, units: estimates[d][units], lam, sink=write, batch=UNITS_PER_FILE)
+    cells: dict[int, np.ndarray] = {}
+    stop = min(P, walk.deepest)  # the released levels may all lie above the partition level
+    walk.descend(0, 0, walk.root(), stop=stop, reached=cells)
+    walk.flush()
+    squared = dict(walk.squared)
+    rows = sum(written)
+    timings["non-negative (driver)"] = time.perf_counter() - start
+    start = time.perf_counter()
+    if walk.deepest > P:
+        aux_b = spark.sparkContext.broadcast((lam, meta, partial))
+
+        def stage3(pdf: pd.DataFrame) -> pd.DataFrame:
+            p = plan_b.value
+            lam_, meta_, partial_ = aux_b.value
+            unit = int(pdf["partition"].iloc[0])
+            part = Partition.of(p.tree, p.partition_level, unit)
+            own = _own_from_rows(pdf)
+            x_plus = np.asarray(pdf.loc[pdf["level"] == CELLS_ROW, "values"].iloc[0], dtype=float)
+            counts = {}
+
+            def write_task(d: int, units: np.ndarray, answers: np.ndarray) -> None:
+                counts[d] = counts.get(d, 0) + write_units(partial_, p, d, units, answers, np.sqrt(p.variances(d, units)),
+                                                           meta_, f"part-{unit:07d}-{units[0]:09d}")
+
+            task = TopDown(p, lambda d, units: own[d][units - part.range(d)[0]], lam_, sink=write_task,
+                           batch=UNITS_PER_FILE)
+            task.descend(p.partition_level, unit, x_plus)
+            task.flush()
+            levels = [d for d in p.levels if d > p.partition_level]
+            return pd.DataFrame({"level": levels, "rows": [counts.get(d, 0) for d in levels],
+                                 "squared": [task.squared[d] for d in levels]})
+
+        rows_of_cells = spark.createDataFrame(pd.DataFrame([
+            {"partition": v, "level": CELLS_ROW, "unit": v, "index": _NO_INDEX, "values": x}
+            for v, x in sorted(cells.items())], columns=["partition", "level", "unit", "index", "values"]),
+            _schema_units())
+        below = estimates_df.filter(F.col("level") >= P).unionByName(rows_of_cells)
+        done = below.groupBy("partition").applyInPandas(stage3, "level int, rows long, squared double").toPandas()
+        for d in plan.levels:
+            squared[d] += float(done.loc[done["level"] == d, "squared"].sum())
+        rows += int(done["rows"].sum())
     finish_output(partial, output, meta)
     shutil.rmtree(work, ignore_errors=True)
     timings["stage 3 (non-negative answers)"] = time.perf_counter() - start

@@ -28,23 +28,27 @@ def measure_top(plan: GeoPlan, roots: np.ndarray, seed: int | None, space: str =
     return own
 
 
-def invariant_multipliers(plan: GeoPlan, totals_of) -> dict[int, np.ndarray] | None:
-    r"""The invariants' multipliers :math:`\lambda` per level (``None`` without invariants), from
-    ``totals_of(level, units)``, the least-squares totals of those units."""
+def invariant_multipliers(plan: GeoPlan, estimates: dict[int, np.ndarray], space: str = "answers"
+                          ) -> dict[int, np.ndarray] | None:
+    r"""The invariants' multipliers :math:`\lambda` per level (``None`` without invariants), from the
+    least-squares estimates of (at least) the invariant levels' units: in the ``"answers"`` space a
+    unit's total is its last entry, in the ``"measurements"`` space :math:`u^Tz` with
+    :math:`u = (A_p^+)^T\mathbf 1`."""
     inv = plan.invariants
     if inv is None:
         return None
     estimated = np.empty(inv.units)
     for d in np.unique(inv.levels).tolist():
         mask = inv.levels == d
-        estimated[mask] = totals_of(d, inv.units_at[mask])
+        rows = estimates[d][inv.units_at[mask]]
+        estimated[mask] = rows[:, -1] if space == "answers" else rows @ plan.total_parts[0]
     return inv.multipliers(plan.tree, plan.solver, estimated, plan.total_direction[1])
 
 
 def apply_invariants(plan: GeoPlan, estimates: dict[int, np.ndarray]) -> None:
     """Move every estimate (answers and total) by the invariants' correction, in place
     (:mod:`hdmm.georelease.invariants`)."""
-    lam = invariant_multipliers(plan, lambda d, units: estimates[d][units, -1])
+    lam = invariant_multipliers(plan, estimates)
     if lam is not None:
         correct(plan, estimates, lam)
 
