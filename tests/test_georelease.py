@@ -385,6 +385,18 @@ def test_nonnegative_estimates_stay_near_least_squares_when_cells_are_measured_o
         np.testing.assert_allclose(nn.estimates[d], children, rtol=1e-9, atol=1e-8)
 
 
+def test_transport_projection_from_a_nearby_dual_gives_the_same_projection():
+    from hdmm.georelease.nonneg import transport_projection
+
+    rng = np.random.default_rng(5)
+    truth = rng.poisson(3, size=(4, 30)).astype(float)
+    V = truth + rng.normal(0, 2, size=truth.shape)
+    cold, beta = transport_projection(V, truth.sum(axis=0), truth.sum(axis=1), dual=True)
+    nearby = V + rng.normal(0, 0.05, size=V.shape)
+    warm = transport_projection(nearby, truth.sum(axis=0), truth.sum(axis=1), beta=beta)
+    np.testing.assert_allclose(warm, transport_projection(nearby, truth.sum(axis=0), truth.sum(axis=1)), atol=1e-9)
+
+
 def test_nonnegative_refusals_come_before_noise(monkeypatch):
     tree = small_country()
     H = sp.csr_matrix(np.ones((tree.leaves, DOMAIN.size)))

@@ -86,10 +86,12 @@ TRANSPORT_RTOL = 1e-10
 
 
 def transport_projection(V: np.ndarray, columns: np.ndarray, rows: np.ndarray, *, rtol: float = TRANSPORT_RTOL,
-                         maxiter: int = 10_000) -> np.ndarray:
+                         maxiter: int = 10_000, beta: np.ndarray | None = None, dual: bool = False):
     r""":math:`\hat V` projected onto :math:`\{V \ge 0, V^T\mathbf 1 = c, V\mathbf 1 = r\}` (module docstring).
 
-    ``columns`` and ``rows`` must add up to the same total.
+    ``columns`` and ``rows`` must add up to the same total. ``beta`` starts the children's dual
+    variables (from the projection of a nearby point: a few rounds then suffice); with ``dual``,
+    returns ``(X, beta)``.
 
     >>> V = np.array([[3.0, -1.0], [1.0, 2.0]])
     >>> transport_projection(V, np.array([2.0, 1.0]), np.array([1.5, 1.5])).round(6).tolist()
@@ -100,13 +102,13 @@ def transport_projection(V: np.ndarray, columns: np.ndarray, rows: np.ndarray, *
     scale = max(1.0, float(c.sum()))
     if abs(float(c.sum()) - float(r.sum())) > 1e-9 * scale:
         raise ValueError(f"the cells add up to {c.sum():g} but the children's totals to {r.sum():g}")
-    alpha = thresholds(V, c)  # with beta = 0; each round then starts from the last round's alpha
+    alpha = thresholds(V if beta is None else V - beta[:, None], c)  # each round starts from the last alpha
     for _ in range(maxiter):
         beta = thresholds((V - alpha[None, :]).T, r)
         alpha = thresholds(V - beta[:, None], c)
         X = np.maximum(V - alpha[None, :] - beta[:, None], 0.0)
         if np.abs(X.sum(axis=1) - r).sum() <= rtol * scale:
-            return X
+            return (X, beta) if dual else X
     raise ArithmeticError(f"the transportation projection did not converge in {maxiter} rounds")
 
 
@@ -344,7 +346,13 @@ class TopDown:
         if np.isnan(held).all():
             P = self.project(d + 1, X, lambda V: simplex_projection(V, x_plus))
         else:
-            P = self.project(d + 1, X, lambda V: transport_projection(V, x_plus, held))
+            dual = [None]  # successive points are close: each projection starts from the last one's dual
+
+            def transport(V: np.ndarray) -> np.ndarray:
+                out, dual[0] = transport_projection(V, x_plus, held, beta=dual[0], dual=True)
+                return out
+
+            P = self.project(d + 1, X, transport)
         for i, c in enumerate(children.tolist()):
             self.record(d + 1, c, P[i], X[i])
         del X
