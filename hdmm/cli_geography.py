@@ -175,10 +175,26 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
                                    domain=named.domain, codes=args.codes, progress=True, budget=budget,
                                    label=label, postprocess=args.postprocess)
     else:
-        with tqdm(total=tree.sizes[plan.partition_level], desc="release: measure", unit="partition",
-                  file=sys.stderr, leave=False) as bar:
+        bars = {"measure": tqdm(total=tree.sizes[plan.partition_level], desc="release: measure", unit="partition",
+                                file=sys.stderr, leave=False)}
+
+        def show(text: str) -> None:  # a bar of the partitions measured, then one of the non-negative walk's families
+            if not text.startswith("  non-negative:"):
+                bars["measure"].update()
+                return
+            done, total = (int(v) for v in text.rsplit("(", 1)[1].rstrip(")").split("/"))
+            if "families" not in bars:
+                bars["measure"].close()
+                bars["families"] = tqdm(total=total, desc="release: non-negative", unit="family", file=sys.stderr,
+                                        leave=False)
+            bars["families"].update(done - bars["families"].n)
+
+        try:
             result = release_geography(plan, source, seed=args.noise_seed, postprocess=args.postprocess,
-                                       progress=lambda text: bar.update(), budget=budget, label=label)
+                                       progress=show, budget=budget, label=label)
+        finally:
+            for bar in bars.values():
+                bar.close()
         result.save(args.output)
     if result.change is not None:
         print("  non-negative estimates (top down) moved the answers by RMSE " + ", ".join(

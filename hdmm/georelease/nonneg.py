@@ -258,14 +258,17 @@ class TopDown:
     :meth:`descend` projects every family below a unit whose non-negative cells are known, down to
     the deepest released level; :attr:`answers`, :attr:`totals` and :attr:`squared` collect, for
     the units of the released levels it meets, the answers, totals and the squared change of the
-    answers from least squares. With ``sink``, the answers go instead to ``sink(level, units,
+    answers from least squares; ``progress`` (if given) gets a line per family. With ``sink``, the answers go instead to ``sink(level, units,
     answers)`` in batches of ``batch`` units of a level (call :meth:`flush` at the end), so that a
     walk over many units does not hold them all. The local engine walks the whole tree; the Spark
     engine walks down to the partition level on the driver and each partition's subtree in a task.
     """
 
-    def __init__(self, plan: GeoPlan, z, lam: dict[int, np.ndarray] | None, sink=None, batch: int = 1024):
-        self.plan, self.z, self.lam = plan, z, lam
+    def __init__(self, plan: GeoPlan, z, lam: dict[int, np.ndarray] | None, sink=None, batch: int = 1024,
+                 progress=None):
+        self.plan, self.z, self.lam, self.progress = plan, z, lam, progress
+        self.families = sum(plan.tree.sizes[d] for d in range(max(plan.levels)))  # units with children to project
+        self.projected = 0
         self.sink, self.batch = sink, batch
         self._pending: dict[int, tuple[list[int], list[np.ndarray]]] = {d: ([], []) for d in plan.levels}
         self.space, self.gram_norm = cell_space(plan)
@@ -356,19 +359,23 @@ class TopDown:
         for i, c in enumerate(children.tolist()):
             self.record(d + 1, c, P[i], X[i])
         del X
+        self.projected += 1
+        if self.progress is not None:
+            self.progress(f"  non-negative: projected the units below {tree.label(d, unit)} "
+                          f"({self.projected}/{self.families})")
         for i, c in enumerate(children.tolist()):
             self.descend(d + 1, c, P[i], stop, reached)
 
 
-def nonnegative_estimates(plan: GeoPlan, z: dict[int, np.ndarray], lam: dict[int, np.ndarray] | None
-                          ) -> NonNegative:
+def nonnegative_estimates(plan: GeoPlan, z: dict[int, np.ndarray], lam: dict[int, np.ndarray] | None,
+                          progress=None) -> NonNegative:
     """Top-down non-negative answers from the least-squares estimates ``z`` in measurement space.
 
     ``z[d]`` holds every unit of level ``d`` (``units x rows of A_p``) and ``lam`` the invariant
     multipliers (:mod:`hdmm.georelease.invariants`) or ``None``. The plan must have passed
     :func:`check_nonnegative`.
     """
-    walk = TopDown(plan, lambda d, units: z[d][units], lam)
+    walk = TopDown(plan, lambda d, units: z[d][units], lam, progress=progress)
     walk.descend(0, 0, walk.root())
     tree = plan.tree
     answers = {d: np.vstack([walk.answers[d][u] for u in range(tree.sizes[d])]) for d in plan.levels}

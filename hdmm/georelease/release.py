@@ -216,7 +216,7 @@ def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, 
                           charge=charge)
     start = time.perf_counter()
     lam = invariant_multipliers(plan, estimates, space)
-    result = nonnegative_estimates(plan, estimates, lam)
+    result = nonnegative_estimates(plan, estimates, lam, progress=say)
     timings["non-negative"] = time.perf_counter() - start
     out = {d: np.column_stack([result.answers[d], result.totals[d]]) for d in plan.levels}
     return GeoRelease(plan, out, seeded=seed is not None, timings=timings, postprocess=postprocess,
