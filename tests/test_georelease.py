@@ -362,6 +362,8 @@ def test_cell_space_collapses_attributes_the_strategy_only_totals():
     np.testing.assert_allclose(reduced, x.reshape(2, 4, 3).sum(axis=1).ravel())
     np.testing.assert_allclose(space.strategy @ reduced, A @ x)
     np.testing.assert_allclose(W @ space.expand(reduced), W @ x)
+    np.testing.assert_allclose(space.answers(reduced), W @ x)
+    assert space.workload.shape == (W.shape[0], 6)
     assert CellSpace(geo_plan(small_country(), WP, hdmm.PureDP(1.0), strategy=AP)).collapsed == ()
 
 

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..geography import GeographyError
-from ..matrix import Explicit, Kronecker, Matrix, Weighted
+from ..kron_union import FactorMismatchError, kron_union
+from ..matrix import Explicit, Kronecker, Matrix, VStack, Weighted
 from ..postprocess import largest_gram_eigenvalue, metric_projection, project_nonnegative
 from .passes import Partition
 from .plan import GeoPlan
@@ -204,6 +205,8 @@ class CellSpace:
     def __init__(self, plan: GeoPlan):
         A = plan.person.strategy
         self.strategy, self.shape, self.collapsed = A, (A.shape[1],), ()
+        self._workload = plan.person.workload
+        self.workload: Matrix | None = self._workload  # on the reduced cells (None: spread them first)
         structure = plan.person.structure
         if structure.form != "kronecker":
             return
@@ -215,6 +218,14 @@ class CellSpace:
                    for i, f in enumerate(factors)]
         self.strategy = Weighted(Kronecker(columns), c) if c != 1.0 else Kronecker(columns)
         self.shape, self.collapsed = tuple(f.shape[1] for f in factors), collapsed
+        self.workload = _spread_workload(plan.person.workload, self.shape, collapsed)
+
+    def answers(self, X: np.ndarray) -> np.ndarray:
+        """The person workload's answers (``k x queries``) on the cells :meth:`expand` spreads the rows of
+        ``X`` (``k`` units' reduced cells) to."""
+        if self.workload is not None:
+            return np.asarray(self.workload @ X.T).T
+        return np.vstack([self._workload @ self.expand(x) for x in X])
 
     def reduce(self, X: np.ndarray) -> np.ndarray:
         """Rows of cells (``m x N``) summed over the collapsed attributes (``m x N~``)."""
@@ -230,6 +241,24 @@ class CellSpace:
         kept = [1 if i in self.collapsed else n for i, n in enumerate(self.shape)]
         spread = np.broadcast_to(x.reshape(kept), self.shape) / np.prod([self.shape[i] for i in self.collapsed])
         return spread.ravel()
+
+
+def _spread_workload(W: Matrix, shape: tuple[int, ...], collapsed: tuple[int, ...]) -> Matrix | None:
+    r""":math:`W` applied after :meth:`CellSpace.expand`: in each Kronecker term the factor ``F`` of a
+    collapsed attribute becomes the column :math:`F\mathbf 1/n` (the workload of a strategy that only
+    totals an attribute has only totals there); ``None`` when ``W`` is no union of Kronecker products
+    over those attributes."""
+    try:
+        union = kron_union(W).align(list(shape))
+    except FactorMismatchError:
+        return None
+    terms = []
+    for j in range(union.num_terms):
+        weight, factors = union.term(j)
+        factors = [Explicit((np.asarray(f @ np.ones(f.shape[1])) / f.shape[1]).reshape(-1, 1)) if i in collapsed
+                   else f for i, f in enumerate(factors)]
+        terms.append(Weighted(Kronecker(factors), float(weight)))
+    return VStack(terms)
 
 
 def cell_space(plan: GeoPlan) -> tuple[CellSpace, float]:
@@ -299,21 +328,23 @@ class TopDown:
     def project(self, d: int, X: np.ndarray, project) -> np.ndarray:
         return metric_projection(self.space.strategy, X, project, self._noise_std(d), gram_norm=self.gram_norm)
 
-    def record(self, d: int, unit: int, x_plus: np.ndarray, x_ls: np.ndarray) -> None:
+    def record(self, d: int, units: np.ndarray, X_plus: np.ndarray, X_ls: np.ndarray) -> None:
+        """Keep (or hand to ``sink``) the answers of ``units`` of level ``d`` from their non-negative cells
+        (rows of ``X_plus``), and add their squared change from least squares (``X_ls``)."""
         if d not in self.squared:
             return
-        W = self.plan.person.workload
-        a = W @ self.space.expand(x_plus)
-        self.squared[d] += float(np.sum((a - W @ self.space.expand(x_ls)) ** 2))
-        if self.sink is None:
-            self.answers[d][unit] = a
-            self.totals[d][unit] = float(x_plus.sum())
-            return
-        units, rows = self._pending[d]
-        units.append(unit)
-        rows.append(a)
-        if len(units) >= self.batch:
-            self.flush(d)
+        A = self.space.answers(X_plus)
+        self.squared[d] += float(np.sum((A - self.space.answers(X_ls)) ** 2))
+        for unit, a, x in zip(units.tolist(), A, X_plus):
+            if self.sink is None:
+                self.answers[d][unit] = a
+                self.totals[d][unit] = float(x.sum())
+                continue
+            pending_units, rows = self._pending[d]
+            pending_units.append(unit)
+            rows.append(a)
+            if len(pending_units) >= self.batch:
+                self.flush(d)
 
     def flush(self, level: int | None = None) -> None:
         """Hand the answers waiting for ``sink`` (of ``level``, or of every level) over to it."""
@@ -328,9 +359,9 @@ class TopDown:
         root_ls = self.cells(0, np.array([0]))
         held = self.known[0][0]
         total = max(float(root_ls.sum()), 0.0) if np.isnan(held) else float(held)
-        root = self.project(0, root_ls, lambda V: project_nonnegative(V[0], total)[None, :])[0]
-        self.record(0, 0, root, root_ls[0])
-        return root
+        root = self.project(0, root_ls, lambda V: project_nonnegative(V[0], total)[None, :])
+        self.record(0, np.array([0]), root, root_ls)
+        return root[0]
 
     def descend(self, d: int, unit: int, x_plus: np.ndarray, stop: int | None = None,
                 reached: dict[int, np.ndarray] | None = None) -> None:
@@ -356,8 +387,7 @@ class TopDown:
                 return out
 
             P = self.project(d + 1, X, transport)
-        for i, c in enumerate(children.tolist()):
-            self.record(d + 1, c, P[i], X[i])
+        self.record(d + 1, children, P, X)
         del X
         self.projected += 1
         if self.progress is not None:
