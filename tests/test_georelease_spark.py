@@ -150,6 +150,20 @@ def _spark_table(result) -> pd.DataFrame:
     return table.assign(level=table["level"].astype(str), query=table["query"].astype(str))
 
 
+def _both_nonnegative(spark, plan, source, records, seed, output):
+    """The local and Spark engines' non-negative releases and their answers merged by level, code and query."""
+    local = release_geography(plan, source, seed=seed, postprocess="nonnegative")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        remote = release_geography(plan, spark.createDataFrame(records), engine="spark", seed=seed, domain=DOMAIN,
+                                   output=str(output), postprocess="nonnegative")
+        table = _spark_table(remote)
+    merged = _local_table(local).merge(table, on=["level", "code", "query"], suffixes=("_local", "_spark"))
+    assert len(merged) == len(table)
+    np.testing.assert_allclose(merged["answer_local"], merged["answer_spark"], rtol=1e-10, atol=1e-8)
+    return local, remote, merged
+
+
 @pytest.mark.parametrize("held", [False, True])
 def test_spark_nonnegative_estimates_equal_the_local_engine(spark, country, tmp_path, held):
     tree, records = country
@@ -159,15 +173,8 @@ def test_spark_nonnegative_estimates_equal_the_local_engine(spark, country, tmp_
         totals, bounds = source.leaf_totals(), tree.leaf_bounds("state")
         invariants = {"state": {tree.codes("state")[s]: float(totals[bounds[s]:bounds[s + 1]].sum()) for s in range(3)}}
     plan = geo_plan(tree, WP, hdmm.PureDP(0.2), strategy=AP, invariants=invariants)
-    local = release_geography(plan, source, seed=4, postprocess="nonnegative")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        remote = release_geography(plan, spark.createDataFrame(records), engine="spark", seed=4, domain=DOMAIN,
-                                   output=str(tmp_path / "nn"), postprocess="nonnegative")
-        table = _spark_table(remote)
-    merged = _local_table(local).merge(table, on=["level", "code", "query"], suffixes=("_local", "_spark"))
-    assert len(merged) == len(table) == sum(tree.sizes) * WP.shape[0]
-    np.testing.assert_allclose(merged["answer_local"], merged["answer_spark"], rtol=1e-10, atol=1e-8)
+    local, remote, merged = _both_nonnegative(spark, plan, source, records, 4, tmp_path / "nn")
+    assert len(merged) == sum(tree.sizes) * WP.shape[0]
     np.testing.assert_allclose(merged["std_error_local"], merged["std_error_spark"], rtol=1e-12)
     assert (merged["answer_spark"] >= -1e-9).all()
     assert remote.postprocess == "nonnegative" and remote.change.keys() == local.change.keys()
@@ -220,13 +227,6 @@ def test_spark_nonnegative_with_every_released_level_above_the_partition_level(s
     held = {"county": {tree.codes("county")[first]: float(source.leaf_totals()[lo:hi].sum())}}
     plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, levels=["nation", "state"], partition="county",
                     level_weights=[1, 1, 1, 1], invariants=held)
-    local = release_geography(plan, source, seed=8, postprocess="nonnegative")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        remote = release_geography(plan, spark.createDataFrame(records), engine="spark", seed=8, domain=DOMAIN,
-                                   output=str(tmp_path / "top"), postprocess="nonnegative")
-        table = _spark_table(remote)
-    merged = _local_table(local).merge(table, on=["level", "code", "query"], suffixes=("_local", "_spark"))
-    assert len(merged) == len(table) == (1 + tree.sizes[1]) * WP.shape[0]
-    np.testing.assert_allclose(merged["answer_local"], merged["answer_spark"], rtol=1e-10, atol=1e-8)
+    local, remote, merged = _both_nonnegative(spark, plan, source, records, 8, tmp_path / "top")
+    assert len(merged) == (1 + tree.sizes[1]) * WP.shape[0]
     assert remote.change == pytest.approx(local.change, rel=1e-9)
