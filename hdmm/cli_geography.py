@@ -182,7 +182,10 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
             if not text.startswith("  non-negative:"):
                 bars["measure"].update()
                 return
-            done, total = (int(v) for v in text.rsplit("(", 1)[1].rstrip(")").split("/"))
+            try:  # "... (done/total)"
+                done, total = (int(v) for v in text.rsplit("(", 1)[1].rstrip(")").split("/"))
+            except (IndexError, ValueError):
+                return  # a line in another form: the bar waits for the next one
             if "families" not in bars:
                 bars["measure"].close()
                 bars["families"] = tqdm(total=total, desc="release: non-negative", unit="family", file=sys.stderr,

@@ -29,10 +29,15 @@ ZERO_RTOL = 1e-12
 def is_finite_real(value) -> bool:
     """Whether ``value`` is a finite real number (bools excluded, numpy's too).
 
-    >>> is_finite_real(0.5), is_finite_real(True), is_finite_real(float("nan"))
-    (True, False, False)
+    >>> is_finite_real(0.5), is_finite_real(True), is_finite_real(float("nan")), is_finite_real(10**400)
+    (True, False, False, False)
     """
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
+    if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond the doubles (10**400)
+        return False
 
 
 class DenseLimitError(ValueError):

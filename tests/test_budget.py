@@ -242,6 +242,7 @@ HOSTILE = {
     "nan": lambda: json.dumps(_valid()).replace('"charge": 0.25', '"charge": NaN'),
     "deep": lambda: "[" * 100_000 + "]" * 100_000,
     "huge int": lambda: json.dumps(_valid()).replace('"charge": 0.25', '"charge": ' + "9" * 5000),
+    "int beyond doubles": lambda: json.dumps(_valid()).replace('"charge": 0.25', '"charge": 1' + "0" * 400),
     "wrong format": _edit(format="hdmm-strategy"),
     "version text": _edit(version="1"),
     "newer version": _edit(version=99),

@@ -181,7 +181,7 @@ def test_zcdp_conversion(eps: float, delta: float) -> None:
 
 
 # ------------------------------------------------------------- validation
-BAD_POSITIVE = [-1, 0, 0.0, -0.5, math.nan, math.inf, -math.inf, True, "1", None, 1j]
+BAD_POSITIVE = [-1, 0, 0.0, -0.5, math.nan, math.inf, -math.inf, True, "1", None, 1j, 10**400]
 
 
 @pytest.mark.parametrize("value", BAD_POSITIVE)

@@ -287,9 +287,10 @@ class TopDown:
     :meth:`descend` projects every family below a unit whose non-negative cells are known, down to
     the deepest released level; :attr:`answers`, :attr:`totals` and :attr:`squared` collect, for
     the units of the released levels it meets, the answers, totals and the squared change of the
-    answers from least squares; ``progress`` (if given) gets a line per family. With ``sink``, the answers go instead to ``sink(level, units,
-    answers)`` in batches of ``batch`` units of a level (call :meth:`flush` at the end), so that a
-    walk over many units does not hold them all. The local engine walks the whole tree; the Spark
+    answers from least squares; ``progress`` (if given) gets a line every hundredth of the families.
+    With ``sink``, the answers go instead to ``sink(level, units, answers)`` in batches of ``batch``
+    units of a level (call :meth:`flush` at the end), and the totals are not kept, so that a walk
+    over many units does not hold them all. The local engine walks the whole tree; the Spark
     engine walks down to the partition level on the driver and each partition's subtree in a task.
     """
 
@@ -390,7 +391,8 @@ class TopDown:
         self.record(d + 1, children, P, X)
         del X
         self.projected += 1
-        if self.progress is not None:
+        if self.progress is not None and (self.projected % max(1, self.families // 100) == 0
+                                          or self.projected == self.families):
             self.progress(f"  non-negative: projected the units below {tree.label(d, unit)} "
                           f"({self.projected}/{self.families})")
         for i, c in enumerate(children.tolist()):

@@ -17,7 +17,7 @@ The plan is made on the driver and broadcast. Then:
 
 Non-negative estimates (``postprocess="nonnegative"``, :mod:`hdmm.georelease.nonneg`) keep every
 unit's estimate in the strategy's measurement space through stages 1 and 2; the driver then walks
-the tree top down to the partition level, and stage 3 (``groupBy(partition).applyInPandas``, each
+the tree top down to the partition level (or to the deepest released level, if that is coarser), and stage 3 (``groupBy(partition).applyInPandas``, each
 partition receiving its root's non-negative cells as one more row) walks each partition's subtree
 and writes its units' answers. The answers are the local engine's.
 
@@ -271,8 +271,8 @@ def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: boo
         release's name in it.
     postprocess
         ``None`` (least squares) or ``"nonnegative"``: the top-down non-negative estimates of
-        :mod:`hdmm.georelease.nonneg`, down to the partition level on the driver, then each
-        partition's subtree in its task (the same answers as the local engine's).
+        :mod:`hdmm.georelease.nonneg`, down to the partition level (at most) on the driver, then
+        each partition's subtree in its task (the same answers as the local engine's).
     """
     with warnings.catch_warnings():
         # PySpark 4 warns on every pandas conversion that pandas 3 is not yet fully supported;
@@ -316,6 +316,9 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     plan.passes  # noqa: B018 -- made once here and shipped with the plan, with the variances' factors
     for d in plan.levels:
         plan.variances(d, units=[0])
+    plan.labels  # noqa: B018 -- every task writes them
+    if postprocess is not None:  # every non-negative task forms cells from measurements
+        plan.strategy_pinv, plan.total_parts  # noqa: B018
     plan_b = sc.broadcast(plan)
     timings["checks"] = time.perf_counter() - start
     # ---------------------------------------------------------------- stage 1
@@ -470,8 +473,8 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
 
 def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray], estimates_df, seed, output: str,
                  charge, timings: dict[str, float], say, work: str) -> SparkGeoRelease:
-    """Non-negative estimates: the top-down walk to the partition level on the driver, then one task per
-    partition for its subtree, which writes its units' answers (least-squares standard errors), in files of
+    """Non-negative estimates: the top-down walk on the driver to the partition level (or the deepest released
+    level, if coarser), then one task per partition for its subtree, which writes its units' answers (least-squares standard errors), in files of
     at most ``UNITS_PER_FILE`` units."""
     from pyspark.sql import functions as F
 

@@ -34,6 +34,8 @@ def invariant_multipliers(plan: GeoPlan, estimates: dict[int, np.ndarray], space
     least-squares estimates of (at least) the invariant levels' units: in the ``"answers"`` space a
     unit's total is its last entry, in the ``"measurements"`` space :math:`u^Tz` with
     :math:`u = (A_p^+)^T\mathbf 1`."""
+    if space not in ("answers", "measurements"):
+        raise ValueError(f"space must be 'answers' or 'measurements', got {space!r}")
     inv = plan.invariants
     if inv is None:
         return None
