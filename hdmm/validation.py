@@ -1,4 +1,4 @@
-"""Argument checks shared across hdmm (the matrix classes, privacy, budgets): one place for each rule and its message.
+"""Argument checks shared across hdmm (matrix classes, privacy, budgets): one place for each rule and its message.
 
 Every check raises with a message that names the problem and the fix, before any work is
 done (and, in a release, before any noise is drawn).
@@ -11,8 +11,8 @@ import numbers
 
 import numpy as np
 
-__all__ = ["DENSE_LIMIT", "ZERO_RTOL", "DenseLimitError", "check_dense_size", "check_norm", "check_width", "positive_int",
-           "is_finite_real"]
+__all__ = ["DENSE_LIMIT", "ZERO_RTOL", "DenseLimitError", "check_dense_size", "check_norm", "check_width",
+           "positive_int", "is_finite_real"]
 
 #: Largest number of entries ``dense()`` and the dense fall-backs will materialise
 #: (2**25 entries = 256 MiB of float64).

@@ -17,9 +17,10 @@ The plan is made on the driver and broadcast. Then:
 
 Non-negative estimates (``postprocess="nonnegative"``, :mod:`hdmm.georelease.nonneg`) keep every
 unit's estimate in the strategy's measurement space through stages 1 and 2; the driver then walks
-the tree top down to the partition level (or to the deepest released level, if that is coarser), and stage 3 (``groupBy(partition).applyInPandas``, each
-partition receiving its root's non-negative cells as one more row) walks each partition's subtree
-and writes its units' answers. The answers are the local engine's.
+the tree top down to the partition level (or to the deepest released level, if that is coarser),
+and stage 3 (``groupBy(partition).applyInPandas``, each partition receiving its root's
+non-negative cells as one more row) walks each partition's subtree and writes its units' answers.
+The answers are the local engine's.
 
 The histograms may also come from any picklable :class:`~hdmm.georelease.units.HistogramSource`
 (a benchmark draws them instead of reading records); stage 1 then runs over the partition ids.
@@ -473,9 +474,9 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
 
 def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray], estimates_df, seed, output: str,
                  charge, timings: dict[str, float], say, work: str) -> SparkGeoRelease:
-    """Non-negative estimates: the top-down walk on the driver to the partition level (or the deepest released
-    level, if coarser), then one task per partition for its subtree, which writes its units' answers (least-squares standard errors), in files of
-    at most ``UNITS_PER_FILE`` units."""
+    """Non-negative estimates: the top-down walk on the driver to the partition level (or the deepest
+    released level, if coarser), then one task per partition for its subtree, which writes its units'
+    answers (least-squares standard errors) in files of at most ``UNITS_PER_FILE`` units."""
     from pyspark.sql import functions as F
 
     P = plan.partition_level
@@ -511,8 +512,9 @@ def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray],
             counts = {}
 
             def write_task(d: int, units: np.ndarray, answers: np.ndarray) -> None:
-                counts[d] = counts.get(d, 0) + write_units(partial_, p, d, units, answers, np.sqrt(p.variances(d, units)),
-                                                           meta_, f"part-{unit:07d}-{units[0]:09d}")
+                errors = np.sqrt(p.variances(d, units))
+                counts[d] = counts.get(d, 0) + write_units(partial_, p, d, units, answers, errors, meta_,
+                                                           f"part-{unit:07d}-{units[0]:09d}")
 
             task = TopDown(p, lambda d, units: own[d][units - part.range(d)[0]], lam_, sink=write_task,
                            batch=UNITS_PER_FILE)

@@ -12,7 +12,7 @@ import scipy.sparse as sp
 
 from ..version import HDMM_VERSION
 from .plan import GeoPlan
-from .units import measure_units
+from .units import SPACES, measure_units
 
 __all__ = ["measure_top", "apply_invariants", "invariant_multipliers", "correct", "provenance", "progress_printer"]
 
@@ -34,8 +34,8 @@ def invariant_multipliers(plan: GeoPlan, estimates: dict[int, np.ndarray], space
     least-squares estimates of (at least) the invariant levels' units: in the ``"answers"`` space a
     unit's total is its last entry, in the ``"measurements"`` space :math:`u^Tz` with
     :math:`u = (A_p^+)^T\mathbf 1`."""
-    if space not in ("answers", "measurements"):
-        raise ValueError(f"space must be 'answers' or 'measurements', got {space!r}")
+    if space not in SPACES:
+        raise ValueError(f"space must be one of {SPACES}, got {space!r}")
     inv = plan.invariants
     if inv is None:
         return None
