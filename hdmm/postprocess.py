@@ -78,41 +78,59 @@ def largest_gram_eigenvalue(A: Matrix, iterations: int = 30) -> float:
 def metric_projection(
     A: Matrix, X: np.ndarray, project: Callable[[np.ndarray], np.ndarray], noise_std: float,
     tol: float = NONNEGATIVE_TOL, maxiter: int = NONNEGATIVE_MAXITER, gram_norm: float | None = None,
+    weights: np.ndarray | None = None,
 ) -> np.ndarray:
     r"""The point of a convex set closest to the rows of ``X`` as measured through ``A``.
 
-    .. math:: V = \arg\min_{V \in C} \textstyle\sum_i \|A(V_i - X_i)\|_2^2,
+    .. math:: V = \arg\min_{V \in C} \textstyle\sum_i w_i \|A(V_i - X_i)\|_2^2,
 
-    for ``X`` of shape ``k x N`` (one estimate per row) and a convex set :math:`C` given by its
-    Euclidean projection ``project`` (a ``k x N`` array to a ``k x N`` array). Measuring the
-    distance through ``A`` moves the well-measured directions far less than a Euclidean
-    projection of ``X`` would. Solved by accelerated projected gradient (FISTA with adaptive
-    restart, step :math:`1/\|A\|_2^2`; ``gram_norm`` gives :math:`\|A\|_2^2` when known) from
-    ``project(X)``; it stops when one step moves the fitted strategy answers by at most ``tol``
-    noise standard deviations (root mean square per answer), and warns if ``maxiter`` steps come
-    first.
+    for ``X`` of shape ``k x N`` (one estimate per row), positive row ``weights`` :math:`w`
+    (default 1) and a convex set :math:`C` given by its Euclidean projection ``project`` (a
+    ``k x N`` array to a ``k x N`` array). Measuring the distance through ``A`` moves the
+    well-measured directions far less than a Euclidean projection of ``X`` would; a row that is
+    the sum of ``m`` independent estimates has ``m`` times their noise covariance and weight
+    :math:`1/m`. Solved by accelerated projected gradient (FISTA with adaptive restart, step
+    :math:`1/(\max_i w_i \|A\|_2^2)`; ``gram_norm`` gives :math:`\|A\|_2^2` when known) from
+    ``project(X)``; it stops when one step moves the fitted strategy answers, each scaled by
+    :math:`\sqrt{w_i}`, by at most ``tol`` noise standard deviations (root mean square per
+    answer), and warns if ``maxiter`` steps come first.
     """
     X = np.atleast_2d(np.asarray(X, dtype=float))
+    if weights is not None:
+        weights = np.asarray(weights, dtype=float)
+        if weights.shape != (X.shape[0],) or not np.all(np.isfinite(weights)) or not np.all(weights > 0):
+            raise ValueError(f"weights must be {X.shape[0]} positive finite numbers, one per row of X")
+    root = None if weights is None else np.sqrt(weights)[None, :]  # scales the columns of A @ X.T
+
+    def scaled(R: np.ndarray) -> np.ndarray:
+        return R if root is None else R * root
+
     v = project(X)
     L = largest_gram_eigenvalue(A) if gram_norm is None else float(gram_norm)
     if L == 0.0 or not v.any():
         return v
+    if weights is not None:
+        L *= float(weights.max())
     target = A @ X.T
     Av = A @ v.T
-    f = 0.5 * float(np.sum((Av - target) ** 2))
+    f = 0.5 * float(np.sum(scaled(Av - target) ** 2))
     w, Aw, momentum = v, Av, 1.0
     threshold = tol * noise_std * math.sqrt(target.size)
     change = math.inf  # stays so if no step ever descends
     for _ in range(maxiter):
-        step = project(w - (A.T @ (Aw - target)).T / L)
+        residual = Aw - target if weights is None else (Aw - target) * weights[None, :]
+        step = project(w - (A.T @ residual).T / L)
         A_step = A @ step.T
-        f_step = 0.5 * float(np.sum((A_step - target) ** 2))
+        f_step = 0.5 * float(np.sum(scaled(A_step - target) ** 2))
+        moved = float(np.linalg.norm(scaled(A_step - Av)))
         if f_step > f:  # no descent: drop the momentum; if a plain step fails, the step size was too long
             if w is v:
+                if moved <= threshold:  # ... or v is stationary and rounding decides the comparison
+                    return v
                 L *= 2.0
             w, Aw, momentum = v, Av, 1.0
             continue
-        change = float(np.linalg.norm(A_step - Av))
+        change = moved
         following = (1.0 + math.sqrt(1.0 + 4.0 * momentum**2)) / 2.0
         beta = (momentum - 1.0) / following
         w, Aw = step + beta * (step - v), A_step + beta * (A_step - Av)

@@ -304,6 +304,48 @@ def test_nonnegative_release_holds_state_invariants():
     assert all(np.all(nn.answers(d) >= -1e-9) for d in plan.levels)
 
 
+def test_nonnegative_release_holds_invariants_on_two_levels():
+    # counties' totals held below states' of very different sizes: the nation's projection meets the
+    # small states' totals only to rounding at the nation's scale, and their county families must
+    # still start (no "cells add up to ... but the totals to ...") and meet each county's total
+    rng = np.random.default_rng(0)
+    pairs = {}
+    for s in range(8):
+        pairs[f"s{s}"] = "US"
+        for c in range(int(rng.integers(2, 5))):
+            pairs[f"s{s}c{c}"] = f"s{s}"
+    tree = GeographyTree.from_parents(pairs, ["nation", "state", "county"])
+    H = rng.integers(0, 3, size=(tree.leaves, DOMAIN.size)).astype(float)
+    H[:tree.leaf_bounds(1)[1]] *= 1e6                            # one state a million times the others
+    H = sp.csr_matrix(H)
+    b1, b2 = tree.leaf_bounds(1), tree.leaf_bounds(2)
+    states = {code: float(H[b1[s]:b1[s + 1]].sum()) for s, code in enumerate(tree.codes("state"))}
+    counties = {code: float(H[b2[c]:b2[c + 1]].sum()) for c, code in enumerate(tree.codes("county"))}
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, invariants={"state": states, "county": counties})
+    nn = release_geography(plan, ArrayHistograms(H), seed=0, postprocess="nonnegative")
+    np.testing.assert_allclose(nn.totals("state"), list(states.values()), rtol=1e-13)
+    np.testing.assert_allclose(nn.totals("county"), list(counties.values()), rtol=1e-13)
+    for d in range(tree.depth):
+        children = np.add.reduceat(nn.estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
+        np.testing.assert_allclose(nn.estimates[d], children, rtol=1e-12, atol=1e-9)
+
+
+def test_balance_meets_rows_and_columns_to_rounding():
+    from hdmm.georelease.nonneg import balance, transport_projection
+
+    rng = np.random.default_rng(9)
+    truth = rng.poisson(2, size=(5, 40)).astype(float)
+    truth[0] *= 1e6                                              # one large child beside small ones
+    V = truth + rng.normal(0, 1, size=truth.shape)
+    c, r = truth.sum(axis=0), truth.sum(axis=1)
+    X = transport_projection(V, c, r, rtol=1e-6)                 # rows met only to 1e-6 of the total
+    B = balance(X, c, r)
+    np.testing.assert_allclose(B.sum(axis=1), r, rtol=1e-13)
+    np.testing.assert_allclose(B.sum(axis=0), c, rtol=1e-13)
+    assert B.min() >= 0 and np.all(B[X == 0] == 0)
+    assert np.abs(B - X).max() <= 1e-6 * c.sum()
+
+
 def test_transport_projection_matches_a_general_solver():
     from scipy.optimize import minimize
 
@@ -414,10 +456,93 @@ def test_nonnegative_refusals_come_before_noise(monkeypatch):
 
     plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP)
     widest = int(max(np.diff(tree.child_bounds(d)).max() for d in range(tree.depth)))
-    monkeypatch.setattr(nonneg, "MAX_FAMILY_CELLS", widest * DOMAIN.size - 1)
-    with pytest.raises(GeographyError, match="family's cells at once"):
+    assert widest >= 3
+    monkeypatch.setattr(nonneg, "MAX_FAMILY_CELLS", 2 * DOMAIN.size - 1)  # one unit a group: as many as units
+    with pytest.raises(GeographyError, match="need more groups"):
         release_geography(plan, ArrayHistograms(H), postprocess="nonnegative")
     assert calls == []
+
+
+def test_family_groups():
+    from hdmm.georelease.nonneg import MAX_FAMILY_CELLS, family_groups
+
+    assert family_groups(7, MAX_FAMILY_CELLS // 7).tolist() == [0, 7]
+    bounds = family_groups(4011, 28_980)                       # the tracts of a large county, SF1's cells
+    sizes = np.diff(bounds)
+    assert bounds[0] == 0 and bounds[-1] == 4011 and sizes.max() - sizes.min() <= 1
+    assert sizes.max() * 28_980 <= MAX_FAMILY_CELLS and len(sizes) * 28_980 <= MAX_FAMILY_CELLS
+    assert (len(sizes) - 1) * (MAX_FAMILY_CELLS // 28_980) < 4011          # one group fewer would not hold them
+    assert family_groups(10**6, 28_980) is None and family_groups(1, MAX_FAMILY_CELLS + 1) is None
+
+
+def test_weighted_metric_projection_matches_a_general_solver():
+    from scipy.optimize import minimize
+
+    from hdmm.georelease.nonneg import simplex_projection
+    from hdmm.postprocess import metric_projection
+
+    rng = np.random.default_rng(8)
+    A = hdmm.Explicit(rng.random((5, 4)))
+    parent = np.array([3.0, 0.5, 1.0, 2.0])
+    X = parent / 3 + rng.normal(0, 1.5, size=(3, 4))
+    w = np.array([1.0, 0.5, 0.25])
+    V = metric_projection(A, X, lambda Y: simplex_projection(Y, parent), noise_std=1.0, tol=1e-10, weights=w)
+    D = A.dense()
+
+    def objective(v):
+        return float(np.sum(w * np.sum((D @ (v.reshape(3, 4) - X).T) ** 2, axis=0)))
+
+    constraints = [{"type": "eq", "fun": lambda v, j=j: v.reshape(3, 4)[:, j].sum() - parent[j]} for j in range(4)]
+    best = minimize(objective, simplex_projection(X, parent).ravel(), constraints=constraints, bounds=[(0, None)] * 12,
+                    method="SLSQP", options={"ftol": 1e-15, "maxiter": 1000})
+    assert objective(V.ravel()) <= best.fun + 1e-7
+    np.testing.assert_allclose(V.sum(axis=0), parent, atol=1e-12)
+    unweighted = metric_projection(A, X, lambda Y: simplex_projection(Y, parent), noise_std=1.0, tol=1e-10)
+    assert not np.allclose(V, unweighted, atol=1e-3)  # the weights matter here
+    equal = metric_projection(A, X, lambda Y: simplex_projection(Y, parent), noise_std=1.0, tol=1e-10,
+                              weights=np.full(3, 0.3))
+    np.testing.assert_allclose(equal, unweighted, atol=1e-7)  # equal weights: the same minimiser
+    with pytest.raises(ValueError, match="positive finite"):
+        metric_projection(A, X, lambda Y: Y, noise_std=1.0, weights=np.array([1.0, 0.0, 1.0]))
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_families_too_large_to_project_at_once_are_projected_in_groups(monkeypatch, held):
+    import hdmm.georelease.nonneg as nonneg
+
+    rng = np.random.default_rng(11)
+    pairs = {}
+    for s in range(5):
+        pairs[f"s{s}"] = "US"
+        for c in range(int(rng.integers(4, 7))):
+            pairs[f"s{s}c{c}"] = f"s{s}"
+    tree = GeographyTree.from_parents(pairs, ["nation", "state", "county"])
+    H = sp.csr_matrix(rng.poisson(0.4, size=(tree.leaves, DOMAIN.size)).astype(float))
+    b = tree.leaf_bounds(1)
+    invariants = {"state": {f"s{s}": float(H[b[s]:b[s + 1]].sum()) for s in range(5)}} if held else None
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, invariants=invariants)
+    whole = release_geography(plan, ArrayHistograms(H), seed=4, postprocess="nonnegative")
+    monkeypatch.setattr(nonneg, "MAX_FAMILY_CELLS", 3 * DOMAIN.size)   # groups of at most three units
+    calls, original = [], nonneg.TopDown.family
+
+    def family(self, d, X, *rest, **options):
+        calls.append(len(X))
+        return original(self, d, X, *rest, **options)
+
+    monkeypatch.setattr(nonneg.TopDown, "family", family)
+    grouped = release_geography(plan, ArrayHistograms(H), seed=4, postprocess="nonnegative")
+    assert max(calls) == 3 and len(calls) == 3 * (1 + tree.sizes[1])     # every family came in two groups
+    for d in range(tree.depth):
+        children = np.add.reduceat(grouped.estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
+        np.testing.assert_allclose(grouped.estimates[d], children, rtol=1e-9, atol=1e-8)
+    for d in plan.levels:
+        assert np.all(grouped.answers(d) >= -1e-9)
+        # two stages cost some accuracy against the joint projection, not much
+        assert grouped.change[d] <= 1.5 * whole.change[d] + 0.1 * plan.expected_rmse(d), (d, grouped.change,
+                                                                                         whole.change)
+    if held:
+        np.testing.assert_allclose(grouped.totals("state"), list(invariants["state"].values()), rtol=1e-9)
+    np.testing.assert_allclose(grouped.answers(0), whole.answers(0), atol=1e-6)  # the root is projected alone
 
 
 def test_a_geography_release_is_charged_once_to_a_budget(monkeypatch, tmp_path):

@@ -11,13 +11,19 @@ projection measured through the person strategy :math:`A_p`
   :math:`x^+_u` in every cell closest to theirs in :math:`\sum_i \|A_p(\cdot)\|^2`. The
   feasible set's Euclidean projection, which the solver calls, is cell by cell onto the scaled
   simplex :math:`\{v \ge 0, \sum_i v_i = x^+_u[j]\}` (:func:`simplex_projection`);
+* a family too large to project at once (more than ``MAX_FAMILY_CELLS`` children x cells, as the
+  tracts of a large county) is projected in two stages (:func:`family_groups`): first the sums of
+  ``g`` groups of consecutive children, as children of their own, each weighted by one over its
+  size (the sum of ``m`` estimates has ``m`` times their noise covariance); then each group's
+  children onto its projected sum. Any function of the estimates costs no privacy; the two stages
+  cost some accuracy against one joint projection;
 * a family whose children's totals are held (invariants, or implied by their own children's
   invariants) also keeps them: the feasible set is the transportation polytope
   :math:`\{V \ge 0, \sum_i V_{ij} = x^+_u[j], \sum_j V_{ij} = t_i\}`, whose projection
   (:func:`transport_projection`) is :math:`\max(\hat V - \alpha_j - \beta_i, 0)`, by alternating
   exact maximization of the dual over :math:`\alpha` (one simplex threshold per cell) and
   :math:`\beta` (one per child); the cells add up to the parent's exactly (the last step) and the
-  totals to the invariants up to ``TRANSPORT_RTOL``.
+  totals to the invariants up to ``TRANSPORT_RTOL`` of the root's total (in the sum over a family).
 
 Measured through :math:`A_p`, the projections keep the well-measured directions (the workload's
 sums) nearly where least squares put them; a Euclidean projection of the cells would add every
@@ -45,13 +51,14 @@ from ..postprocess import largest_gram_eigenvalue, metric_projection, project_no
 from .passes import Partition
 from .plan import GeoPlan
 
-__all__ = ["simplex_projection", "transport_projection", "thresholds", "known_totals", "NonNegative", "CellSpace",
-           "cell_space", "TopDown", "held_measurements", "check_nonnegative", "nonnegative_estimates", "change_rmse",
-           "MAX_FAMILY_CELLS", "MAX_HELD_MEASUREMENTS"]
+__all__ = ["simplex_projection", "transport_projection", "balance", "thresholds", "known_totals", "NonNegative",
+           "CellSpace", "cell_space", "family_groups", "TopDown", "held_measurements", "check_nonnegative",
+           "nonnegative_estimates", "change_rmse", "MAX_FAMILY_CELLS", "MAX_HELD_MEASUREMENTS"]
 
-#: Largest ``children x cells`` (the cells of :class:`CellSpace`) of one family: 2**26. The family's
-#: projection holds about ten arrays of that size (5 GiB at the limit).
-MAX_FAMILY_CELLS = 2**26
+#: Largest ``children x cells`` (the cells of :class:`CellSpace`) projected at once: 2**24. A
+#: projection holds about ten arrays of that size (1.3 GiB at the limit); larger families are
+#: projected in groups (:func:`family_groups`).
+MAX_FAMILY_CELLS = 2**24
 
 #: Largest number of strategy answers (every unit's, doubles) held for the top-down pass: 2**30, 8 GiB.
 MAX_HELD_MEASUREMENTS = 2**30
@@ -85,12 +92,26 @@ def simplex_projection(V: np.ndarray, totals: np.ndarray) -> np.ndarray:
 #: Relative tolerance of the row totals in :func:`transport_projection` (the column sums are exact).
 TRANSPORT_RTOL = 1e-10
 
+#: Rounds without halving the worst row's miss after which :func:`transport_projection` settles for its
+#: total tolerance (rounding, not the method, then limits the rows).
+STALL_ROUNDS = 20
+
+#: Relative tolerance of :func:`transport_projection`'s check that the rows and columns add up alike.
+TOTALS_RTOL = 1e-9
+
 
 def transport_projection(V: np.ndarray, columns: np.ndarray, rows: np.ndarray, *, rtol: float = TRANSPORT_RTOL,
-                         maxiter: int = 10_000, beta: np.ndarray | None = None, dual: bool = False):
+                         maxiter: int = 10_000, beta: np.ndarray | None = None, dual: bool = False,
+                         scale: float | None = None):
     r""":math:`\hat V` projected onto :math:`\{V \ge 0, V^T\mathbf 1 = c, V\mathbf 1 = r\}` (module docstring).
 
-    ``columns`` and ``rows`` must add up to the same total. ``beta`` starts the children's dual
+    ``columns`` and ``rows`` must add up to the same total, to ``TOTALS_RTOL`` times ``scale``
+    (default: the larger of 1 and the columns' sum); ``rows`` are then scaled to ``columns``' sum.
+    In a tree, pass the root's total as ``scale``: a parent's cells meet its own total only to
+    rounding at that scale. The rounds stop when every row sum is within ``rtol`` of its target
+    (relative to it, or to 1 when smaller), or, when rounding stalls that, once they are within
+    ``rtol`` of the columns' sum in all and ``STALL_ROUNDS`` rounds have not improved the worst
+    row (:func:`balance` then meets each row to rounding). ``beta`` starts the children's dual
     variables (from the projection of a nearby point: a few rounds then suffice); with ``dual``,
     returns ``(X, beta)``.
 
@@ -100,17 +121,53 @@ def transport_projection(V: np.ndarray, columns: np.ndarray, rows: np.ndarray, *
     """
     V = np.asarray(V, dtype=float)
     c, r = np.asarray(columns, dtype=float), np.asarray(rows, dtype=float)
-    scale = max(1.0, float(c.sum()))
-    if abs(float(c.sum()) - float(r.sum())) > 1e-9 * scale:
+    total = max(1.0, float(c.sum()))
+    scale = total if scale is None else float(scale)
+    if abs(float(c.sum()) - float(r.sum())) > TOTALS_RTOL * scale:
         raise ValueError(f"the cells add up to {c.sum():g} but the children's totals to {r.sum():g}")
+    if r.sum() > 0:  # equal sums exactly: a parent's cells carry the rounding of its own projection
+        r = r * (float(c.sum()) / float(r.sum()))
+    room = rtol * np.maximum(r, 1.0)
     alpha = thresholds(V if beta is None else V - beta[:, None], c)  # each round starts from the last alpha
+    worst, stalled = np.inf, 0
     for _ in range(maxiter):
         beta = thresholds((V - alpha[None, :]).T, r)
         alpha = thresholds(V - beta[:, None], c)
         X = np.maximum(V - alpha[None, :] - beta[:, None], 0.0)
-        if np.abs(X.sum(axis=1) - r).sum() <= rtol * scale:
+        miss = np.abs(X.sum(axis=1) - r)
+        relative = float(np.max(miss / room))
+        if relative <= 1.0:
+            return (X, beta) if dual else X
+        worst, stalled = (relative, 0) if relative < 0.5 * worst else (worst, stalled + 1)
+        if stalled >= STALL_ROUNDS and miss.sum() <= rtol * total:
             return (X, beta) if dual else X
     raise ArithmeticError(f"the transportation projection did not converge in {maxiter} rounds")
+
+
+def balance(X: np.ndarray, columns: np.ndarray, rows: np.ndarray, rtol: float = 1e-14,
+            maxiter: int = 200) -> np.ndarray:
+    r"""A non-negative ``X`` that nearly meets its row and column sums, scaled to meet them to rounding.
+
+    Alternately scales the rows of ``X`` to ``rows`` and its columns to ``columns``
+    (iterative proportional fitting), until every row sum is within ``rtol`` of its target
+    (relative to it, or to 1 when smaller), ending with the columns (exact to rounding). It
+    keeps zeros and non-negativity and, from a point within the transportation projection's
+    tolerance, moves entries by about that tolerance: it turns a tolerance relative to the
+    family's total into one relative to each row. Rows or columns that are all zero are left.
+
+    >>> balance(np.array([[1.0, 1.0], [1.0, 0.999]]), np.array([2.0, 2.0]), np.array([2.0, 2.0])).sum(axis=1).round(12)
+    array([2., 2.])
+    """
+    X = np.array(X, dtype=float)
+    c, r = np.asarray(columns, dtype=float), np.asarray(rows, dtype=float)
+    for _ in range(maxiter):
+        sums = X.sum(axis=1)
+        if np.all(np.abs(sums - r) <= rtol * np.maximum(r, 1.0)):
+            break
+        X *= np.divide(r, sums, out=np.ones_like(r), where=sums > 0)[:, None]
+        sums = X.sum(axis=0)
+        X *= np.divide(c, sums, out=np.ones_like(c), where=sums > 0)[None, :]
+    return X
 
 
 @dataclass(frozen=True)
@@ -152,6 +209,26 @@ def held_measurements(plan: GeoPlan, engine: str = "local") -> int:
     return units * plan.person.strategy.shape[0]
 
 
+def family_groups(children: int, cells: int) -> np.ndarray | None:
+    """Bounds of the groups a family of ``children`` units of ``cells`` cells is projected in, or ``None``.
+
+    One group (``[0, children]``) when ``children x cells`` is at most ``MAX_FAMILY_CELLS``; else the
+    fewest groups of consecutive children, of sizes differing by at most one, with at most
+    ``MAX_FAMILY_CELLS`` cells in each group and in the groups' sums together; ``None`` when no
+    such groups exist.
+
+    >>> family_groups(5, 2**22).tolist()      # four units' cells fit at once: two groups
+    [0, 2, 5]
+    """
+    most = MAX_FAMILY_CELLS // max(cells, 1)
+    if children <= most:
+        return np.array([0, children])
+    groups = -(-children // most) if most > 0 else 0
+    if most == 0 or groups > most:
+        return None
+    return np.arange(groups + 1) * children // groups
+
+
 def check_nonnegative(plan: GeoPlan, engine: str = "local") -> None:
     """Refuse, before any noise, a plan whose non-negative estimates ``engine`` cannot make in memory."""
     tree = plan.tree
@@ -170,11 +247,12 @@ def check_nonnegative(plan: GeoPlan, engine: str = "local") -> None:
     cells = cell_space(plan)[0].strategy.shape[1]
     for d in range(deepest):
         widest = int(np.diff(tree.child_bounds(d)).max())
-        if widest * cells > MAX_FAMILY_CELLS:
+        if family_groups(widest, cells) is None:
             raise GeographyError(
-                f"non-negative estimates hold a family's cells at once: {widest:,} children of one "
-                f"{tree.levels[d]} x {cells:,} cells is more than {MAX_FAMILY_CELLS:,}; release "
-                f"least-squares estimates, or non-negative ones down to a coarser level"
+                f"non-negative estimates project at most {MAX_FAMILY_CELLS:,} children x cells at once, in "
+                f"groups of a family when it is larger: {widest:,} children of one {tree.levels[d]} x {cells:,} "
+                f"cells need more groups than that allows; release least-squares estimates, or non-negative ones "
+                f"down to a coarser level"
             )
     held = held_measurements(plan, engine)
     if held > MAX_HELD_MEASUREMENTS:
@@ -303,6 +381,8 @@ class TopDown:
         self._pending: dict[int, tuple[list[int], list[np.ndarray]]] = {d: ([], []) for d in plan.levels}
         self.space, self.gram_norm = cell_space(plan)
         self.known = known_totals(plan)
+        root = self.known[0][0]  # held whenever any family holds totals (check_nonnegative: all or none)
+        self.scale = max(1.0, float(root)) if np.isfinite(root) else None  # of every transport projection
         self.deepest = max(plan.levels)
         self.answers: dict[int, dict[int, np.ndarray]] = {d: {} for d in plan.levels}
         self.totals: dict[int, dict[int, float]] = {d: {} for d in plan.levels}
@@ -326,8 +406,23 @@ class TopDown:
         w = self.plan.level_weights
         return float(np.sqrt(self.plan.noise_variance)) / float(w[d] if w[d] > 0 else w.max())
 
-    def project(self, d: int, X: np.ndarray, project) -> np.ndarray:
-        return metric_projection(self.space.strategy, X, project, self._noise_std(d), gram_norm=self.gram_norm)
+    def project(self, d: int, X: np.ndarray, project, weights: np.ndarray | None = None) -> np.ndarray:
+        return metric_projection(self.space.strategy, X, project, self._noise_std(d), gram_norm=self.gram_norm,
+                                 weights=weights)
+
+    def family(self, d: int, X: np.ndarray, x_plus: np.ndarray, held: np.ndarray,
+               weights: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``X`` (units of level ``d``, or sums of them with ``weights``) projected onto the
+        non-negative cells adding up to ``x_plus``, and to the ``held`` totals unless they are NaN."""
+        if np.isnan(held).all():
+            return self.project(d, X, lambda V: simplex_projection(V, x_plus), weights)
+        dual = [None]  # successive points are close: each projection starts from the last one's dual
+
+        def transport(V: np.ndarray) -> np.ndarray:
+            out, dual[0] = transport_projection(V, x_plus, held, beta=dual[0], dual=True, scale=self.scale)
+            return out
+
+        return balance(self.project(d, X, transport, weights), x_plus, held)
 
     def record(self, d: int, units: np.ndarray, X_plus: np.ndarray, X_ls: np.ndarray) -> None:
         """Keep (or hand to ``sink``) the answers of ``units`` of level ``d`` from their non-negative cells
@@ -364,6 +459,14 @@ class TopDown:
         self.record(0, np.array([0]), root, root_ls)
         return root[0]
 
+    def _count(self, d: int, unit: int) -> None:
+        """Count the family below ``unit`` of level ``d`` as projected, reporting every hundredth."""
+        self.projected += 1
+        if self.progress is not None and (self.projected % max(1, self.families // 100) == 0
+                                          or self.projected == self.families):
+            self.progress(f"  non-negative: projected the units below {self.plan.tree.label(d, unit)} "
+                          f"({self.projected}/{self.families})")
+
     def descend(self, d: int, unit: int, x_plus: np.ndarray, stop: int | None = None,
                 reached: dict[int, np.ndarray] | None = None) -> None:
         """Project the families below ``unit`` of level ``d`` down to level ``stop`` (default: the
@@ -376,27 +479,28 @@ class TopDown:
         tree = self.plan.tree
         lo, hi = tree.child_bounds(d)[unit], tree.child_bounds(d)[unit + 1]
         children = np.arange(lo, hi)
-        X = self.cells(d + 1, children)
         held = self.known[d + 1][lo:hi]
-        if np.isnan(held).all():
-            P = self.project(d + 1, X, lambda V: simplex_projection(V, x_plus))
+        bounds = family_groups(hi - lo, self.space.strategy.shape[1])
+        if hi - lo == 1:  # an only child has its parent's cells
+            X = self.cells(d + 1, children)
+            self.record(d + 1, children, x_plus[None, :], X)
+            self._count(d, unit)
+            self.descend(d + 1, lo, x_plus, stop, reached)
+            return
+        if len(bounds) > 2:  # first the groups' sums, weighted by one over their sizes
+            sums = np.vstack([self.cells(d + 1, children[a:b]).sum(axis=0) for a, b in zip(bounds, bounds[1:])])
+            parts = self.family(d + 1, sums, x_plus, np.add.reduceat(held, bounds[:-1]), 1.0 / np.diff(bounds))
         else:
-            dual = [None]  # successive points are close: each projection starts from the last one's dual
-
-            def transport(V: np.ndarray) -> np.ndarray:
-                out, dual[0] = transport_projection(V, x_plus, held, beta=dual[0], dual=True)
-                return out
-
-            P = self.project(d + 1, X, transport)
-        self.record(d + 1, children, P, X)
-        del X
-        self.projected += 1
-        if self.progress is not None and (self.projected % max(1, self.families // 100) == 0
-                                          or self.projected == self.families):
-            self.progress(f"  non-negative: projected the units below {tree.label(d, unit)} "
-                          f"({self.projected}/{self.families})")
-        for i, c in enumerate(children.tolist()):
-            self.descend(d + 1, c, P[i], stop, reached)
+            parts = x_plus[None, :]
+        for a, b, part in zip(bounds, bounds[1:], parts):
+            X = self.cells(d + 1, children[a:b])
+            P = self.family(d + 1, X, part, held[a:b])
+            self.record(d + 1, children[a:b], P, X)
+            del X
+            if a == 0:
+                self._count(d, unit)
+            for i, c in enumerate(children[a:b].tolist()):
+                self.descend(d + 1, c, P[i], stop, reached)
 
 
 def nonnegative_estimates(plan: GeoPlan, z: dict[int, np.ndarray], lam: dict[int, np.ndarray] | None,
