@@ -48,6 +48,7 @@ __all__ = [
     "TraceSpectrum",
     "trace_spectrum",
     "factor_traces",
+    "workload_domain",
 ]
 
 #: Largest number of (term, subset) pairs the spectrum enumeration will generate.
@@ -60,6 +61,33 @@ def as_domain(domain: Domain | Sequence[int]) -> Domain:
         return domain
     sizes = tuple(domain)
     return Domain([f"a{i}" for i in range(len(sizes))], sizes)
+
+
+def workload_domain(W: Matrix, sizes: Sequence[int]) -> Domain:
+    """The attributes of workload ``W`` over ``sizes``, names included, as found on it or its parts
+    (a ``domain`` attribute, or a Kronecker product's factor names); else ``a0, a1, ...``.
+
+    >>> import hdmm
+    >>> W = hdmm.DimKMarginals(hdmm.Domain(["age", "sex"], [3, 2]), 1)
+    >>> workload_domain(W, (3, 2)).names
+    ('age', 'sex')
+    >>> workload_domain(hdmm.Identity(6), (3, 2)).names
+    ('a0', 'a1')
+    """
+    sizes = tuple(int(n) for n in sizes)
+    parts = [W]
+    while parts:
+        M = parts.pop(0)
+        domain = getattr(M, "domain", None)
+        if isinstance(domain, Domain) and tuple(domain.shape) == sizes:
+            return domain
+        if isinstance(M, Kronecker) and tuple(f.shape[1] for f in M.factors) == sizes:
+            try:  # names only label queries: any that make no domain (None, repeated, ...) are skipped
+                return Domain(M.names, sizes)
+            except (TypeError, ValueError):
+                pass
+        parts += [M.base] if isinstance(M, Weighted) else list(getattr(M, "blocks", []))
+    return as_domain(sizes)
 
 
 def subset_keys(members: np.ndarray) -> np.ndarray:

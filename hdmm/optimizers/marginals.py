@@ -46,9 +46,8 @@ import scipy.sparse as sp
 from scipy.optimize import Bounds, minimize
 
 from ..kron_union import KronUnion, kron_union
-from ..marginals import Marginals, Residuals, as_domain, subset_keys, trace_spectrum
-from ..domain import Domain
-from ..matrix import Kronecker, Matrix, Weighted
+from ..marginals import Marginals, Residuals, subset_keys, trace_spectrum, workload_domain
+from ..matrix import Matrix
 from ..privacy import Privacy
 from .racing import successive_halving
 
@@ -84,23 +83,6 @@ RUNG_GROWTH = 3
 #: Above this many attributes, OPT_M's candidates are the workload's downward closure and the
 #: full data cube (which alone gives the identity's error).
 ALL_SUBSETS_MAX_DIM = 12
-
-
-def _domain_of(W: Matrix, union: KronUnion) -> Domain:
-    """The workload's attributes, names included, as found on it or its parts; else ``a0, a1, ...``."""
-    parts = [W]
-    while parts:
-        M = parts.pop(0)
-        domain = getattr(M, "domain", None)
-        if isinstance(domain, Domain) and domain.shape == union.sizes:
-            return domain
-        if isinstance(M, Kronecker) and tuple(f.shape[1] for f in M.factors) == union.sizes:
-            try:  # names only label queries: any that make no domain (None, repeated, ...) are skipped
-                return Domain(M.names, union.sizes)
-            except (TypeError, ValueError):
-                pass
-        parts += [M.base] if isinstance(M, Weighted) else list(getattr(M, "blocks", []))
-    return as_domain(union.sizes)
 
 
 def marginal_candidate_count(union: KronUnion) -> int:
@@ -335,7 +317,7 @@ def opt_marginals_strategy(W: Matrix, privacy: Privacy, restarts: int | None, rn
         theta, value = pruned, pruned_value
     else:
         keep[:] = True
-    strategy = Marginals.from_members(_domain_of(W, union), problem.members[keep], theta[keep])
+    strategy = Marginals.from_members(workload_domain(W, union.sizes), problem.members[keep], theta[keep])
     return strategy, value
 
 
@@ -354,5 +336,5 @@ def residual_strategy(W: Matrix, union: KronUnion | None = None) -> tuple[Residu
     lam_normalised = np.sqrt(tau / trace_E)
     lam_normalised /= float(lam_normalised @ trace_E)  # sum_T lambda'_T tr(E_T) = 1: D_2 = 1
     N = float(np.prod(np.array(union.sizes, dtype=float)))
-    strategy = Residuals.from_members(_domain_of(W, union), members, np.sqrt(lam_normalised * N))
+    strategy = Residuals.from_members(workload_domain(W, union.sizes), members, np.sqrt(lam_normalised * N))
     return strategy, spectrum.residual_error

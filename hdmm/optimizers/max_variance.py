@@ -39,7 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..kron_union import KronUnion, kron_union
-from ..marginals import Residuals, as_domain, trace_spectrum
+from ..marginals import Residuals, trace_spectrum, workload_domain
 from ..matrix import Matrix
 from ..traces import row_projections
 
@@ -218,11 +218,6 @@ def max_variance_residual(W: Matrix, union: KronUnion | None = None, tol: float 
     lam /= float(lam @ t)  # sum_T lambda_T tr(E_T) = 1: L2 sensitivity 1
     N = float(np.prod(np.array(union.sizes, dtype=float)))
     members = problem.spectrum.members[problem.subsets]
-    strategy = Residuals.from_members(_domain(W, union), members, np.sqrt(lam * N))
+    strategy = Residuals.from_members(workload_domain(W, union.sizes), members, np.sqrt(lam * N))
     return MaxVarianceSolution(strategy, value, min(bound, value), (int(rows.max()) + 1, int(cols.max()) + 1),
                                iterations)
-
-
-def _domain(W: Matrix, union: KronUnion):
-    domain = getattr(W, "domain", None)
-    return domain if domain is not None and tuple(domain.shape) == tuple(union.sizes) else as_domain(union.sizes)
