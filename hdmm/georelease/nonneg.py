@@ -22,8 +22,8 @@ projection measured through the person strategy :math:`A_p`
   :math:`\{V \ge 0, \sum_i V_{ij} = x^+_u[j], \sum_j V_{ij} = t_i\}`, whose projection
   (:func:`transport_projection`) is :math:`\max(\hat V - \alpha_j - \beta_i, 0)`, by alternating
   exact maximization of the dual over :math:`\alpha` (one simplex threshold per cell) and
-  :math:`\beta` (one per child); the cells add up to the parent's exactly (the last step) and the
-  totals to the invariants up to ``TRANSPORT_RTOL`` of the root's total (in the sum over a family).
+  :math:`\beta` (one per child), then :func:`balance` scales its rows and columns in turn until the
+  totals hold to rounding, ending on the cells, which add up to the parent's exactly.
 
 Measured through :math:`A_p`, the projections keep the well-measured directions (the workload's
 sums) nearly where least squares put them; a Euclidean projection of the cells would add every
