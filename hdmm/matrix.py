@@ -866,6 +866,12 @@ class Kronecker(Matrix):
             if isinstance(f, Ones):  # a total: reduce in place of a transposed copy
                 T = np.repeat(T.sum(axis=i, keepdims=True), f.shape[1 - in_dim], axis=i)
                 continue
+            if isinstance(f, Explicit) and not f.is_sparse:  # a batched product on a view: no transposed copies
+                M = np.asarray(f.matrix.T if transpose else f.matrix)
+                shape = T.shape
+                out = np.matmul(M, T.reshape(math.prod(shape[:i]), shape[i], -1))
+                T = out.reshape(shape[:i] + (M.shape[0],) + shape[i + 1:])
+                continue
             moved = np.moveaxis(T, i, 0)
             rest = moved.shape[1:]
             flat = moved.reshape(moved.shape[0], -1)

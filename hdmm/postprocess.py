@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .matrix import Matrix
+from .matrix import Explicit, Kronecker, Matrix, Weighted
 
 __all__ = ["project_nonnegative", "nonnegative_least_squares", "metric_projection", "largest_gram_eigenvalue",
            "round_to_total"]
@@ -75,6 +75,21 @@ def largest_gram_eigenvalue(A: Matrix, iterations: int = 30) -> float:
     return 1.1 * lam
 
 
+#: Strategy factors of at most this many columns get their Gram as a dense matrix in :func:`metric_projection`.
+DENSE_GRAM_FACTOR = 2048
+
+
+def _gram_operator(A: Matrix) -> Matrix:
+    """:math:`A^TA` as an operator for repeated products: a Kronecker strategy's small factor Grams made dense
+    (one small matrix product per factor instead of two through the factor and its transpose)."""
+    if isinstance(A, Weighted):
+        return Weighted(_gram_operator(A.base), A.weight**2)
+    if isinstance(A, Kronecker):
+        return Kronecker([Explicit(f.gram().dense()) if f.shape[1] <= DENSE_GRAM_FACTOR else f.gram()
+                          for f in A.factors])
+    return A.gram()
+
+
 def metric_projection(
     A: Matrix, X: np.ndarray, project: Callable[[np.ndarray], np.ndarray], noise_std: float,
     tol: float = NONNEGATIVE_TOL, maxiter: int = NONNEGATIVE_MAXITER, gram_norm: float | None = None,
@@ -96,50 +111,51 @@ def metric_projection(
     answer), and warns if ``maxiter`` steps come first.
     """
     X = np.atleast_2d(np.asarray(X, dtype=float))
+    k = X.shape[0]
     if weights is not None:
         weights = np.asarray(weights, dtype=float)
-        if weights.shape != (X.shape[0],) or not np.all(np.isfinite(weights)) or not np.all(weights > 0):
-            raise ValueError(f"weights must be {X.shape[0]} positive finite numbers, one per row of X")
-    root = None if weights is None else np.sqrt(weights)[None, :]  # scales the columns of A @ X.T
+        if weights.shape != (k,) or not np.all(np.isfinite(weights)) or not np.all(weights > 0):
+            raise ValueError(f"weights must be {k} positive finite numbers, one per row of X")
+    w8 = np.ones(k) if weights is None else weights
 
-    def scaled(R: np.ndarray) -> np.ndarray:
-        return R if root is None else R * root
+    def inner(D: np.ndarray, E: np.ndarray) -> float:
+        """:math:`\sum_i w_i D_i^T E_i` over the columns ``i`` of two ``N x k`` arrays."""
+        return float(np.einsum("ji,ji,i->", D, E, w8))
 
     v = project(X)
     L = largest_gram_eigenvalue(A) if gram_norm is None else float(gram_norm)
     if L == 0.0 or not v.any():
         return v
-    if weights is not None:
-        L *= float(weights.max())
-    target = A @ X.T
-    Av = A @ v.T
-    f = 0.5 * float(np.sum(scaled(Av - target) ** 2))
-    w, Aw, momentum = v, Av, 1.0
-    threshold = tol * noise_std * math.sqrt(target.size)
+    L *= float(w8.max())
+    G = _gram_operator(A)
+    Gx = G @ X.T
+    Gv = G @ v.T
+    w, Gw, momentum = v, Gv, 1.0
+    threshold = tol * noise_std * math.sqrt(A.shape[0] * k)
     change = math.inf  # stays so if no step ever descends
     for _ in range(maxiter):
-        residual = Aw - target if weights is None else (Aw - target) * weights[None, :]
-        step = project(w - (A.T @ residual).T / L)
-        A_step = A @ step.T
-        f_step = 0.5 * float(np.sum(scaled(A_step - target) ** 2))
-        moved = float(np.linalg.norm(scaled(A_step - Av)))
-        if f_step > f:  # no descent: drop the momentum; if a plain step fails, the step size was too long
+        step = project(w - ((Gw - Gx) * w8[None, :]).T / L)
+        G_step = G @ step.T
+        D = (step - v).T
+        rise = 0.5 * inner(D, G_step + Gv - 2.0 * Gx)  # f(step) - f(v), f(v) = sum_i w_i |A(v_i - x_i)|^2 / 2
+        moved = math.sqrt(max(inner(D, G_step - Gv), 0.0))  # the weighted norm of A(step - v)
+        if rise > 0.0:  # no descent: drop the momentum; if a plain step fails, the step size was too long
             if w is v:
                 if moved <= threshold:  # ... or v is stationary and rounding decides the comparison
                     return v
                 L *= 2.0
-            w, Aw, momentum = v, Av, 1.0
+            w, Gw, momentum = v, Gv, 1.0
             continue
         change = moved
         following = (1.0 + math.sqrt(1.0 + 4.0 * momentum**2)) / 2.0
         beta = (momentum - 1.0) / following
-        w, Aw = step + beta * (step - v), A_step + beta * (A_step - Av)
-        v, Av, f, momentum = step, A_step, f_step, following
+        w, Gw = step + beta * (step - v), G_step + beta * (G_step - Gv)
+        v, Gv, momentum = step, G_step, following
         if change <= threshold:
             return v
     warnings.warn(
         f"the non-negative projection stopped after {maxiter:,} steps with the last step moving the fitted "
-        f"strategy answers by {change / math.sqrt(target.size) / noise_std:.3g} noise standard deviations "
+        f"strategy answers by {change / math.sqrt(A.shape[0] * k) / noise_std:.3g} noise standard deviations "
         f"(RMS; target {tol:g}); the post-processed answers are valid but not fully optimised",
         RuntimeWarning,
         stacklevel=3,

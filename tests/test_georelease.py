@@ -270,6 +270,22 @@ def test_simplex_projection_meets_its_optimality_conditions(seed):
             assert np.all(V[~positive, j] <= theta[0] + 1e-12)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_thresholds_equal_the_sort_formula(seed):
+    from hdmm.georelease.nonneg import thresholds
+
+    rng = np.random.default_rng(seed)
+    k, n = int(rng.integers(1, 25)), int(rng.integers(1, 40))
+    V = rng.normal(0, 3, (k, n)) * (rng.random((k, n)) < 0.7)     # ties at zero included
+    t = np.maximum(rng.normal(2, 3, n), 0) * (rng.random(n) < 0.8)  # some totals 0
+    U = -np.sort(-V, axis=0)                                       # Held et al.: from the sorted column
+    excess = np.cumsum(U, axis=0) - t
+    ok = U - excess / np.arange(1, k + 1)[:, None] > 0
+    last = k - 1 - np.argmax(ok[::-1], axis=0)
+    theta = np.where(ok.any(axis=0), excess[last, np.arange(n)] / (last + 1), U[0])
+    np.testing.assert_allclose(np.maximum(V - thresholds(V, t), 0), np.maximum(V - theta, 0), atol=1e-12)
+
+
 def test_nonnegative_release_is_consistent_and_reports_its_change():
     tree = small_country(4)
     H = sp.csr_matrix(np.random.default_rng(2).integers(0, 3, size=(tree.leaves, DOMAIN.size)).astype(float))

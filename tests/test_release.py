@@ -15,7 +15,7 @@ from scipy.optimize import minimize
 import hdmm
 from hdmm import workload as wl
 from hdmm.error import expected_error, per_query_variance
-from hdmm.matrix import Explicit, Identity, Kronecker, Ones, VStack
+from hdmm.matrix import Explicit, Identity, Kronecker, Ones, VStack, Weighted
 from hdmm.privacy import ApproxDP, PureDP, ZCDP
 from hdmm.structure import classify
 from hdmm.planning import union_variance_bound
@@ -177,6 +177,25 @@ def test_nonnegative_least_squares_is_optimal():
 
     ref = minimize(f, np.full(6, max(xhat.sum(), 0) / 6), method="SLSQP", bounds=[(0, None)] * 6,
                    constraints=[{"type": "eq", "fun": lambda u: u.sum() - max(xhat.sum(), 0)}], options={"ftol": 1e-14})
+    assert np.all(v >= 0) and v.sum() == pytest.approx(max(xhat.sum(), 0))
+    assert f(v) <= f(ref.x) + 1e-8
+
+
+def test_nonnegative_least_squares_through_a_kronecker_strategy_is_optimal():
+    # the projection works with the strategy's Gram, its small factors' Grams made dense
+    from hdmm.postprocess import _gram_operator
+
+    A = Weighted(Kronecker([hdmm.Prefix(3), Explicit(np.array([[1.0], [2.0]])), hdmm.Total(2)]), 0.5)
+    D = A.dense()
+    np.testing.assert_allclose(_gram_operator(A).dense(), D.T @ D, atol=1e-12)
+    xhat = np.random.default_rng(4).standard_normal(6) + 0.2
+    v = nonnegative_least_squares(A, xhat, noise_std=1.0, tol=1e-10)
+
+    def f(u):
+        return 0.5 * float(np.sum((D @ (u - xhat)) ** 2))
+
+    ref = minimize(f, np.full(6, max(xhat.sum(), 0) / 6), method="SLSQP", bounds=[(0, None)] * 6,
+                   constraints=[{"type": "eq", "fun": lambda u: u.sum() - max(xhat.sum(), 0)}], options={"ftol": 1e-15})
     assert np.all(v >= 0) and v.sum() == pytest.approx(max(xhat.sum(), 0))
     assert f(v) <= f(ref.x) + 1e-8
 
