@@ -23,8 +23,9 @@ Configurations:
 * Spark (``--spark``): SF1 at (nation, state, county, tract) for California (8,750 synthetic
   tracts, histograms drawn directly) at ``local[1]`` and ``local[2]``: units per second; with
   ``--full-us`` the whole country (about 72,700 tracts) at ``local[2]``; with ``--nonnegative``
-  the District of Columbia (141 synthetic tracts) at ``local[2]`` with non-negative estimates (top
-  down), and how far they move the answers from least squares.
+  the District of Columbia (141 synthetic tracts) and California (8,750 synthetic tracts, 4,011 of
+  them in one county, whose family is projected in groups) at ``local[2]`` with non-negative
+  estimates (top down), how far they move the answers from least squares, and their error.
 """
 
 from __future__ import annotations
@@ -325,7 +326,8 @@ def main() -> None:
     parser.add_argument("--spark", action="store_true", help="also the Spark runs (California at local[1], local[2])")
     parser.add_argument("--full-us", action="store_true", help="also the whole country on Spark local[2]")
     parser.add_argument("--nonnegative", action="store_true",
-                        help="also the District of Columbia on Spark local[2] with non-negative estimates (top down)")
+                        help="also the District of Columbia and California on Spark local[2] with non-negative "
+                             "estimates (top down)")
     parser.add_argument("--skip-local", action="store_true")
     parser.add_argument("--only", help="local configurations to run, separated by ';'")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -349,7 +351,7 @@ def main() -> None:
     if args.full_us:
         todo.append("spark:local[2]:full:4258")
     if args.nonnegative:
-        todo.append("spark:local[2]:dc:4258:nonnegative")
+        todo += ["spark:local[2]:dc:4258:nonnegative", "spark:local[2]:ca:4258:nonnegative"]
     for job in todo:
         print(f"running {job} ...", file=sys.stderr, flush=True)
         result = _child(job)
