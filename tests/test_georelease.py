@@ -41,6 +41,13 @@ def small_country(seed: int = 0) -> GeographyTree:
     return GeographyTree.from_parents(pairs, ["nation", "state", "county", "tract"])
 
 
+def assert_units_add_up(tree: GeographyTree, release, rtol: float, atol: float) -> None:
+    """Every unit's estimate equals the sum of its children's, cell by cell."""
+    for d in range(tree.depth):
+        children = np.add.reduceat(release.estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
+        np.testing.assert_allclose(release.estimates[d], children, rtol=rtol, atol=atol)
+
+
 DOMAIN = hdmm.Domain(["a", "b"], [2, 3])
 WP = hdmm.product(DOMAIN, {"a": hdmm.Identity(2), "b": hdmm.Prefix(3)})
 AP = hdmm.Kronecker([hdmm.Identity(2), hdmm.Prefix(3)])
@@ -148,9 +155,7 @@ def test_every_parent_equals_the_sum_of_its_children():
     tree = small_country(2)
     H = sp.csr_matrix(np.random.default_rng(0).integers(0, 9, size=(tree.leaves, DOMAIN.size)).astype(float))
     release = release_geography(geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP), ArrayHistograms(H), seed=1)
-    for d in range(tree.depth):
-        children = np.add.reduceat(release.estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
-        np.testing.assert_allclose(release.estimates[d], children, rtol=1e-12, atol=1e-9)
+    assert_units_add_up(tree, release, rtol=1e-12, atol=1e-9)
 
 
 def test_sensitivity_is_the_dense_column_norm_of_the_whole_strategy():
@@ -299,9 +304,7 @@ def test_nonnegative_release_is_consistent_and_reports_its_change():
         assert np.all(nn.answers(d) >= -1e-9) and np.all(nn.totals(d) >= -1e-9)
         rms = np.sqrt(np.mean((nn.answers(d) - ls.answers(d)) ** 2))
         assert nn.change[d] == pytest.approx(rms, rel=1e-9)
-    for d in range(tree.depth):
-        children = np.add.reduceat(nn.estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
-        np.testing.assert_allclose(nn.estimates[d], children, rtol=1e-9, atol=1e-8)
+    assert_units_add_up(tree, nn, rtol=1e-9, atol=1e-8)
     assert np.any(ls.answers(3) < 0)  # the post-processing had something to do
 
 
@@ -314,9 +317,7 @@ def test_nonnegative_release_holds_state_invariants():
     nn = release_geography(plan, ArrayHistograms(H), seed=2, postprocess="nonnegative")
     np.testing.assert_allclose(nn.totals("state"), list(states.values()), rtol=1e-9)
     assert nn.totals("nation")[0] == pytest.approx(sum(states.values()), rel=1e-9)
-    for d in range(tree.depth):
-        children = np.add.reduceat(nn.estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
-        np.testing.assert_allclose(nn.estimates[d], children, rtol=1e-9, atol=1e-8)
+    assert_units_add_up(tree, nn, rtol=1e-9, atol=1e-8)
     assert all(np.all(nn.answers(d) >= -1e-9) for d in plan.levels)
 
 
@@ -341,9 +342,7 @@ def test_nonnegative_release_holds_invariants_on_two_levels():
     nn = release_geography(plan, ArrayHistograms(H), seed=0, postprocess="nonnegative")
     np.testing.assert_allclose(nn.totals("state"), list(states.values()), rtol=1e-13)
     np.testing.assert_allclose(nn.totals("county"), list(counties.values()), rtol=1e-13)
-    for d in range(tree.depth):
-        children = np.add.reduceat(nn.estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
-        np.testing.assert_allclose(nn.estimates[d], children, rtol=1e-12, atol=1e-9)
+    assert_units_add_up(tree, nn, rtol=1e-12, atol=1e-9)
 
 
 def test_balance_meets_rows_and_columns_to_rounding():
@@ -440,9 +439,7 @@ def test_nonnegative_estimates_stay_near_least_squares_when_cells_are_measured_o
     for d in plan.levels:
         assert np.all(nn.answers(d) >= -1e-9)
         assert nn.change[d] < 2.0 * plan.expected_rmse(d), (d, nn.change[d], plan.expected_rmse(d))
-    for d in range(tree.depth):
-        children = np.add.reduceat(nn.estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
-        np.testing.assert_allclose(nn.estimates[d], children, rtol=1e-9, atol=1e-8)
+    assert_units_add_up(tree, nn, rtol=1e-9, atol=1e-8)
 
 
 def test_transport_projection_from_a_nearby_dual_gives_the_same_projection():
@@ -548,9 +545,7 @@ def test_families_too_large_to_project_at_once_are_projected_in_groups(monkeypat
     monkeypatch.setattr(nonneg.TopDown, "family", family)
     grouped = release_geography(plan, ArrayHistograms(H), seed=4, postprocess="nonnegative")
     assert max(calls) == 3 and len(calls) == 3 * (1 + tree.sizes[1])     # every family came in two groups
-    for d in range(tree.depth):
-        children = np.add.reduceat(grouped.estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
-        np.testing.assert_allclose(grouped.estimates[d], children, rtol=1e-9, atol=1e-8)
+    assert_units_add_up(tree, grouped, rtol=1e-9, atol=1e-8)
     for d in plan.levels:
         assert np.all(grouped.answers(d) >= -1e-9)
         # two stages cost some accuracy against the joint projection, not much
