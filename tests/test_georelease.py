@@ -41,6 +41,16 @@ def small_country(seed: int = 0) -> GeographyTree:
     return GeographyTree.from_parents(pairs, ["nation", "state", "county", "tract"])
 
 
+def states_and_counties(states: int, low: int, high: int, rng: np.random.Generator) -> GeographyTree:
+    """A nation of ``states`` states of ``low`` to ``high - 1`` counties each."""
+    pairs = {}
+    for s in range(states):
+        pairs[f"s{s}"] = "US"
+        for c in range(int(rng.integers(low, high))):
+            pairs[f"s{s}c{c}"] = f"s{s}"
+    return GeographyTree.from_parents(pairs, ["nation", "state", "county"])
+
+
 def assert_units_add_up(tree: GeographyTree, release, rtol: float, atol: float) -> None:
     """Every unit's estimate equals the sum of its children's, cell by cell."""
     for d in range(tree.depth):
@@ -326,12 +336,7 @@ def test_nonnegative_release_holds_invariants_on_two_levels():
     # small states' totals only to rounding at the nation's scale, and their county families must
     # still start (no "cells add up to ... but the totals to ...") and meet each county's total
     rng = np.random.default_rng(0)
-    pairs = {}
-    for s in range(8):
-        pairs[f"s{s}"] = "US"
-        for c in range(int(rng.integers(2, 5))):
-            pairs[f"s{s}c{c}"] = f"s{s}"
-    tree = GeographyTree.from_parents(pairs, ["nation", "state", "county"])
+    tree = states_and_counties(8, 2, 5, rng)
     H = rng.integers(0, 3, size=(tree.leaves, DOMAIN.size)).astype(float)
     H[:tree.leaf_bounds(1)[1]] *= 1e6                            # one state a million times the others
     H = sp.csr_matrix(H)
@@ -524,12 +529,7 @@ def test_families_too_large_to_project_at_once_are_projected_in_groups(monkeypat
     import hdmm.georelease.nonneg as nonneg
 
     rng = np.random.default_rng(11)
-    pairs = {}
-    for s in range(5):
-        pairs[f"s{s}"] = "US"
-        for c in range(int(rng.integers(4, 7))):
-            pairs[f"s{s}c{c}"] = f"s{s}"
-    tree = GeographyTree.from_parents(pairs, ["nation", "state", "county"])
+    tree = states_and_counties(5, 4, 7, rng)
     H = sp.csr_matrix(rng.poisson(0.4, size=(tree.leaves, DOMAIN.size)).astype(float))
     b = tree.leaf_bounds(1)
     invariants = {"state": {f"s{s}": float(H[b[s]:b[s + 1]].sum()) for s in range(5)}} if held else None
