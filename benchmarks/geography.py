@@ -89,6 +89,31 @@ class PeakMemory:
         self.peak = max(self.peak, self._sample())
 
 
+def _written_rmse(output: str, plan, tree, H, level: int) -> float:
+    """RMSE of the answers written for ``level`` against the true answers, read level by level with
+    pyarrow (codes and queries kept as dictionaries), without collecting the release through Spark."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(output, columns=["code", "query", "answer"], filters=[("level", "=", tree.levels[level])],
+                          read_dictionary=["code", "query"])
+
+    def positions(column: str, wanted: list[str]) -> np.ndarray:
+        encoded = table.column(column).combine_chunks()
+        if not pa.types.is_dictionary(encoded.type):
+            encoded = encoded.dictionary_encode()
+        found = pd.Index(wanted).get_indexer(encoded.dictionary.to_pylist())
+        if (found < 0).any():
+            raise ValueError(f"level {tree.levels[level]}: written {column}s not in the plan")
+        return found[encoded.indices.to_numpy()]
+
+    unit = positions("code", list(tree.codes(level)))
+    query = positions("query", [str(q) for q in plan.person.workload.labels])
+    truth = _true_answers(plan.person.workload, H, tree, level)
+    return float(np.sqrt(np.mean((table.column("answer").to_numpy() - truth[unit, query]) ** 2)))
+
+
 def _true_answers(W, H, tree, level):
     """Every unit's true answers: W x_u for the unit histograms of ``level``."""
     import scipy.sparse as sp
@@ -170,7 +195,6 @@ SCOPES = {"full": ("United States", None, "state"), "ca": ("California", ("06",)
 
 
 def run_spark(master: str, scope: str, people_per_tract: int, postprocess: str | None = None) -> dict:
-    import pandas as pd
 
     import hdmm
     from census_workloads import sf1_persons
@@ -205,17 +229,8 @@ def run_spark(master: str, scope: str, people_per_tract: int, postprocess: str |
         out["units per second (measure stage)"] = out["units"] / result.timings["stage 1 (measure)"]
         if result.change is not None:
             out["change RMSE"] = {tree.levels[d]: v for d, v in result.change.items()}
-            table = result.dataframe.select("level", "code", "query", "answer").toPandas()
             H = source.histograms(0, tree.leaves)
-            labels = [str(q) for q in plan.person.workload.labels]
-            out["empirical RMSE"] = {}
-            for d in plan.levels:  # the released answers against the synthetic data's true answers
-                truth = pd.DataFrame(_true_answers(plan.person.workload, H, tree, d), columns=labels,
-                                     index=list(tree.codes(d))).stack().rename("truth")
-                rows = table[table["level"].astype(str) == tree.levels[d]]
-                got = rows.set_index(["code", rows["query"].astype(str)])["answer"]
-                joined = pd.concat([got, truth], axis=1, join="inner")
-                out["empirical RMSE"][tree.levels[d]] = float(np.sqrt(np.mean((joined["answer"] - joined["truth"]) ** 2)))
+            out["empirical RMSE"] = {tree.levels[d]: _written_rmse(output, plan, tree, H, d) for d in plan.levels}
         spark.stop()
     out["peak memory GB"] = memory.peak / 1e9
     out["peak memory by process GB"] = {k: v / 1e9 for k, v in memory.parts.items()}
