@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .matrix import Explicit, Kronecker, Matrix, Weighted
+from .matrix import Explicit, Identity, Kronecker, Matrix, Weighted
 
 __all__ = ["project_nonnegative", "nonnegative_least_squares", "metric_projection", "largest_gram_eigenvalue",
            "round_to_total"]
@@ -85,8 +85,8 @@ def _gram_operator(A: Matrix) -> Matrix:
     if isinstance(A, Weighted):
         return Weighted(_gram_operator(A.base), A.weight**2)
     if isinstance(A, Kronecker):
-        return Kronecker([Explicit(f.gram().dense()) if f.shape[1] <= DENSE_GRAM_FACTOR else f.gram()
-                          for f in A.factors])
+        return Kronecker([f if isinstance(f, Identity) else Explicit(f.gram().dense())
+                          if f.shape[1] <= DENSE_GRAM_FACTOR else f.gram() for f in A.factors])
     return A.gram()
 
 
@@ -119,7 +119,7 @@ def metric_projection(
     w8 = np.ones(k) if weights is None else weights
 
     def inner(D: np.ndarray, E: np.ndarray) -> float:
-        """:math:`\sum_i w_i D_i^T E_i` over the columns ``i`` of two ``N x k`` arrays."""
+        r""":math:`\sum_i w_i D_i^T E_i` over the columns ``i`` of two ``N x k`` arrays."""
         return float(np.einsum("ji,ji,i->", D, E, w8))
 
     v = project(X)

@@ -301,6 +301,25 @@ def test_thresholds_equal_the_sort_formula(seed):
     np.testing.assert_allclose(np.maximum(V - thresholds(V, t), 0), np.maximum(V - theta, 0), atol=1e-12)
 
 
+def test_thresholds_of_tied_largest_values_stay_finite():
+    # (3 x 0.1) / 3 rounds above 0.1: Michelot's kept set would empty (0/0) without the guard
+    from hdmm.georelease.nonneg import simplex_projection, thresholds
+
+    V = np.array([[0.1, 0.1], [0.1, 0.1], [0.1, 0.1], [0.05, 0.05]])
+    t = np.array([0.0, 1e-17])
+    assert np.all(np.isfinite(thresholds(V, t)))
+    P = simplex_projection(V, t)
+    assert np.all(np.isfinite(P)) and np.all(P >= 0)
+    np.testing.assert_allclose(P.sum(axis=0), t, atol=1e-16)
+    rng = np.random.default_rng(0)
+    for _ in range(300):                                    # ties among the largest values, random totals
+        V = np.repeat(rng.random((1, 5)), int(rng.integers(3, 10)), axis=0)
+        V = np.vstack([V, rng.random((3, 5)) * V[0]])
+        t = rng.random(5) * rng.choice([0.0, 1e-12, 1.0], 5)
+        P = simplex_projection(V, t)
+        assert np.all(np.isfinite(P)) and np.allclose(P.sum(axis=0), t, atol=1e-12)
+
+
 def test_nonnegative_release_is_consistent_and_reports_its_change():
     tree = small_country(4)
     H = sp.csr_matrix(np.random.default_rng(2).integers(0, 3, size=(tree.leaves, DOMAIN.size)).astype(float))

@@ -23,7 +23,8 @@ projection measured through the person strategy :math:`A_p`
   (:func:`transport_projection`) is :math:`\max(\hat V - \alpha_j - \beta_i, 0)`, by alternating
   exact maximization of the dual over :math:`\alpha` (one simplex threshold per cell) and
   :math:`\beta` (one per child), then :func:`balance` scales its rows and columns in turn until the
-  totals hold to rounding, ending on the cells, which add up to the parent's exactly.
+  totals hold to rounding where the zeros allow it (else to the projection's tolerance), ending on
+  the cells, which add up to the parent's exactly.
 
 Measured through :math:`A_p`, the projections keep the well-measured directions (the workload's
 sums) nearly where least squares put them; a Euclidean projection of the cells would add every
@@ -71,7 +72,8 @@ def thresholds(V: np.ndarray, totals: np.ndarray) -> np.ndarray:
     over the values :math:`S` still kept (all at first), then :math:`S \leftarrow \{i \in S: V_{ij}
     \ge \theta\}`, until no column's :math:`S` shrinks. :math:`\theta` only grows and :math:`S` only
     shrinks, so it ends after at most ``k`` passes (a handful in practice) and needs no sort. A total
-    of 0 gives the column's largest value (everything to 0).
+    of 0 gives the column's largest value (everything to 0). Should rounding lift :math:`\theta`
+    above the values kept (tied largest values), :math:`\theta` is their value less :math:`t_j/|S|`.
     """
     V = np.asarray(V, dtype=float)
     t = np.asarray(totals, dtype=float)
@@ -81,11 +83,16 @@ def thresholds(V: np.ndarray, totals: np.ndarray) -> np.ndarray:
     count = np.full(V.shape[1], float(V.shape[0]))
     theta = (V.sum(axis=0) - t) / count
     while True:
-        np.logical_and(kept, V >= theta, out=kept)
-        remaining = kept.sum(axis=0, dtype=float)
+        still = kept & (V >= theta)
+        remaining = still.sum(axis=0, dtype=float)
+        empty = remaining == 0  # rounding put theta above tied largest values: they are the answer
+        if empty.any():
+            top = np.where(kept[:, empty], V[:, empty], -np.inf).max(axis=0)
+            theta[empty] = top - t[empty] / count[empty]
+            still[:, empty], remaining[empty] = kept[:, empty], count[empty]
         if np.array_equal(remaining, count):
             return theta
-        count = remaining
+        kept, count = still, remaining
         theta = ((V * kept).sum(axis=0) - t) / count  # 5x faster than sum(where=) on SF1's families
 
 
@@ -117,7 +124,7 @@ def transport_projection(V: np.ndarray, columns: np.ndarray, rows: np.ndarray, *
     rounding at that scale. The rounds stop when every row sum is within ``rtol`` of its target
     (relative to it, or to 1 when smaller), or, when rounding stalls that, once they are within
     ``rtol`` of the columns' sum in all and ``STALL_ROUNDS`` rounds have not improved the worst
-    row (:func:`balance` then meets each row to rounding). ``beta`` starts the children's dual
+    row (:func:`balance` then meets the rows to rounding where the zeros allow). ``beta`` starts the children's dual
     variables (from the projection of a nearby point: a few rounds then suffice); with ``dual``,
     returns ``(X, beta)``.
 
@@ -159,17 +166,24 @@ def balance(X: np.ndarray, columns: np.ndarray, rows: np.ndarray, rtol: float = 
     (relative to it, or to 1 when smaller), ending with the columns (exact to rounding). It
     keeps zeros and non-negativity and, from a point within the transportation projection's
     tolerance, moves entries by about that tolerance: it turns a tolerance relative to the
-    family's total into one relative to each row. Rows or columns that are all zero are left.
+    family's total into one relative to each row. Rows or columns that are all zero are left, and
+    it stops when a pass makes no progress: rows whose sums could only move through zero entries
+    keep their miss (within the transportation projection's tolerance). The rows must add up to the
+    columns' sum.
 
     >>> balance(np.array([[1.0, 1.0], [1.0, 0.999]]), np.array([2.0, 2.0]), np.array([2.0, 2.0])).sum(axis=1).round(12)
     array([2., 2.])
     """
     X = np.array(X, dtype=float)
     c, r = np.asarray(columns, dtype=float), np.asarray(rows, dtype=float)
+    room = rtol * np.maximum(r, 1.0)
+    last = np.inf
     for _ in range(maxiter):
         sums = X.sum(axis=1)
-        if np.all(np.abs(sums - r) <= rtol * np.maximum(r, 1.0)):
+        worst = float(np.max(np.abs(sums - r) / room))
+        if worst <= 1.0 or worst >= last:  # met, or no progress (rows that cannot move without a zero)
             break
+        last = worst
         X *= np.divide(r, sums, out=np.ones_like(r), where=sums > 0)[:, None]
         sums = X.sum(axis=0)
         X *= np.divide(c, sums, out=np.ones_like(c), where=sums > 0)[None, :]
@@ -428,7 +442,8 @@ class TopDown:
             out, dual[0] = transport_projection(V, x_plus, held, beta=dual[0], dual=True, scale=self.scale)
             return out
 
-        return balance(self.project(d, X, transport, weights), x_plus, held)
+        rows = held * (float(x_plus.sum()) / float(held.sum())) if held.sum() > 0 else held  # as the transport's
+        return balance(self.project(d, X, transport, weights), x_plus, rows)
 
     def record(self, d: int, units: np.ndarray, X_plus: np.ndarray, X_ls: np.ndarray) -> None:
         """Keep (or hand to ``sink``) the answers of ``units`` of level ``d`` from their non-negative cells
