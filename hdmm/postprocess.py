@@ -136,9 +136,10 @@ def metric_projection(
     for _ in range(maxiter):
         step = project(w - ((Gw - Gx) * w8[None, :]).T / L)
         G_step = G @ step.T
-        D = (step - v).T
-        rise = 0.5 * inner(D, G_step + Gv - 2.0 * Gx)  # f(step) - f(v), f(v) = sum_i w_i |A(v_i - x_i)|^2 / 2
-        moved = math.sqrt(max(inner(D, G_step - Gv), 0.0))  # the weighted norm of A(step - v)
+        D, dG = (step - v).T, G_step - Gv
+        squared = inner(D, dG)  # the weighted squared norm of A(step - v)
+        rise = 0.5 * squared + inner(D, Gv - Gx)  # f(step) - f(v), f(v) = sum_i w_i |A(v_i - x_i)|^2 / 2
+        moved = math.sqrt(max(squared, 0.0))
         if rise > 0.0:  # no descent: drop the momentum; if a plain step fails, the step size was too long
             if w is v:
                 if moved <= threshold:  # ... or v is stationary and rounding decides the comparison
@@ -149,7 +150,7 @@ def metric_projection(
         change = moved
         following = (1.0 + math.sqrt(1.0 + 4.0 * momentum**2)) / 2.0
         beta = (momentum - 1.0) / following
-        w, Gw = step + beta * (step - v), G_step + beta * (G_step - Gv)
+        w, Gw = step + beta * D.T, G_step + beta * dG
         v, Gv, momentum = step, G_step, following
         if change <= threshold:
             return v

@@ -138,8 +138,7 @@ def transport_projection(V: np.ndarray, columns: np.ndarray, rows: np.ndarray, *
     scale = total if scale is None else float(scale)
     if abs(float(c.sum()) - float(r.sum())) > TOTALS_RTOL * scale:
         raise ValueError(f"the cells add up to {c.sum():g} but the children's totals to {r.sum():g}")
-    if r.sum() > 0:  # equal sums exactly: a parent's cells carry the rounding of its own projection
-        r = r * (float(c.sum()) / float(r.sum()))
+    r = _rows_to_columns(r, c)
     room = rtol * np.maximum(r, 1.0)
     alpha = thresholds(V if beta is None else V - beta[:, None], c)  # each round starts from the last alpha
     worst, stalled = np.inf, 0
@@ -157,6 +156,13 @@ def transport_projection(V: np.ndarray, columns: np.ndarray, rows: np.ndarray, *
     raise ArithmeticError(f"the transportation projection did not converge in {maxiter} rounds")
 
 
+def _rows_to_columns(rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    """``rows`` scaled to add up to ``columns``' sum exactly (a parent's cells carry the rounding of its own
+    projection), unless they add up to 0."""
+    total = float(rows.sum())
+    return rows * (float(columns.sum()) / total) if total > 0 else rows
+
+
 def balance(X: np.ndarray, columns: np.ndarray, rows: np.ndarray, rtol: float = 1e-14,
             maxiter: int = 200) -> np.ndarray:
     r"""A non-negative ``X`` that nearly meets its row and column sums, scaled to meet them to rounding.
@@ -168,14 +174,15 @@ def balance(X: np.ndarray, columns: np.ndarray, rows: np.ndarray, rtol: float = 
     tolerance, moves entries by about that tolerance: it turns a tolerance relative to the
     family's total into one relative to each row. Rows or columns that are all zero are left, and
     it stops when a pass makes no progress: rows whose sums could only move through zero entries
-    keep their miss (within the transportation projection's tolerance). The rows must add up to the
-    columns' sum.
+    keep their miss (within the transportation projection's tolerance). The rows are first scaled to
+    add up to the columns' sum, as :func:`transport_projection` scales them.
 
     >>> balance(np.array([[1.0, 1.0], [1.0, 0.999]]), np.array([2.0, 2.0]), np.array([2.0, 2.0])).sum(axis=1).round(12)
     array([2., 2.])
     """
     X = np.array(X, dtype=float)
-    c, r = np.asarray(columns, dtype=float), np.asarray(rows, dtype=float)
+    c = np.asarray(columns, dtype=float)
+    r = _rows_to_columns(np.asarray(rows, dtype=float), c)
     room = rtol * np.maximum(r, 1.0)
     last = np.inf
     for _ in range(maxiter):
@@ -442,8 +449,7 @@ class TopDown:
             out, dual[0] = transport_projection(V, x_plus, held, beta=dual[0], dual=True, scale=self.scale)
             return out
 
-        rows = held * (float(x_plus.sum()) / float(held.sum())) if held.sum() > 0 else held  # as the transport's
-        return balance(self.project(d, X, transport, weights), x_plus, rows)
+        return balance(self.project(d, X, transport, weights), x_plus, held)
 
     def record(self, d: int, units: np.ndarray, X_plus: np.ndarray, X_ls: np.ndarray) -> None:
         """Keep (or hand to ``sink``) the answers of ``units`` of level ``d`` from their non-negative cells
@@ -502,12 +508,6 @@ class TopDown:
         children = np.arange(lo, hi)
         held = self.known[d + 1][lo:hi]
         bounds = family_groups(hi - lo, self.space.strategy.shape[1])
-        if hi - lo == 1:  # an only child has its parent's cells
-            X = self.cells(d + 1, children)
-            self.record(d + 1, children, x_plus[None, :], X)
-            self._count(d, unit)
-            self.descend(d + 1, lo, x_plus, stop, reached)
-            return
         if len(bounds) > 2:  # first the groups' sums, weighted by one over their sizes
             sums = np.vstack([self.cells(d + 1, children[a:b]).sum(axis=0) for a, b in zip(bounds, bounds[1:])])
             parts = self.family(d + 1, sums, x_plus, np.add.reduceat(held, bounds[:-1]), 1.0 / np.diff(bounds))
@@ -515,7 +515,7 @@ class TopDown:
             parts = x_plus[None, :]
         for a, b, part in zip(bounds, bounds[1:], parts):
             X = self.cells(d + 1, children[a:b])
-            P = self.family(d + 1, X, part, held[a:b])
+            P = part[None, :] if b - a == 1 else self.family(d + 1, X, part, held[a:b])  # one child: the sum
             self.record(d + 1, children[a:b], P, X)
             del X
             if a == 0:
