@@ -91,6 +91,27 @@ def test_opt_kron_reports_the_exact_error_and_beats_identity(norm, privacy):
     assert exact >= hdmm.svd_bound(W, privacy).value * (1 - 1e-9)
 
 
+def test_opt_kron_warms_only_its_first_round_under_laplace_with_several_attributes(monkeypatch):
+    import hdmm.optimizers.kron as K
+    calls = []
+    real = K.optimize_pidentity
+
+    def spy(*args, l2_warmup=0, **kwargs):
+        calls.append((kwargs.get("start") is None, l2_warmup))
+        return real(*args, l2_warmup=l2_warmup, **kwargs)
+
+    monkeypatch.setattr(K, "optimize_pidentity", spy)
+    dom = hdmm.Domain(["x", "y"], [12, 10])
+    W = hdmm.union([hdmm.product(dom, {"x": hdmm.Prefix(12)}), hdmm.product(dom, {"y": hdmm.Prefix(10)}),
+                    hdmm.product(dom, {"x": hdmm.Prefix(12), "y": hdmm.Prefix(10)})])
+    opt_kron_union(kron_union(W), LAPLACE, rng=np.random.default_rng(0))
+    assert calls[:2] == [(True, K.L2_WARMUP)] * 2 and len(calls) > 2
+    assert all(warmup == 0 and not cold for cold, warmup in calls[2:])  # later rounds start warm
+    calls.clear()
+    opt_kron_union(kron_union(hdmm.Prefix(12)), LAPLACE, rng=np.random.default_rng(0))
+    assert calls == [(True, 0)]                                         # one attribute: no warm-up
+
+
 def test_opt_marginals_gradient_matches_autograd():
     W = hdmm.union([hdmm.AllMarginals((3, 4, 2), 2), hdmm.product((3, 4, 2), {0: hdmm.Prefix(3)})])
     problem = MarginalsProblem(kron_union(W))

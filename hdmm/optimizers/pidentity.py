@@ -517,7 +517,7 @@ def default_start(n: int, p: int) -> np.ndarray:
 
 def optimize_pidentity(
     G: Matrix, p: int, norm: int = 1, restarts: int = 1, rng: np.random.Generator | None = None,
-    maxiter: int | None = None, start: np.ndarray | None = None,
+    maxiter: int | None = None, start: np.ndarray | None = None, l2_warmup: int = 0,
 ) -> tuple[np.ndarray, float]:
     r"""Minimise :func:`pidentity_objective` over ``0 <= T <= T_MAX`` (projected L-BFGS).
 
@@ -541,6 +541,14 @@ def optimize_pidentity(
     weight beats the identity). When the best run ends at ``T = 0``,
     the first start is run again cautiously (no step more than halves an entry, apart from the
     smallest, see ``CAUTIOUS_MIN``) and kept if it is better.
+
+    ``l2_warmup`` (Laplace only, when no ``start`` is given): the default start first runs that
+    many iterations of the same search under L2 column norms, :math:`d_j = (1 + \sum_i
+    T_{ij}^2)^{1/2}`, and the L1 search races from where it ends. The L2 norms are smooth in ``T``
+    and grow only to second order from a zero entry, so rows move and widen freely there, where
+    under L1 every entry pays its first-order cost in sensitivity; the warm-up settles the layout
+    of the rows (which values each covers) before the L1 search refines their weights. OPT_(x)
+    uses it in its first round (:mod:`.kron`).
     """
     n = G.shape[0]
     maxiter = MAXITER if maxiter is None else maxiter
@@ -559,6 +567,11 @@ def optimize_pidentity(
         blocks[np.arange(n) * p // n, np.arange(n)] = 1.0
         starts += [blocks] + [rng.random((p, n)) for _ in range(restarts - 2)]
     with threadpool_limits(limits=1, user_api="blas"):
+        if l2_warmup > 0 and norm == 1 and start is None:
+            smooth = _Problem(G if unit == 1.0 else Weighted(G, unit), p, n, 2)
+            warmed = _projected_lbfgs(smooth, starts[0], l2_warmup)[0]
+            if warmed.any():
+                starts[0] = warmed
         best, used = successive_halving(starts, lambda T0, k: _projected_lbfgs(problem, T0, k, window_tol=window_tol)[:2],
                                         RUNG_ITER, RUNG_KEEP, RUNG_GROWTH, budget=maxiter)
         T, f, it = _projected_lbfgs(problem, best, maxiter - used, window_tol=window_tol)
