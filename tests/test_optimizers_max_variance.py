@@ -152,3 +152,22 @@ def test_reweighting_takes_each_terms_largest_variance_over_its_own_rows_only():
     # under the identity: prefix variances 2 * (1..8), the total's 2 * 4 * 8; the zero-weight term is left alone
     assert solution.history["max variance"].iloc[0] == pytest.approx(64.0)
     assert seen[1][1] == 0.0 and seen[1][2] / 2.0 > seen[1][0]
+
+
+def test_a_round_that_overshoots_sends_the_next_back_to_the_best_weights_with_half_the_step():
+    from hdmm.optimizers.reweight import STEP, reweighted_max_variance
+    W = hdmm.union([hdmm.Prefix(8), hdmm.Identity(8)])
+    seen = []
+
+    def total(weighted):  # the same strategy every round: no round beats the first
+        seen.append(hdmm.kron_union.kron_union(weighted).weights.copy())
+        return hdmm.Identity(8), "identity"
+
+    solution = reweighted_max_variance(W, hdmm.PureDP(1.0), total, rounds=4)
+    # under the identity the terms' largest variances are 2 * 8 (prefixes) and 2 (cells): mean 9
+    ratio = np.array([16.0, 2.0]) / 9.0
+    for round_, eta in [(1, STEP), (2, STEP / 2), (3, STEP / 4)]:
+        expected = ratio**eta / (ratio**eta).max()
+        np.testing.assert_allclose(seen[round_], expected, rtol=1e-12)
+    assert solution.history["max variance"].iloc[0] == pytest.approx(16.0)
+    np.testing.assert_array_equal(solution.weights, [1.0, 1.0])

@@ -9,7 +9,9 @@ variance is above the mean of the terms' largest:
 
 .. math:: \omega_j \leftarrow \omega_j \,(v_j / \bar v)^{\eta}, \qquad v_j = \max_{q \in j} \mathrm{Var}(q),
 
-with :math:`\eta` = ``STEP``. The best round by largest variance is kept. The search stops when
+with :math:`\eta` = ``STEP`` at first. The best round by largest variance is kept; a round whose
+largest variance is not below the best's overshot, so the next weights are the best round's moved
+again by its own variances with :math:`\eta` halved. The search stops when
 the terms' largest variances agree to ``BALANCED_RTOL`` (reweighting cannot then lower the
 largest) or after ``rounds``. Every strategy a round returns is a valid strategy for the workload
 itself; the weights only steer the optimizer.
@@ -37,7 +39,8 @@ __all__ = ["ReweightedSolution", "reweighted_max_variance", "ROUNDS", "MAX_QUERI
 #: Rounds of reweighting by default.
 ROUNDS = 8
 
-#: Exponent of the multiplicative update (0.5 and 1.5 were no better on prefix, range and total mixes).
+#: Exponent of the multiplicative update at first (0.5 and 1.5 were no better on prefix, range and total mixes);
+#: halved after each round that overshoots.
 STEP = 1.0
 
 #: The search stops once the terms' largest variances are within this relative spread.
@@ -107,7 +110,7 @@ def reweighted_max_variance(W: Matrix, privacy: Privacy, optimize_total: Callabl
     live = (rows > 0) & (union.weights != 0)
     starts = np.concatenate([[0], np.cumsum(rows)[:-1]])
     omega = np.ones(union.num_terms)
-    best, history = None, []
+    best, history, step = None, [], STEP
     for round_ in range(rounds):
         start = time.perf_counter()
         A, name = optimize_total(_reweighted(union, omega))
@@ -121,14 +124,20 @@ def reweighted_max_variance(W: Matrix, privacy: Privacy, optimize_total: Callabl
                         "seconds": time.perf_counter() - start, "optimizer": name})
         if progress is not None:
             progress(f"max variance, round {round_ + 1}: {worst:.6g} ({name})")
-        if best is None or worst < best[1]:
-            best = (A, worst, omega.copy())
         level = float(np.mean(term_max[live]))
         if not np.isfinite(worst) or worst <= level * (1.0 + BALANCED_RTOL):
+            if best is None or worst < best[1]:
+                best = (A, worst, omega.copy(), term_max)
             break
+        if best is None or worst < best[1]:
+            best = (A, worst, omega.copy(), term_max)
+        else:  # overshot: step again from the best round, half as far
+            step *= 0.5
+            omega, term_max = best[2].copy(), best[3]
+            level = float(np.mean(term_max[live]))
         if deadline is not None and time.perf_counter() >= deadline:
             break
-        omega = np.where(live, omega * (term_max / level) ** STEP, omega)
+        omega = np.where(live, omega * (term_max / level) ** step, omega)
         omega /= omega[live].max()
-    A, worst, weights = best
+    A, worst, weights, _ = best
     return ReweightedSolution(A, worst, weights, pd.DataFrame(history))
