@@ -171,3 +171,26 @@ def test_a_round_that_overshoots_sends_the_next_back_to_the_best_weights_with_ha
         np.testing.assert_allclose(seen[round_], expected, rtol=1e-12)
     assert solution.history["max variance"].iloc[0] == pytest.approx(16.0)
     np.testing.assert_array_equal(solution.weights, [1.0, 1.0])
+
+
+def test_the_step_stays_halved_after_an_overshoot_even_when_a_later_round_wins(monkeypatch):
+    import hdmm.optimizers.reweight as R
+    W = hdmm.union([hdmm.Prefix(8), hdmm.Identity(8)])
+    scripted = iter([(16.0, 2.0), (40.0, 1.0), (10.0, 5.0), (9.0, 8.0)])  # each round's largest per term
+    monkeypatch.setattr(R, "per_query_variance", lambda W, A, privacy: np.repeat(next(scripted), 8))
+    seen = []
+
+    def total(weighted):
+        seen.append(hdmm.kron_union.kron_union(weighted).weights.copy())
+        return hdmm.Identity(8), "identity"
+
+    solution = R.reweighted_max_variance(W, hdmm.PureDP(1.0), total, rounds=4)
+
+    def moved(omega, v, eta):
+        w = omega * (np.asarray(v) / np.mean(v)) ** eta
+        return w / w.max()
+
+    third = moved(np.ones(2), (16.0, 2.0), R.STEP / 2)        # round 2 overshot: back to round 1, half the step
+    np.testing.assert_allclose(seen[2], third, rtol=1e-12)
+    np.testing.assert_allclose(seen[3], moved(third, (10.0, 5.0), R.STEP / 2), rtol=1e-12)  # still half
+    assert solution.max_variance == 9.0 and list(solution.history["max variance"]) == [16.0, 40.0, 10.0, 9.0]

@@ -237,6 +237,17 @@ def test_l2_warmup_leaves_gaussian_searches_and_warm_starts_alone():
     G = GRAMS["prefix"](n)
     for kwargs in ({"norm": 2}, {"norm": 1, "start": P.hierarchical_start(n, p) * 0.3}):
         plain = P.optimize_pidentity(G, p, restarts=3, rng=np.random.default_rng(1), maxiter=60, **kwargs)
-        warmed = P.optimize_pidentity(G, p, restarts=3, rng=np.random.default_rng(1), maxiter=60, l2_warmup=50, **kwargs)
+        warmed = P.optimize_pidentity(G, p, restarts=3, rng=np.random.default_rng(1), maxiter=60, l2_warmup=50,
+                                      **kwargs)
         np.testing.assert_array_equal(plain[0], warmed[0])
         assert plain[1] == warmed[1]
+
+
+def test_a_warm_up_that_ends_at_zero_keeps_the_default_start():
+    # on the identity's Gram every extra row only costs: the L2 search clears T, the L1 search runs as without it
+    n, p = 32, 4
+    G = hdmm.Identity(n).gram()
+    plain = P.optimize_pidentity(G, p, 1, restarts=2, rng=np.random.default_rng(0))
+    warmed = P.optimize_pidentity(G, p, 1, restarts=2, rng=np.random.default_rng(0), l2_warmup=50)
+    np.testing.assert_array_equal(plain[0], warmed[0])
+    assert plain[1] == warmed[1] == pytest.approx(n)

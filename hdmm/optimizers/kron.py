@@ -90,8 +90,8 @@ def factor_method(G: Matrix, privacy: Privacy) -> str:
 def _pidentity(G: Matrix, privacy: Privacy, p: int | None, restarts: int | None, rng: np.random.Generator,
                warm: Matrix | None, maxiter: int | None = None, l2_warmup: int = 0) -> tuple[PIdentity, float]:
     """The p-Identity strategy for ``G`` and its error at unit noise (``warm`` seeds a start;
-    ``maxiter`` caps the search, default :data:`.pidentity.MAXITER`; ``l2_warmup`` as in
-    :func:`.pidentity.optimize_pidentity`).
+    ``maxiter`` caps the search, default :data:`.pidentity.MAXITER`, after ``l2_warmup`` iterations
+    of its warm-up, as in :func:`.pidentity.optimize_pidentity`).
 
     ``p`` and ``restarts`` default to :func:`.pidentity.default_p` and
     :func:`.pidentity.default_restarts` of ``G``'s size. The columns are normalised in the
@@ -100,9 +100,8 @@ def _pidentity(G: Matrix, privacy: Privacy, p: int | None, restarts: int | None,
     norm = privacy.norm
     p = default_p(G.shape[0]) if p is None else p
     restarts = default_restarts(G.shape[0]) if restarts is None else restarts
-    T, value = optimize_pidentity(G, p, norm, restarts, rng, maxiter,
-                                  start=warm.params if isinstance(warm, PIdentity) and warm.params.shape[0] == p else None,
-                                  l2_warmup=l2_warmup)
+    seed = warm.params if isinstance(warm, PIdentity) and warm.params.shape[0] == p else None
+    T, value = optimize_pidentity(G, p, norm, restarts, rng, maxiter, start=seed, l2_warmup=l2_warmup)
     return PIdentity(T, norm), value
 
 
@@ -346,7 +345,7 @@ def opt_kron_union(
                 candidates.append(Ones(1, union.sizes[i]))
             else:
                 G_eff = _effective_gram(grams[i], coef)
-                warmup = L2_WARMUP if round_ == 0 and d > 1 else 0
+                warmup = L2_WARMUP if round_ == 0 and d > 1 and privacy.noise == "laplace" else 0
                 key = None
                 if round_ == 0 and (d > 1 or shared):  # one attribute alone has no one to share with
                     fingerprint = _fingerprint(G_eff)

@@ -40,6 +40,7 @@ returned ``T`` is a valid p-Identity strategy whose error is computed exactly af
 
 from __future__ import annotations
 
+import copy
 import functools
 from functools import cached_property
 
@@ -544,7 +545,8 @@ def optimize_pidentity(
 
     ``l2_warmup`` (Laplace only, when no ``start`` is given): the default start first runs that
     many iterations of the same search under L2 column norms, :math:`d_j = (1 + \sum_i
-    T_{ij}^2)^{1/2}`, and the L1 search races from where it ends. The L2 norms are smooth in ``T``
+    T_{ij}^2)^{1/2}` (on top of ``maxiter``), and the L1 search races from where it ends, unless
+    that is ``T = 0`` (the default start is kept; the cautious rerun always uses it). The L2 norms are smooth in ``T``
     and grow only to second order from a zero entry, so rows move and widen freely there, where
     under L1 every entry pays its first-order cost in sensitivity; the warm-up settles the layout
     of the rows (which values each covers) before the L1 search refines their weights. OPT_(x)
@@ -566,17 +568,19 @@ def optimize_pidentity(
         blocks = np.zeros((p, n))
         blocks[np.arange(n) * p // n, np.arange(n)] = 1.0
         starts += [blocks] + [rng.random((p, n)) for _ in range(restarts - 2)]
+    first = starts[0]
     with threadpool_limits(limits=1, user_api="blas"):
         if l2_warmup > 0 and norm == 1 and start is None:
-            smooth = _Problem(G if unit == 1.0 else Weighted(G, unit), p, n, 2)
-            warmed = _projected_lbfgs(smooth, starts[0], l2_warmup)[0]
+            smooth = copy.copy(problem)     # the same (scaled, possibly densified) Gram under L2 norms
+            smooth.norm = 2
+            warmed = _projected_lbfgs(smooth, first, l2_warmup)[0]
             if warmed.any():
                 starts[0] = warmed
         best, used = successive_halving(starts, lambda T0, k: _projected_lbfgs(problem, T0, k, window_tol=window_tol)[:2],
                                         RUNG_ITER, RUNG_KEEP, RUNG_GROWTH, budget=maxiter)
         T, f, it = _projected_lbfgs(problem, best, maxiter - used, window_tol=window_tol)
         if not T.any():
-            T, f, it = min((T, f, it), _projected_lbfgs(problem, starts[0], maxiter, window_tol=window_tol, cautious=True),
+            T, f, it = min((T, f, it), _projected_lbfgs(problem, first, maxiter, window_tol=window_tol, cautious=True),
                            key=lambda r: r[1])
     return T, float(f) / unit
 

@@ -11,7 +11,7 @@ variance is above the mean of the terms' largest:
 
 with :math:`\eta` = ``STEP`` at first. The best round by largest variance is kept; a round whose
 largest variance is not below the best's overshot, so the next weights are the best round's moved
-again by its own variances with :math:`\eta` halved. The search stops when
+again by its own variances with :math:`\eta` halved (and it stays halved). The search stops when
 the terms' largest variances agree to ``BALANCED_RTOL`` (reweighting cannot then lower the
 largest) or after ``rounds``. Every strategy a round returns is a valid strategy for the workload
 itself; the weights only steer the optimizer.
@@ -124,14 +124,13 @@ def reweighted_max_variance(W: Matrix, privacy: Privacy, optimize_total: Callabl
                         "seconds": time.perf_counter() - start, "optimizer": name})
         if progress is not None:
             progress(f"max variance, round {round_ + 1}: {worst:.6g} ({name})")
+        improved = best is None or worst < best[1]
+        if improved:
+            best = (A, worst, omega.copy(), term_max)
         level = float(np.mean(term_max[live]))
         if not np.isfinite(worst) or worst <= level * (1.0 + BALANCED_RTOL):
-            if best is None or worst < best[1]:
-                best = (A, worst, omega.copy(), term_max)
             break
-        if best is None or worst < best[1]:
-            best = (A, worst, omega.copy(), term_max)
-        else:  # overshot: step again from the best round, half as far
+        if not improved:  # overshot: step again from the best round, half as far
             step *= 0.5
             omega, term_max = best[2].copy(), best[3]
             level = float(np.mean(term_max[live]))
