@@ -41,8 +41,12 @@ disk, then renamed over the old one), **before** the measurement it pays for dra
 A measurement that fails after its charge was written (an error, a crash, a killed process)
 therefore leaves a recorded charge: the budget may over-count, never under-count. A charge is
 recorded with status ``"charged"`` and marked ``"released"`` by :meth:`Budget.settle` once the
-release is complete; both count. Thread safety is not provided; a file changed by someone else
-since it was read (say, two releases at once) is refused rather than overwritten.
+release is complete; both count. A file changed by someone else since it was read (say, two
+releases at once) is refused rather than overwritten: the file is read, checked against what this
+budget last read or wrote, and replaced under an exclusive advisory lock (``flock``) on its
+directory, so no two writers can both pass the check and one of their charges be lost. The lock is
+POSIX; elsewhere only the check is made. A :class:`Budget` object itself is not thread-safe: give
+each thread its own (:meth:`Budget.load`).
 
 >>> b = Budget(PureDP(3.0))
 >>> b.charge(PureDP(1.0), workload="sf1").cost
@@ -61,10 +65,17 @@ import datetime
 import hashlib
 import json
 import math
+import contextlib
 import os
 import tempfile
+import time
 from fractions import Fraction
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
+
+try:
+    import fcntl
+except ImportError:  # not POSIX (Windows): the digest check alone guards the file
+    fcntl = None
 
 from .privacy import ZCDP, ApproxDP, Privacy, PureDP, zcdp_delta, zcdp_rho
 from .validation import is_finite_real
@@ -83,6 +94,9 @@ BUDGET_FORMAT = "hdmm-budget"
 
 #: The budget file version this hdmm writes and reads.
 BUDGET_VERSION = 1
+
+#: Seconds a budget write waits for another process's budget write in the same directory to finish.
+LOCK_TIMEOUT = 60.0
 
 #: A charge's status: recorded before measuring, or known to have finished.
 STATUSES = ("charged", "released")
@@ -594,23 +608,64 @@ def _read_file(path: str, max_bytes: int) -> bytes:
     return data
 
 
+@contextlib.contextmanager
+def _directory_locked(directory: str) -> Iterator[None]:
+    """Hold an exclusive advisory lock (``flock``) on ``directory`` for the duration of the block.
+
+    Every budget write takes it around reading, checking and replacing its file, so writes to
+    budget files in one directory happen one at a time across processes (each lasts
+    milliseconds). The lock goes with the descriptor: a process that dies releases it. Waits at
+    most ``LOCK_TIMEOUT`` seconds, then raises :class:`BudgetError`; without ``fcntl`` (not
+    POSIX) it does nothing.
+    """
+    if fcntl is None:
+        yield
+        return
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        deadline = time.monotonic() + LOCK_TIMEOUT
+        while True:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise BudgetError(f"another process has been writing a budget file in {directory} for over "
+                                      f"{LOCK_TIMEOUT:g} s; nothing was charged: retry once it has finished") from None
+                time.sleep(0.01)
+        yield
+    finally:
+        os.close(descriptor)
+
+
 def _replace_file(path: str, text: str, digest: str | None, *, new: bool = False) -> str:
     """Write ``text`` to ``path`` atomically; returns its digest.
 
     ``digest`` is that of the file as it was last read or written by this budget: a file that
-    differs now (another process charged it) is refused. ``new``: the file must not exist.
+    differs now (another process charged it) is refused. ``new``: the file must not exist. The
+    check and the replacement happen under :func:`_directory_locked`.
     """
-    if not new:
-        try:
-            with open(path, "rb") as file:
-                current = hashlib.sha256(file.read()).hexdigest()
-        except FileNotFoundError:
-            current = None
-        if current != digest:
-            raise BudgetError(f"the budget file {path} changed since it was read (another release, or an edit?); "
-                              "nothing was charged: load it again with Budget.load and retry")
     data = text.encode("utf-8")
+    directory = os.path.dirname(path) or os.curdir
+    with _directory_locked(directory):
+        if not new:
+            try:
+                with open(path, "rb") as file:
+                    current = hashlib.sha256(file.read()).hexdigest()
+            except FileNotFoundError:
+                current = None
+            if current != digest:
+                raise BudgetError(f"the budget file {path} changed since it was read (another release, or an "
+                                  "edit?); nothing was charged: load it again with Budget.load and retry")
+        _write_and_rename(path, data, new)
+    _sync_directory(directory)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write_and_rename(path: str, data: bytes, new: bool) -> None:
+    """Write ``data`` to a temporary file beside ``path``, flush it to disk and rename it over ``path``."""
     directory, name = os.path.split(path)
+    directory = directory or os.curdir
     try:  # the file keeps its permissions; a new one gets the umask's, as open() would give it
         mode = os.stat(path).st_mode & 0o777
     except FileNotFoundError:
@@ -630,15 +685,17 @@ def _replace_file(path: str, text: str, digest: str | None, *, new: bool = False
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
-    try:  # make the rename itself durable (POSIX); not possible everywhere
+
+
+def _sync_directory(directory: str) -> None:
+    """Make a rename in ``directory`` durable (POSIX); not possible everywhere, so failures are ignored."""
+    try:
         descriptor = os.open(directory, os.O_RDONLY)
     except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
         pass
-    else:
-        try:
-            os.fsync(descriptor)
-        except OSError:
-            pass
-        finally:
-            os.close(descriptor)
-    return hashlib.sha256(data).hexdigest()
+    finally:
+        os.close(descriptor)

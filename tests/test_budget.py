@@ -293,3 +293,64 @@ def test_charge_records_round_trip():
     c = Charge(number=3, time="2024-01-01T00:00:00+00:00", workload="sf1", privacy=ApproxDP(1.0, 1e-6), cost=0.1,
                unit="rho", status="released", output="out.csv")
     assert Charge.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+
+
+def test_two_writers_at_once_cannot_both_pass_the_check(tmp_path, monkeypatch):
+    # the first writer pauses just before renaming its file over the budget's; the second must wait for it
+    # (the directory lock), then find the file changed and refuse: without the lock both charges would be
+    # reported made and the second one lost from the file
+    import threading
+
+    import hdmm.budget as B
+    path = tmp_path / "budget.json"
+    Budget(PureDP(2.0)).save(path)
+    first, second = Budget.load(path), Budget.load(path)
+    inside, go_on = threading.Event(), threading.Event()
+    rename = os.replace
+
+    def paused_rename(src, dst):
+        if threading.current_thread().name == "first":
+            inside.set()
+            assert go_on.wait(10)
+        rename(src, dst)
+
+    monkeypatch.setattr(B.os, "replace", paused_rename)
+    outcome = {}
+
+    def charge(budget, name):
+        try:
+            outcome[name] = budget.charge(PureDP(0.5), workload=name)
+        except BudgetError as exc:
+            outcome[name] = exc
+
+    threads = {name: threading.Thread(target=charge, args=(b, name), name=name)
+               for name, b in [("first", first), ("second", second)]}
+    threads["first"].start()
+    assert inside.wait(10)
+    threads["second"].start()
+    threads["second"].join(0.3)
+    assert threads["second"].is_alive()          # waiting for the lock, not writing
+    go_on.set()
+    for thread in threads.values():
+        thread.join(10)
+    assert isinstance(outcome["second"], BudgetError) and "changed since it was read" in str(outcome["second"])
+    assert [c.workload for c in Budget.load(path).charges] == ["first"]
+
+
+def test_a_budget_write_waits_for_the_lock_only_so_long(tmp_path, monkeypatch):
+    fcntl = pytest.importorskip("fcntl")
+    import hdmm.budget as B
+    path = tmp_path / "budget.json"
+    Budget(PureDP(2.0)).save(path)
+    b = Budget.load(path)
+    monkeypatch.setattr(B, "LOCK_TIMEOUT", 0.05)
+    holder = os.open(tmp_path, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        with pytest.raises(BudgetError, match="another process has been writing a budget file"):
+            b.charge(PureDP(0.5))
+    finally:
+        os.close(holder)
+    assert Budget.load(path).charges == () and b.charges == ()
+    b.charge(PureDP(0.5))
+    assert len(Budget.load(path).charges) == 1
