@@ -32,7 +32,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .domain import Domain
-from .matrix import Identity, Kronecker, KronVector, Matrix, Ones, Product, Weighted
+from .matrix import Identity, Kronecker, KronVector, Matrix, Ones, Product, Weighted, norm_powers
 from .validation import ZERO_RTOL, check_dense_size, check_norm
 from .kron_union import KronUnion, kron_union
 
@@ -359,7 +359,7 @@ class SubsetProducts(Matrix):
     def column_norm_powers(self, p):
         check_norm(p)
         rows = [np.vstack([f.column_norm_powers(p).to_array() for f in fs]) for fs in self.factors]
-        return KronVector.factored(self.domain.shape, self.weights**p, rows, self.members.view(np.uint8))
+        return KronVector.factored(self.domain.shape, norm_powers(self.weights, p), rows, self.members.view(np.uint8))
 
     def _subset_of_row(self, row: int) -> tuple[int, int]:
         k = int(np.searchsorted(self.offsets, row, side="right")) - 1
@@ -409,7 +409,7 @@ class Marginals(SubsetProducts):
     def column_norm_powers(self, p):
         check_norm(p)
         ones = tuple(np.broadcast_to(1.0, n) for n in self.domain.shape)
-        return KronVector(self.domain.shape, [(float(np.sum(self.weights**p)), ones)])
+        return KronVector(self.domain.shape, [(float(np.sum(norm_powers(self.weights, p))), ones)])
 
     def describe(self, row, name=None, values=None):
         k, r = self._subset_of_row(row)

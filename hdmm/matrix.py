@@ -42,6 +42,8 @@ from .validation import DENSE_LIMIT, DenseLimitError, check_dense_size, check_no
 __all__ = [
     "DENSE_LIMIT",
     "DenseLimitError",
+    "norm_powers",
+    "UNDERFLOW_MESSAGE",
     "Matrix",
     "Explicit",
     "Identity",
@@ -172,7 +174,7 @@ class Matrix:
         """
         check_norm(p)
         A = self.dense()
-        return KronVector.from_array((np.abs(A) ** p).sum(axis=0))
+        return KronVector.from_array(norm_powers(A, p).sum(axis=0))
 
     def sensitivity(self, p: int = 1) -> float:
         r"""Largest column :math:`L_p` norm, :math:`\Delta_p(A) = \max_j \|a_{:,j}\|_p`.
@@ -279,6 +281,32 @@ MAX_ENUMERATION = 2**22
 MAX_SEARCH_STEPS = 20_000
 
 
+#: Why a strategy whose column norm powers leave the normal floating-point range is refused.
+UNDERFLOW_MESSAGE = (
+    "the strategy's column norms underflow (entries or weights so small that their powers or products fall below "
+    "2.2e-308, where floats keep few or no significant bits): its sensitivity cannot be computed reliably, and noise "
+    "calibrated to it could be far too small; scale the strategy up (the mechanism's error does not depend on its "
+    "scale)")
+
+
+def _underflowed(results: np.ndarray, nonzero: np.ndarray | bool) -> bool:
+    """Whether any result of non-zero inputs is zero or subnormal."""
+    return bool(np.any(np.logical_and(nonzero, np.abs(results) < np.finfo(float).tiny)))
+
+
+def norm_powers(values, p: int) -> np.ndarray:
+    r""":math:`|v|^p` entrywise, refusing (``ValueError``) any non-zero entry whose power underflows.
+
+    Column norm powers feed the sensitivity, which calibrates the noise: a power that underflows to
+    zero or to a subnormal float would make the sensitivity too low.
+    """
+    values = np.asarray(values, dtype=float)
+    powers = np.abs(values) ** p
+    if _underflowed(powers, values != 0.0):
+        raise ValueError(UNDERFLOW_MESSAGE)
+    return powers
+
+
 class KronVector:
     r"""A non-negative vector stored as a sum of Kronecker products of short vectors.
 
@@ -341,6 +369,8 @@ class KronVector:
     def _setup(self, sizes, weights, rows, index) -> None:
         if index.shape != (weights.size, len(sizes)) or len(rows) != len(sizes):
             raise ValueError("a Kronecker vector needs one index row per term and one column per axis")
+        if any(_underflowed(values, values != 0.0) for values in [weights, *rows]):
+            raise ValueError(UNDERFLOW_MESSAGE)
         for r, n in zip(rows, sizes):
             if r.ndim != 2 or r.shape[1] != n:
                 raise ValueError(f"axis vectors must have the axis length {n}, got shape {r.shape}")
@@ -369,15 +399,20 @@ class KronVector:
         return [(float(w), tuple(self.rows[i][k] for i, k in enumerate(ks))) for w, ks in zip(self.weights, self.index)]
 
     def scale(self, c: float) -> KronVector:
-        return KronVector.factored(self.sizes, c * self.weights, self.rows, self.index)
+        weights = c * self.weights
+        if c != 0.0 and _underflowed(weights, self.weights != 0.0):
+            raise ValueError(UNDERFLOW_MESSAGE)
+        return KronVector.factored(self.sizes, weights, self.rows, self.index)
 
     def kron(self, other: KronVector) -> KronVector:
         """The Kronecker product: axes of ``self`` then of ``other``, one term per pair of terms."""
         a, b = np.meshgrid(np.arange(self.num_terms), np.arange(other.num_terms), indexing="ij")
         a, b = a.ravel(), b.ravel()
         index = np.hstack([self.index[a], other.index[b]])
-        return KronVector.factored(self.sizes + other.sizes, self.weights[a] * other.weights[b],
-                                   self.rows + other.rows, index)
+        weights = self.weights[a] * other.weights[b]
+        if _underflowed(weights, (self.weights[a] != 0.0) & (other.weights[b] != 0.0)):
+            raise ValueError(UNDERFLOW_MESSAGE)
+        return KronVector.factored(self.sizes + other.sizes, weights, self.rows + other.rows, index)
 
     def regroup(self, sizes: Sequence[int]) -> KronVector:
         """The same vector over coarser axes: consecutive axes merged (each term's vectors by ``np.kron``).
@@ -396,6 +431,8 @@ class KronVector:
                 stop += 1
             if width != s:
                 raise ValueError(f"axes {self.sizes} cannot be merged into {sizes}")
+            while stop < len(self.sizes) and self.sizes[stop] == 1:  # axes of one value join the group before
+                stop += 1
             groups.append((start, stop))
             start = stop
         if start != len(self.sizes):
@@ -620,9 +657,11 @@ class Explicit(Matrix):
     def column_norm_powers(self, p):
         check_norm(p)
         if self.is_sparse:
-            col = np.asarray(abs(self.matrix).power(p).sum(axis=0)).ravel()
+            M = self.matrix.tocsr(copy=True)
+            M.data = norm_powers(M.data, p)
+            col = np.asarray(M.sum(axis=0)).ravel()
         else:
-            col = (np.abs(self.matrix) ** p).sum(axis=0)
+            col = norm_powers(self.matrix, p).sum(axis=0)
         return KronVector.from_array(col)
 
     def diag(self):
@@ -795,7 +834,7 @@ class Diagonal(Matrix):
 
     def column_norm_powers(self, p):
         check_norm(p)
-        return KronVector.from_array(np.abs(self.d) ** p)
+        return KronVector.from_array(norm_powers(self.d, p))
 
     def diag(self):
         return self.d.copy()
@@ -1035,7 +1074,7 @@ class Weighted(Matrix):
         return Weighted(self.base.gram(), self.weight**2)
 
     def column_norm_powers(self, p):
-        return self.base.column_norm_powers(p).scale(abs(self.weight) ** p)
+        return self.base.column_norm_powers(p).scale(float(norm_powers(self.weight, p)))
 
     def diag(self):
         return self.weight * self.base.diag()

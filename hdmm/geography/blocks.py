@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..matrix import Kronecker, KronVector, Matrix, VStack
+from ..matrix import Kronecker, KronVector, Matrix, VStack, norm_powers
 from ..validation import check_dense_size, check_norm
 from .solver import TreeSolver
 from .tree import GeographyError, GeographyTree
@@ -90,7 +90,7 @@ class LevelTotals(Matrix):
 
     def column_norm_powers(self, p):
         check_norm(p)
-        return KronVector.from_array(np.full(self.shape[1], float(np.sum(np.abs(self.weights) ** p))))
+        return KronVector.from_array(np.full(self.shape[1], float(np.sum(norm_powers(self.weights, p)))))
 
     def quadratic_diag(self, X):
         n = self.shape[1]

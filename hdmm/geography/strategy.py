@@ -30,7 +30,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..matrix import Identity, KronVector, Matrix, Ones, VStack, Weighted
+from ..matrix import Identity, KronVector, Matrix, Ones, VStack, Weighted, norm_powers
 from ..spectral import blocks, unit_columns
 from ..traces import SUPPORT_TOL, factor_rows, factor_trace
 from ..validation import check_norm, check_width
@@ -90,12 +90,12 @@ class TreeStrategy(Matrix):
 
     def column_norm_powers(self, p):
         check_norm(p)
-        return KronVector.from_array(np.full(self.shape[1], float(np.sum(self.weights**p))))
+        return KronVector.from_array(np.full(self.shape[1], float(np.sum(norm_powers(self.weights, p)))))
 
     def sensitivity(self, p: int = 1) -> float:
         """``sum_l w_l`` (``p = 1``) or ``sqrt(sum_l w_l^2)`` (``p = 2``): each leaf is in one unit per level."""
         check_norm(p)
-        return float(np.sum(self.weights**p) ** (1.0 / p))
+        return float(np.sum(norm_powers(self.weights, p)) ** (1.0 / p))
 
     def pinv(self):
         return TreePinv(self)
