@@ -589,3 +589,38 @@ def test_a_geography_release_is_charged_once_to_a_budget(monkeypatch, tmp_path):
     with pytest.raises(hdmm.BudgetExceeded):
         release_geography(plan, ArrayHistograms(H), budget=budget)
     assert calls == [] and budget.spent == pytest.approx(1.0)
+
+
+def test_sources_that_do_not_fit_the_plan_are_refused_before_any_noise(monkeypatch):
+    tree = small_country()
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP)
+    calls = _count_noise(monkeypatch)
+    with pytest.raises(ValueError, match="person cells"):      # histograms over another person domain
+        release_geography(plan, ArrayHistograms(sp.csr_matrix(np.ones((tree.leaves, DOMAIN.size - 2)))), seed=0)
+    negative = np.ones((tree.leaves, DOMAIN.size))
+    negative[0, :2] = [-1.0, 3.0]                               # the leaf's total stays positive
+    with pytest.raises(ValueError, match="negative or non-finite"):
+        ArrayHistograms(sp.csr_matrix(negative))
+    # records placed in another tree with as many leaves: refused, not released against the wrong units
+    other = GeographyTree.from_parents({f"t{i}": "c0" for i in range(tree.leaves)} | {"c0": "s0", "s0": "US"},
+                                       ["nation", "state", "county", "tract"])
+    assert other.leaves == tree.leaves
+    records = pd.DataFrame({"leaf": list(other.codes("tract")), "a": 0, "b": 1})
+    with pytest.raises(ValueError, match="another geography tree"):
+        release_geography(plan, RecordHistograms.of(other, DOMAIN, records, leaf_column="leaf"), seed=0)
+    wide = RecordHistograms.of(tree, hdmm.Domain(["a", "b"], [2, 4]),
+                               pd.DataFrame({"leaf": [tree.codes("tract")[0]], "a": [0], "b": [3]}), leaf_column="leaf")
+    with pytest.raises(ValueError, match="person cells"):
+        release_geography(plan, wide, seed=0)
+    assert calls == []
+
+
+def test_records_without_a_code_are_refused_by_name():
+    tree = GeographyTree.from_table(pd.DataFrame({"state": ["01", "01", "02"], "county": ["001", "003", "001"]}),
+                                    ["state", "county"])
+    records = pd.DataFrame({"state": ["01", "02"], "county": ["001", None], "a": [0, 1], "b": [0, 2]})
+    with pytest.raises(GeographyError, match=r"no code in column\(s\) \['county'\]"):
+        RecordHistograms.of(tree, DOMAIN, records)
+    with pytest.raises(GeographyError, match="no code in 'leaf'"):
+        RecordHistograms.of(tree, DOMAIN, pd.DataFrame({"leaf": ["01001", None], "a": [0, 1], "b": [0, 2]}),
+                            leaf_column="leaf")

@@ -75,7 +75,7 @@ def test_spark_and_local_engines_agree(spark, country, tmp_path):
         f"level={n}" for n in tree.levels)
     meta = json.loads((out / "_provenance.json").read_text())
     assert meta["privacy"]["rho"] == 0.5 and meta["seeded"] is True
-    assert meta["invariants"]["public_not_private"] is True
+    assert meta["invariants"]["public_not_private"] is True and meta["invariants"]["levels"] == {"state": 3}
     assert not (tmp_path / "release.work").exists()
 
 
@@ -230,3 +230,51 @@ def test_spark_nonnegative_with_every_released_level_above_the_partition_level(s
     local, remote, merged = _both_nonnegative(spark, plan, source, records, 8, tmp_path / "top")
     assert len(merged) == (1 + tree.sizes[1]) * WP.shape[0]
     assert remote.change == pytest.approx(local.change, rel=1e-9)
+
+
+def test_spark_work_directory_is_checked_before_the_charge_and_never_left_behind(spark, country, tmp_path,
+                                                                                monkeypatch):
+    from hdmm.budget import Budget
+    import hdmm.georelease.spark as S
+
+    tree, records = country
+    source = RecordHistograms.of(tree, DOMAIN, records)
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP)
+    budget = Budget(hdmm.PureDP(5.0))
+    # an interrupted run's work directory: refused before anything is charged, and left alone
+    (tmp_path / "a.work").mkdir()
+    with pytest.raises(FileExistsError, match="a.work exists"):
+        release_geography(plan, ArrayHistograms(source.histograms(0, tree.leaves)), engine="spark", seed=1,
+                          output=str(tmp_path / "a"), budget=budget)
+    assert budget.spent == 0.0 and (tmp_path / "a.work").is_dir()
+    # a given work_dir keeps what it holds; the release's own subdirectory goes, even when the release fails
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "precious.txt").write_text("keep me")
+    monkeypatch.setattr(S, "start_output", lambda path: (_ for _ in ()).throw(RuntimeError("disk full")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        with pytest.raises(RuntimeError, match="disk full"):   # after stage 1 wrote exact partition totals
+            release_geography(plan, ArrayHistograms(source.histograms(0, tree.leaves)), engine="spark", seed=1,
+                              output=str(tmp_path / "b"), work_dir=str(shared))
+        with pytest.raises(RuntimeError, match="disk full"):
+            release_geography(plan, ArrayHistograms(source.histograms(0, tree.leaves)), engine="spark", seed=1,
+                              output=str(tmp_path / "c"))
+    assert [p.name for p in shared.iterdir()] == ["precious.txt"]
+    assert not (tmp_path / "c.work").exists()
+
+
+def test_spark_refuses_records_without_a_code_and_releases_no_records(spark, country, tmp_path):
+    tree, records = country
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP)
+    bad = records.copy().astype({"county": object})
+    bad.loc[0, "county"] = None                     # concat_ws would have made up the code of another unit
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        with pytest.raises(GeographyError, match="no code in the level columns"):
+            release_geography(plan, spark.createDataFrame(bad), engine="spark", domain=DOMAIN,
+                              output=str(tmp_path / "never"))
+        # no records at all: pure noise, like the local engine
+        empty = spark.createDataFrame(records.iloc[:0], schema=spark.createDataFrame(records).schema)
+        result = release_geography(plan, empty, engine="spark", seed=3, domain=DOMAIN, output=str(tmp_path / "o"))
+        assert result.dataframe.count() == sum(tree.sizes) * WP.shape[0]

@@ -334,6 +334,10 @@ class GeographyTree:
         missing = [c for c in self._columns if c not in table.columns]
         if missing:
             raise GeographyError(f"the table has no column(s) {missing}; it has {list(table.columns)}")
+        empty = [c for c in self._columns if table[c].isna().any()]
+        if empty:
+            raise GeographyError(f"some records have no code in column(s) {empty} (missing values): every record "
+                                 "needs the code of its unit at every level")
         raw = [table[c].astype(str).tolist() for c in self._columns]
         return self.leaf_index(self._separator.join(parts) for parts in zip(*raw))
 

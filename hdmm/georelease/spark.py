@@ -194,7 +194,8 @@ def _records_frame(spark, plan: GeoPlan, data, domain: Domain, leaf_column: str 
         domain.project([name]).cell_index(values, codes=codes)
     lookup = spark.createDataFrame(pd.DataFrame({
         "_hdmm_code": counts["_hdmm_code"].astype(str), LEAF: leaf.astype(np.int64),
-        PART: _partition_of_leaves(plan)[leaf].astype(np.int64)}))
+        PART: _partition_of_leaves(plan)[leaf].astype(np.int64)}),
+        f"_hdmm_code string, {LEAF} long, {PART} long")  # the schema given: no records is no error
     return df.join(F.broadcast(lookup), on="_hdmm_code", how="inner").drop("_hdmm_code"), totals
 
 
@@ -210,13 +211,19 @@ def _leaf_counts(spark, tree: GeographyTree, data, leaf_column: str | None):
         missing = [c for c in tree.columns if c not in df.columns]
         if missing:
             raise GeographyError(f"the records have no column(s) {missing}; they have {df.columns}")
-        code = F.concat_ws(tree.separator, *[F.col(c).cast("string") for c in tree.columns])
+        parts = [F.col(c).cast("string") for c in tree.columns]
+        # concat (not concat_ws) is null when any level's code is: a missing code must not make up another
+        code = F.concat(*[p for c in parts for p in (c, F.lit(tree.separator))][:-1])
     else:
         if leaf_column not in df.columns:
             raise GeographyError(f"the records have no column {leaf_column!r}; they have {df.columns}")
         code = F.col(leaf_column).cast("string")
     df = df.withColumn("_hdmm_code", code)
     counts = df.groupBy("_hdmm_code").count().toPandas()
+    if counts["_hdmm_code"].isna().any():
+        where = "the leaf column" if leaf_column is not None else f"the level columns {list(tree.columns)}"
+        raise GeographyError(f"some records have no code in {where} (missing values): every record needs the code "
+                             "of its unit at every level")
     leaf = tree.leaf_index(counts["_hdmm_code"])  # unknown codes: one GeographyError, listing them
     totals = np.zeros(tree.leaves)
     np.add.at(totals, leaf, counts["count"].to_numpy(dtype=float))
@@ -272,7 +279,10 @@ def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: boo
         How to read records: the person domain, the column of leaf codes (default: the tree's
         level columns), and whether person columns hold codes.
     work_dir
-        Where the intermediate stages are written (default: next to ``output``); removed at the end.
+        An existing directory in which a new subdirectory holds the intermediate stages (default:
+        ``output`` + ``.work``, which must not exist). The stages hold exact partition totals, so
+        the subdirectory is removed when the release ends, whether it succeeds or fails; nothing
+        else in ``work_dir`` is touched.
     budget, label
         A :class:`~hdmm.Budget` charged once, after the checks and before any noise, and the
         release's name in it.
@@ -286,12 +296,34 @@ def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: boo
         # the conversions used here (numbers, strings, arrays of doubles) are tested
         warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
         warnings.filterwarnings("ignore", message="The copy keyword is deprecated", module="pyspark")
-        return _run(plan, data, seed=seed, progress=progress, spark=spark, output=output, domain=domain,
-                    leaf_column=leaf_column, codes=codes, work_dir=work_dir, budget=budget, label=label,
-                    postprocess=postprocess)
+        output = (os.path.normpath(os.fspath(output)) if output is not None
+                  else os.path.join(tempfile.mkdtemp(prefix="hdmm-"), "release"))
+        check_output(output)
+        work = _work_directory(output, work_dir)  # before any charge: an existing one is refused
+        try:
+            return _run(plan, data, seed=seed, progress=progress, spark=spark, output=output, domain=domain,
+                        leaf_column=leaf_column, codes=codes, work=work, budget=budget, label=label,
+                        postprocess=postprocess)
+        finally:  # stage 1 holds exact partition totals: never left behind
+            shutil.rmtree(work, ignore_errors=True)
 
 
-def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_column, codes, work_dir, budget, label,
+def _work_directory(output: str, work_dir: str | os.PathLike | None) -> str:
+    """Create and return the directory of the intermediate stages (see :func:`release_spark`)."""
+    if work_dir is None:
+        work = output + ".work"
+        try:
+            os.makedirs(work)
+        except FileExistsError:
+            raise FileExistsError(f"{work} exists (left by an interrupted run?): remove it first") from None
+        return work
+    work_dir = os.fspath(work_dir)
+    if not os.path.isdir(work_dir):
+        raise FileNotFoundError(f"work_dir {work_dir} is not an existing directory")
+    return tempfile.mkdtemp(prefix="hdmm-", dir=work_dir)
+
+
+def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_column, codes, work, budget, label,
          postprocess) -> SparkGeoRelease:
     require_spark()
     from pyspark.sql import functions as F
@@ -304,9 +336,6 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     say = progress_printer(progress)
     spark = spark_session() if spark is None else spark
     tree, P = plan.tree, plan.partition_level
-    output = os.path.normpath(os.fspath(output)) if output is not None else os.path.join(tempfile.mkdtemp(prefix="hdmm-"), "release")
-    check_output(output)
-    work = work_dir or output + ".work"
     timings: dict[str, float] = {}
     start = time.perf_counter()
     # ---------------------------------------------------------------- checks, before any noise
@@ -316,6 +345,9 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     else:
         if domain is None:
             raise TypeError("records need domain= (the person domain) to be read")
+        if domain.size != plan.person.strategy.shape[1]:
+            raise ValueError(f"domain= has {domain.size:,} cells but the plan's person domain has "
+                             f"{plan.person.strategy.shape[1]:,}: read the records with the plan's person domain")
         records, totals = _records_frame(spark, plan, data, domain, leaf_column, codes)
         check_source(plan, _Totals(totals))
     charge = None if budget is None else budget.charge(plan.privacy, label)  # on disk before any noise
@@ -471,7 +503,6 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
             rows += write_units(partial, plan, d, np.arange(tree.sizes[d]), coarse[d][:, :-1],
                                 np.sqrt(plan.variances(d)), meta, "part-driver")
     finish_output(partial, output, meta)
-    shutil.rmtree(work, ignore_errors=True)
     timings["stage 3 (answers)"] = time.perf_counter() - start
     say(f"  stage 3: wrote {rows:,} answers in {timings['stage 3 (answers)']:.1f} s")
     return SparkGeoRelease(plan, output, spark.read.parquet(output), seeded=seed is not None, timings=timings,
@@ -540,7 +571,6 @@ def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray],
             squared[d] += float(done.loc[done["level"] == d, "squared"].sum())
         rows += int(done["rows"].sum())
     finish_output(partial, output, meta)
-    shutil.rmtree(work, ignore_errors=True)
     timings["stage 3 (non-negative answers)"] = time.perf_counter() - start
     say(f"  stage 3: wrote {rows:,} non-negative answers in {timings['stage 3 (non-negative answers)']:.1f} s")
     return SparkGeoRelease(plan, output, spark.read.parquet(output), seeded=seed is not None, timings=timings,

@@ -78,7 +78,8 @@ def provenance(plan: GeoPlan, seeded: bool, charge=None, postprocess: str | None
         "person_strategy": repr(plan.person.strategy),
         "origin": plan.origin,
         "invariants": None if plan.invariants is None else {
-            "public_not_private": True, "units": plan.invariants.units},
+            "public_not_private": True, "units": plan.invariants.units,
+            "levels": {tree.levels[d]: int(n) for d, n in zip(*np.unique(plan.invariants.levels, return_counts=True))}},
         "seeded": seeded,
         "seed_note": "noise from a seed is reproducible and for tests and research only" if seeded else
         "noise from fresh OS entropy",

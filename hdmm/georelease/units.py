@@ -43,7 +43,11 @@ __all__ = [
 
 
 class HistogramSource(Protocol):
-    """Where the data come from: per-leaf histograms over the person domain, a leaf range at a time."""
+    """Where the data come from: per-leaf histograms over the person domain, a leaf range at a time.
+
+    A source may also say how many person cells its histograms have (``person_cells``) and which tree
+    it places records in (``tree``); :func:`check_source` then checks them against the plan.
+    """
 
     def leaf_totals(self) -> np.ndarray:
         """Number of records of every leaf (checked against invariants before any noise)."""
@@ -88,6 +92,9 @@ class RecordHistograms:
         if leaf_column is not None:
             if leaf_column not in records.columns:
                 raise GeographyError(f"the records have no column {leaf_column!r}; they have {list(records.columns)}")
+            if records[leaf_column].isna().any():
+                raise GeographyError(f"some records have no code in {leaf_column!r} (missing values): every record "
+                                     "needs the code of its leaf")
             leaves = tree.leaf_index(records[leaf_column].astype(str))
         else:
             leaves = tree.locate(records)
@@ -96,6 +103,10 @@ class RecordHistograms:
         leaves, cells = leaves[order], cells[order]
         starts = np.searchsorted(leaves, np.arange(tree.leaves + 1))
         return cls(tree, domain, leaves, cells, starts)
+
+    @property
+    def person_cells(self) -> int:
+        return self.domain.size
 
     def leaf_totals(self) -> np.ndarray:
         return np.diff(self.starts).astype(float)
@@ -114,6 +125,17 @@ class ArrayHistograms:
 
     matrix: sp.csr_matrix
 
+    def __post_init__(self) -> None:
+        if not sp.issparse(self.matrix) or self.matrix.ndim != 2:
+            raise TypeError("ArrayHistograms needs a 2-D scipy.sparse matrix (leaves x person cells)")
+        values = self.matrix.data
+        if not np.all(np.isfinite(values)) or np.any(values < 0):
+            raise ValueError("the histograms hold negative or non-finite counts; they must be record counts")
+
+    @property
+    def person_cells(self) -> int:
+        return int(self.matrix.shape[1])
+
     def leaf_totals(self) -> np.ndarray:
         return np.asarray(self.matrix.sum(axis=1)).ravel()
 
@@ -126,6 +148,17 @@ def check_source(plan: GeoPlan, source: HistogramSource) -> None:
 
     A mismatch with an invariant names the unit, not the count in the data (which is private).
     """
+    tree = getattr(source, "tree", None)
+    if tree is not None and tree is not plan.tree and (
+            tree.levels != plan.tree.levels or tree.sizes != plan.tree.sizes
+            or any(tree.codes(d) != plan.tree.codes(d) or not np.array_equal(tree.leaf_bounds(d), plan.tree.leaf_bounds(d))
+                   for d in range(len(tree.levels)))):
+        raise ValueError("the data were placed in another geography tree than the plan's: build the histograms "
+                         "(RecordHistograms.of) with the plan's tree")
+    cells = getattr(source, "person_cells", None)
+    if cells is not None and cells != plan.person.strategy.shape[1]:
+        raise ValueError(f"the data's histograms have {cells:,} person cells but the plan's person domain has "
+                         f"{plan.person.strategy.shape[1]:,}: use the plan's person domain")
     totals = np.asarray(source.leaf_totals(), dtype=float)
     if totals.shape != (plan.tree.leaves,):
         raise ValueError(f"the data have {totals.size} leaves but the tree has {plan.tree.leaves}")
