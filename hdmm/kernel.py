@@ -26,7 +26,7 @@ from .budget import Budget
 from .matrix import Matrix
 from .mechanism import Measurement
 from .noise import draw, on_grid, random_bits
-from .planning import Plan, strategy_plan
+from .planning import Plan, check_calibration, strategy_plan
 from .privacy import Privacy
 
 __all__ = ["measure", "Counts", "as_generator", "check_data_vector", "MAX_COUNT"]
@@ -138,6 +138,7 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
     source = random_bits(rng)
     if not plan.spacing > 0:
         raise ValueError("the plan has no noise grid (spacing 0): make it with hdmm.plan or hdmm.planning.strategy_plan")
+    check_calibration(plan)
     if budget is not None and not isinstance(budget, Budget):
         raise TypeError(f"budget must be an hdmm.Budget, got {type(budget).__name__}")
     if x.sum() == 0:
@@ -157,7 +158,8 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
     else:  # a zero strategy (sensitivity 0): its answers are 0 for every data vector
         steps = np.zeros(A.shape[0], dtype=np.int64)
     noisy = on_grid(answers, plan.spacing, steps)
-    return Measurement(A, noisy, plan.privacy, plan.sensitivity, plan.noise_scale, plan.spacing, charge)
+    return Measurement(A, noisy, plan.privacy, plan.sensitivity, plan.noise_scale, plan.spacing, charge,
+                       seeded=rng is not None)
 
 
 def as_generator(rng: None | int | np.random.Generator) -> np.random.Generator:

@@ -82,6 +82,9 @@ class Measurement:
     charge : Charge or None
         What the measurement was charged to a privacy budget (:class:`hdmm.Budget`), recorded
         before its noise was drawn; ``None`` when no budget was given.
+    seeded : bool
+        Whether the noise came from a seeded generator (``rng=`` of :func:`hdmm.measure`):
+        reproducible, for tests and research only (whoever knows the seed can remove the noise).
     """
 
     strategy: Matrix
@@ -91,6 +94,7 @@ class Measurement:
     noise_scale: float
     spacing: float | None = None
     charge: Charge | None = None
+    seeded: bool = False
 
     @property
     def noise_std(self) -> float:

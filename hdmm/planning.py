@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,7 +37,7 @@ import numpy as np
 
 from .error import ErrorResult, unit_query_variances
 from .io import FORMAT, MAX_BYTES, VERSION, decode_matrix, encode_matrix, read_archive, write_archive
-from .matrix import DenseLimitError, Kronecker, Matrix, Weighted
+from .matrix import UNDERFLOW_MESSAGE, DenseLimitError, Kronecker, Matrix, Weighted
 from .mechanism import RECONSTRUCTION_METHODS, reconstruction_method
 from .noise import calibrate_grid
 from .optimizers import OptimizationResult, optimize
@@ -261,8 +262,13 @@ def _unit_variances(W: Matrix, A: Matrix, structure: Structure) -> tuple[np.ndar
 
 
 # ====================================================================== making a plan
-def _choose(W: Matrix, privacy: Privacy, strategy, seed, progress) -> tuple[Matrix, str, Structure | None, float | None]:
-    """The strategy, its origin, and its structure and sensitivity when an optimizer computed them."""
+def _choose(W: Matrix, privacy: Privacy, strategy, seed, progress) -> tuple[Matrix, str, Structure | None]:
+    """The strategy, its origin, and its structure when an optimizer classified it.
+
+    The sensitivity is always computed again from the strategy (milliseconds even for unions of
+    Kronecker products): an optimization result is a plain record, and one paired with another
+    strategy must not lend it its sensitivity.
+    """
     if isinstance(strategy, str):
         if strategy != "auto":
             raise ValueError(
@@ -277,14 +283,10 @@ def _choose(W: Matrix, privacy: Privacy, strategy, seed, progress) -> tuple[Matr
                 "and private, but probably not the best strategy: optimise for the privacy definition you use",
                 stacklevel=4,
             )
-        error = strategy.error
-        structure = getattr(error, "structure", None)
-        sensitivity = getattr(error, "sensitivity", None)
-        if strategy.privacy.norm != privacy.norm:
-            sensitivity = None
-        return strategy.strategy, strategy.optimizer, structure, sensitivity
+        structure = getattr(strategy.error, "structure", None)
+        return strategy.strategy, strategy.optimizer, structure
     if isinstance(strategy, Matrix):
-        return strategy, "user", None, None
+        return strategy, "user", None
     raise TypeError(
         f"strategy must be 'auto', an hdmm matrix or an OptimizationResult, got {type(strategy).__name__}"
     )
@@ -304,12 +306,48 @@ def _check_sensitivity(sensitivity: float, A: Matrix) -> float:
     return calibrated
 
 
+#: Plans made here (:func:`plan`, :func:`strategy_plan`, :func:`plan_from_json`), their noise calibrated to
+#: their own strategy; any other plan is checked once by :func:`check_calibration` before it is measured.
+_CALIBRATED: weakref.WeakSet = weakref.WeakSet()
+
+
+def _calibrated(p: Plan) -> Plan:
+    _CALIBRATED.add(p)
+    return p
+
+
+def check_calibration(p: Plan) -> None:
+    """Refuse a plan whose noise is smaller than its strategy needs (checked before any noise is drawn).
+
+    A plan is a frozen record, but ``dataclasses.replace`` (or a hand-built ``Plan``) can pair a
+    strategy with a sensitivity or noise scale that was not computed for it. The plan's
+    sensitivity must be at least its strategy's (with the margin applied where plans are made;
+    a larger one, as in a geography unit's plan, only adds noise) and its noise scale at least
+    what its privacy definition needs at that sensitivity. Plans made by this module are known
+    to pass; others are checked once.
+    """
+    if p in _CALIBRATED:
+        return
+    needed = _check_sensitivity(p.strategy.sensitivity(p.privacy.norm), p.strategy)
+    if not (p.sensitivity >= needed * (1.0 - 1e-12)
+            and p.noise_scale >= p.privacy.noise_scale(p.sensitivity) * (1.0 - 1e-12)):
+        raise ValueError(
+            f"the plan's noise is not calibrated to its strategy (sensitivity {p.sensitivity!r}, noise scale "
+            f"{p.noise_scale!r}; the strategy needs sensitivity {needed!r}): was it edited? make it again with "
+            "hdmm.plan or hdmm.planning.strategy_plan; nothing was measured"
+        )
+    _CALIBRATED.add(p)
+
+
 def _noise_grid(sensitivity: float, A: Matrix, privacy: Privacy) -> tuple[float, float]:
     """``(spacing, calibrated sensitivity)`` for a sensitivity from :func:`_check_sensitivity`.
 
     The margin beyond ``ROUNDOFF_ALLOWANCE`` holds the grid's rounding bound (docs/privacy.md).
     """
     if sensitivity == 0:  # a zero strategy: its answers are 0 whatever the data, and need no noise
+        probe = np.random.default_rng(0).random(A.shape[1]) + 1.0  # data independent; any non-zero column shows
+        if np.any(np.asarray(A @ probe) != 0.0):
+            raise ValueError(f"the strategy {A!r} has computed sensitivity 0 but is not zero: {UNDERFLOW_MESSAGE}")
         return 1.0, 0.0
     computed = sensitivity / (1.0 + SENSITIVITY_MARGIN)
     headroom = sensitivity - computed * (1.0 + ROUNDOFF_ALLOWANCE)
@@ -371,7 +409,7 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
     """
     check_inputs(W, privacy, method)
     start = time.perf_counter()
-    A, chosen_by, structure, sensitivity = _choose(W, privacy, strategy, seed, progress)
+    A, chosen_by, structure = _choose(W, privacy, strategy, seed, progress)
     if A.shape[1] != W.shape[1]:
         raise ValueError(
             f"the strategy has {A.shape[1]:,} columns but the workload has {W.shape[1]:,}: both must be "
@@ -379,13 +417,11 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
         )
     if structure is None:
         structure = classify(A)
-    if sensitivity is None:
-        sensitivity = A.sensitivity(privacy.norm)
-    spacing, sensitivity = _noise_grid(_check_sensitivity(sensitivity, A), A, privacy)
+    spacing, sensitivity = _noise_grid(_check_sensitivity(A.sensitivity(privacy.norm), A), A, privacy)
     resolved = reconstruction_method(A, method, structure=structure)
     queries, weights = unweighted(W)
     unit, exact = _unit_variances(queries, A, structure)
-    return Plan(
+    return _calibrated(Plan(
         workload=queries,
         strategy=A,
         privacy=privacy,
@@ -400,7 +436,7 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
         seconds=time.perf_counter() - start,
         version=HDMM_VERSION,
         spacing=spacing,
-    )
+    ))
 
 
 def strategy_plan(A: Matrix, privacy: Privacy, *, origin: str = "user") -> Plan:
@@ -415,12 +451,12 @@ def strategy_plan(A: Matrix, privacy: Privacy, *, origin: str = "user") -> Plan:
         raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
     structure = classify(A)
     spacing, sensitivity = _noise_grid(_check_sensitivity(A.sensitivity(privacy.norm), A), A, privacy)
-    return Plan(
+    return _calibrated(Plan(
         workload=A, strategy=A, privacy=privacy, sensitivity=sensitivity,
         noise_scale=privacy.noise_scale(sensitivity), structure=structure,
         method=reconstruction_method(A, "auto", structure=structure), variances=None, variance_exact=True,
         origin=origin, version=HDMM_VERSION, spacing=spacing,
-    )
+    ))
 
 
 # ====================================================================== files
@@ -485,7 +521,7 @@ def plan_from_json(header: dict, arrays: dict[str, np.ndarray], source: str = "t
         raise ValueError(f"{source}: the stored variances are not one finite, non-negative number per query")
     if weights is not None and weights.shape != (W.shape[0],):
         raise ValueError(f"{source}: the stored weights are not one number per query")
-    return Plan(workload=W, strategy=A, privacy=privacy, sensitivity=sensitivity,
-                noise_scale=privacy.noise_scale(sensitivity), structure=structure, method=method,
-                variances=variances, variance_exact=exact, origin=origin, weights=weights, seconds=seconds,
-                version=version, spacing=spacing)
+    return _calibrated(Plan(workload=W, strategy=A, privacy=privacy, sensitivity=sensitivity,
+                            noise_scale=privacy.noise_scale(sensitivity), structure=structure, method=method,
+                            variances=variances, variance_exact=exact, origin=origin, weights=weights,
+                            seconds=seconds, version=version, spacing=spacing))

@@ -399,9 +399,10 @@ class Release:
         :math:`W\hat x` and :math:`\hat x = A^+y` before post-processing (the same arrays as
         ``answers`` and ``estimate`` without it).
     timings : dict of str to float
-        Seconds spent in each step: ``data`` (checking or vectorizing it), ``plan`` (choosing
-        the strategy, optimization included, and its error), ``measure``, ``reconstruct``,
-        ``answer`` and, when used, ``postprocess``.
+        Seconds spent in each step: ``plan`` (choosing the strategy, optimization included, and
+        its error), ``measure``, ``reconstruct``, ``answer`` and, when used, ``postprocess``. The
+        time taken to check or vectorize the data is not kept: it grows with the number of
+        records, which is private.
     combined : Combined or None
         For a release that builds on earlier ones (``run(..., prior=...)``): every measurement
         it was reconstructed from, and the variances of its answers from all of them. ``None``
@@ -482,6 +483,12 @@ class Release:
         """A readable statement of the guarantee, e.g. ``"pure DP, epsilon=1"``."""
         return self.privacy.description
 
+    @property
+    def seeded(self) -> bool:
+        """Whether any measurement behind the release drew its noise from a seed (tests and research only)."""
+        measurements = (self.measurement,) if self.combined is None else self.combined.measurements
+        return any(m.seeded for m in measurements)
+
     def provenance(self) -> dict[str, Any]:
         """What every file written from this release records: privacy spent, strategy origin, versions.
 
@@ -504,6 +511,7 @@ class Release:
             "postprocess": self.postprocess,
             "hdmm_version": self.plan.version,
             "charge": None if self.charge is None else self.charge.to_dict(),
+            "seeded": self.seeded,
         }
         if self.combined is not None:
             out.update(measurements=len(self.combined.measurements), prior=self.combined.prior)
@@ -527,13 +535,15 @@ class Release:
             "unprocessed_estimate": self.unprocessed_estimate,
         }
         info: dict[str, Any] = {"postprocess": self.postprocess, "timings": dict(self.timings),
-                                "charge": None if self.charge is None else self.charge.to_dict()}
+                                "charge": None if self.charge is None else self.charge.to_dict(),
+                                "seeded": self.measurement.seeded}
         if self.combined is not None:
             earlier = []
             for i, m in enumerate(self.combined.measurements[:-1]):
                 arrays[f"prior_answers_{i}"] = m.answers
                 earlier.append({"tree": encode_matrix(m.strategy, arrays), "privacy": m.privacy.to_dict(),
-                                "sensitivity": m.sensitivity, "charge": None if m.charge is None else m.charge.to_dict()})
+                                "sensitivity": m.sensitivity, "charge": None if m.charge is None else m.charge.to_dict(),
+                                "seeded": m.seeded})
             info["prior"] = {"measurements": earlier, "provenance": self.combined.prior}
         header = {"format": FORMAT, "version": VERSION, "kind": "release", **plan_to_json(self.plan, arrays),
                   "release": info, "metadata": self.provenance()}
@@ -555,6 +565,7 @@ class Release:
             info = header["release"]
             postprocess, timings = info["postprocess"], {str(k): float(v) for k, v in info["timings"].items()}
             charge = None if info.get("charge") is None else Charge.from_dict(info["charge"], str(path))
+            seeded = _flag(info.get("seeded", False), "seeded")
             parts = {k: np.asarray(arrays[k], dtype=float) for k in
                      ("measurement", "answers", "estimate", "unprocessed_answers", "unprocessed_estimate")}
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -569,7 +580,7 @@ class Release:
             if not np.all(np.isfinite(parts[key])):
                 raise ValueError(f"{path}: {key} holds NaN or infinite values; the file is damaged")
         measurement = Measurement(p.strategy, parts["measurement"], p.privacy, p.sensitivity, p.noise_scale,
-                                  p.spacing, charge)
+                                  p.spacing, charge, seeded)
         combined = None
         if info.get("prior") is not None:
             earlier, provenance = _read_prior(info["prior"], arrays, str(path), p.cells)
@@ -694,6 +705,8 @@ class Release:
         if self.charge is not None:
             c = self.charge
             lines.insert(2, f"  budget charge {c.number}: {c.unit} {c.cost:.6g} ({c.status})")
+        if self.seeded:
+            lines.insert(2, "  noise: from a seed (reproducible, for tests and research only: not a private release)")
         if self.postprocess is not None:
             lines.append(
                 f"  post-processing: {self.postprocess}; answers moved by {self.postprocess_change:.6g} RMS "
@@ -731,6 +744,7 @@ def _read_prior(info: Any, arrays: dict[str, np.ndarray], source: str, cells: in
             stored = float(entry["sensitivity"])
             answers = np.asarray(arrays[f"prior_answers_{i}"], dtype=float)
             charge = None if entry.get("charge") is None else Charge.from_dict(entry["charge"], where)
+            seeded = _flag(entry.get("seeded", False), "seeded")
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"{where} is not valid: {exc}") from None
         if A.shape[1] != cells:
@@ -741,8 +755,15 @@ def _read_prior(info: Any, arrays: dict[str, np.ndarray], source: str, cells: in
         if not math.isclose(p.sensitivity, stored, rel_tol=1e-8):
             raise ValueError(f"{where}: the stored sensitivity {stored!r} is not the strategy's ({p.sensitivity!r}); "
                              "the file is damaged or was edited")
-        out.append(Measurement(A, answers, privacy, p.sensitivity, p.noise_scale, p.spacing, charge))
+        out.append(Measurement(A, answers, privacy, p.sensitivity, p.noise_scale, p.spacing, charge, seeded))
     return tuple(out), provenance
+
+
+def _flag(value: Any, name: str) -> bool:
+    """A true/false entry of a release file."""
+    if not isinstance(value, bool):
+        raise ValueError(f"'{name}' must be true or false, got {value!r}")
+    return value
 
 
 # ====================================================================== run
@@ -901,7 +922,7 @@ def run(
                              "same domain")
     x = _data_vector(data, domain, W.shape[1])
     generator = as_generator(rng)
-    lap("data")
+    clock = time.perf_counter()  # the time taken to read the data grows with the records: private, not kept
     if isinstance(strategy, Plan):
         chosen = _check_plan(strategy, W, privacy, method)
     elif prior is not None and isinstance(strategy, Matrix):

@@ -233,3 +233,23 @@ def test_large_kronecker_strategy_never_forms_dense_matrices():
     assert xhat.shape == x.shape
     # sums over the totalled attribute are recovered without bias (and the rest evenly spread)
     np.testing.assert_allclose(xhat.reshape(2, 2, 63, 17, 115).std(axis=3), 0.0, atol=1e-9)
+
+
+def test_a_plan_whose_noise_does_not_fit_its_strategy_is_refused_before_any_noise():
+    import dataclasses
+
+    W = hdmm.Prefix(4)
+    p = hdmm.plan(W, hdmm.Identity(4), hdmm.PureDP(1.0))
+    x = np.array([3.0, 1.0, 4.0, 1.0])
+    budget = hdmm.Budget(hdmm.PureDP(5.0))
+    for edited in (dataclasses.replace(p, strategy=2.0 * hdmm.Identity(4)),      # twice the sensitivity, same noise
+                   dataclasses.replace(p, noise_scale=p.noise_scale / 2)):
+        with pytest.raises(ValueError, match="not calibrated to its strategy"):
+            hdmm.measure(edited, x, budget=budget)
+    assert budget.spent == 0.0
+    harmless = dataclasses.replace(p, origin="edited by hand")                  # checked once, then measured
+    assert hdmm.measure(harmless, x, rng=0).noise_scale == p.noise_scale
+    # an optimization result paired with another strategy does not lend it its sensitivity
+    result = hdmm.optimize(W, hdmm.PureDP(1.0), seed=0)
+    swapped = dataclasses.replace(result, strategy=3.0 * result.strategy)
+    assert hdmm.plan(W, swapped, hdmm.PureDP(1.0)).sensitivity == pytest.approx(3.0 * result.strategy.sensitivity(1))

@@ -303,3 +303,20 @@ def test_a_release_saves_and_loads_with_its_provenance(tmp_path):
     with pytest.raises(ValueError, match="not an hdmm release"):
         hdmm.plan(W_SMALL, hdmm.Identity(W_SMALL.shape[1]), ZCDP(0.5)).save(tmp_path / "p.npz") or Release.load(
             tmp_path / "p.npz")
+
+
+def test_a_release_says_whether_its_noise_came_from_a_seed_and_keeps_no_data_timing(tmp_path):
+    W = hdmm.Prefix(6)
+    x = np.array([3.0, 1.0, 4.0, 1.0, 5.0, 9.0])
+    seeded = run(W, x, PureDP(1.0), rng=0)
+    private = run(W, x, PureDP(1.0))
+    assert seeded.seeded and seeded.measurement.seeded and not private.seeded
+    assert seeded.provenance()["seeded"] is True and private.provenance()["seeded"] is False
+    assert "from a seed" in seeded.summary() and "from a seed" not in private.summary()
+    # the time taken to read the data grows with the (private) number of records: not kept in results or files
+    assert "data" not in seeded.timings and "data" not in private.timings
+    seeded.save(tmp_path / "r.hdmm")
+    again = Release.load(tmp_path / "r.hdmm")
+    assert again.seeded and again.provenance()["seeded"] is True
+    later = run(W, x, PureDP(1.0), prior=again)                  # builds on a seeded release: says so too
+    assert later.seeded and not later.measurement.seeded
