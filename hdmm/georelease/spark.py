@@ -28,6 +28,14 @@ largest synthetic county under SF1) are held at once by Spark's JVM and by the P
 per concurrent task. :func:`spark_session` gives a local session 8 GB; on a cluster, size the
 executors' memory for the largest partition, or partition at a finer level.
 
+Files: the output and the work directory are ordinary paths: the driver creates and removes them
+with ``os``, Spark writes the stages into the work directory, and in stage 3 the tasks write their
+answers into the output with pyarrow (not through Spark's writers). On a cluster both must be on
+a file system that the driver and every executor mount at the same path (NFS, a mounted object
+store); an ``hdfs://`` or ``s3://`` URL is not supported. The work
+directory holds exact partition totals until the release ends, so keep it where only the release
+can read it.
+
 The histograms may also come from any picklable :class:`~hdmm.georelease.units.HistogramSource`
 (a benchmark draws them instead of reading records); stage 1 then runs over the partition ids.
 With the same seed the local and Spark engines give the same release: each unit's noise stream
