@@ -220,6 +220,8 @@ def test_save_writes_a_parquet_dataset_by_level(tmp_path):
         release.save(out)
     release.save(f"{tmp_path / 'slash'}/")  # a directory named with a trailing separator
     assert (tmp_path / "slash" / "_provenance.json").exists() and not (tmp_path / "slash.partial").exists()
+    with pytest.raises(ValueError, match="not a URL"):
+        release.save("s3://bucket/release")
 
 
 # ====================================================================== bad input, before any noise

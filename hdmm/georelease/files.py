@@ -41,8 +41,11 @@ def partial_path(path: str | os.PathLike) -> str:
 
 
 def check_output(path: str | os.PathLike) -> None:
-    """Refuse an output directory that exists, or whose partial directory does (an interrupted run)."""
+    """Refuse an output directory that exists, or whose partial directory does (an interrupted run), or a URL."""
     _arrow()
+    if "://" in os.fspath(path):
+        raise ValueError(f"{os.fspath(path)}: the output must be a path on a mounted file system, not a URL (the "
+                         "driver and the tasks write it with os and pyarrow); mount the store and give its path")
     path = _directory(path)
     if os.path.exists(path):
         raise FileExistsError(f"{path} exists: choose a new output directory (a release is never overwritten)")
