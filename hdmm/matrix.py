@@ -43,6 +43,7 @@ __all__ = [
     "DENSE_LIMIT",
     "DenseLimitError",
     "norm_powers",
+    "SINGULAR_RTOL",
     "UNDERFLOW_MESSAGE",
     "Matrix",
     "Explicit",
@@ -214,7 +215,7 @@ class Matrix:
         transposed matrices; other compositions fall back to a dense pseudo-inverse when small
         and raise :class:`DenseLimitError` otherwise (reconstruct with LSMR instead).
         """
-        return Explicit(np.linalg.pinv(self.dense()))
+        return Explicit(np.linalg.pinv(self.dense(), rcond=SINGULAR_RTOL))
 
     def quadratic_diag(self, X: np.ndarray) -> np.ndarray:
         """``diag(A X A^T)`` for a small dense symmetric ``X`` (``n x n``).
@@ -280,6 +281,12 @@ MAX_ENUMERATION = 2**22
 #: (a step costs terms x axis size; the whole search stays well under a second).
 MAX_SEARCH_STEPS = 20_000
 
+
+#: Singular values below this fraction of the largest are treated as zero by every dense pseudo-inverse:
+#: reconstruction (:meth:`Matrix.pinv`) and the error computations (whose Gram eigenvalues are cut at
+#: its square, :data:`hdmm.traces.PINV_RCOND`) must drop the same directions, or reported standard
+#: errors would leave out the noise that reconstruction amplifies along them.
+SINGULAR_RTOL = 1e-5
 
 #: Why a strategy whose column norm powers leave the normal floating-point range is refused.
 UNDERFLOW_MESSAGE = (
@@ -669,7 +676,7 @@ class Explicit(Matrix):
         return np.asarray(self.matrix.diagonal(), dtype=float)
 
     def pinv(self):
-        return Explicit(np.linalg.pinv(self.dense()))
+        return Explicit(np.linalg.pinv(self.dense(), rcond=SINGULAR_RTOL))
 
     def quadratic_diag(self, X):
         AX = np.asarray(self.matrix @ X)

@@ -240,7 +240,7 @@ def _lsmr_options(A: Matrix, noise_std: float, monitor: Matrix | None, std_error
     if not (isinstance(tol, numbers.Real) and math.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be a finite number > 0 (a fraction of a standard error), got {tol!r}")
     if maxiter is None:
-        maxiter = max(2 * min(k, n), 100)
+        maxiter = max(8 * min(k, n), 1000)
     elif isinstance(maxiter, bool) or not isinstance(maxiter, numbers.Integral) or maxiter < 1:
         raise ValueError(f"maxiter must be a positive integer or None, got {maxiter!r}")
     if x0 is not None:
@@ -326,7 +326,7 @@ def reconstruct(plan, measurement: Measurement | None = None, method: str | None
         more than ``tol`` of its standard error (default 1%), far below the noise. LSMR also stops
         by itself when the least-squares solution is reached to about double precision.
     maxiter
-        LSMR only: cap on the iterations (default ``max(2 min(k, N), 100)``); a
+        LSMR only: cap on the iterations (default ``max(8 min(k, N), 1000)``); a
         ``RuntimeWarning`` states the reached change and residuals if the cap stops it first.
 
     The exact routes ignore the LSMR-only parameters.

@@ -33,9 +33,10 @@ from functools import singledispatch
 
 import numpy as np
 import scipy.linalg
+import scipy.linalg.lapack
 
 from .block_diagonal import BlockDiagonal, fold
-from .matrix import Identity, Matrix
+from .matrix import SINGULAR_RTOL, Identity, Matrix
 from .spectral import ROW_WALK, blocks, unit_columns
 from .validation import check_dense_size, check_width
 
@@ -56,11 +57,12 @@ __all__ = [
 FACTOR_DENSE_LIMIT = 2**26
 
 #: Relative tolerance for deciding that a query is not in a strategy's row space.
-SUPPORT_TOL = 1e-8
+SUPPORT_TOL = 1e-12
 
 #: Eigenvalues of a Gram below this fraction of the largest are treated as zero by the
-#: pseudo-inverse (numpy's default, about 1e-15, inverts rounding noise).
-PINV_RCOND = 1e-10
+#: pseudo-inverse (numpy's default, about 1e-15, inverts rounding noise): the square of
+#: :data:`hdmm.matrix.SINGULAR_RTOL`, where reconstruction cuts the strategy's singular values.
+PINV_RCOND = SINGULAR_RTOL**2
 
 
 def gram_pinv(X: np.ndarray) -> np.ndarray:
@@ -88,9 +90,12 @@ def compute_gram_inverse(A: Matrix) -> tuple[np.ndarray, np.ndarray]:
     X = A.gram().dense(max_entries=FACTOR_DENSE_LIMIT)
     try:
         factor = scipy.linalg.cho_factor(X)
-        Xinv = scipy.linalg.cho_solve(factor, np.eye(X.shape[0]))
-        if np.all(np.isfinite(Xinv)) and np.linalg.norm(Xinv @ X - np.eye(X.shape[0])) < 1e-6 * X.shape[0]:
-            return Xinv, np.eye(X.shape[0])
+        # well conditioned only: directions the pseudo-inverse would drop must be dropped here too
+        reciprocal, info = scipy.linalg.lapack.dpocon(factor[0], np.linalg.norm(X, 1), uplo="L" if factor[1] else "U")
+        if info == 0 and reciprocal > PINV_RCOND:
+            Xinv = scipy.linalg.cho_solve(factor, np.eye(X.shape[0]))
+            if np.all(np.isfinite(Xinv)) and np.linalg.norm(Xinv @ X - np.eye(X.shape[0])) < 1e-6 * X.shape[0]:
+                return Xinv, np.eye(X.shape[0])
     except np.linalg.LinAlgError:
         pass
     Xp = gram_pinv(X)
