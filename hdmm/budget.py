@@ -69,6 +69,7 @@ import contextlib
 import os
 import tempfile
 import time
+import warnings
 from fractions import Fraction
 from typing import Any, Iterator, Mapping
 
@@ -80,7 +81,7 @@ except ImportError:  # not POSIX (Windows): the digest check alone guards the fi
 from .privacy import ZCDP, ApproxDP, Privacy, PureDP, zcdp_delta, zcdp_rho
 from .validation import is_finite_real
 
-__all__ = ["Budget", "Charge", "BudgetError", "BudgetExceeded", "zcdp_epsilon", "BUDGET_RTOL", "MAX_BUDGET_BYTES",
+__all__ = ["Budget", "Charge", "BudgetError", "BudgetExceeded", "zcdp_epsilon", "settle_quietly", "BUDGET_RTOL", "MAX_BUDGET_BYTES",
            "BUDGET_FORMAT", "BUDGET_VERSION"]
 
 #: A charge fits when the charges' exact sum exceeds the total by at most this relative amount.
@@ -430,7 +431,9 @@ class Budget:
         """Mark ``charge`` as released (its release finished), with where it was written; returns the new record.
 
         The charge keeps counting either way; this only tells a finished release from one that
-        failed after it was charged.
+        failed after it was charged. A budget kept in a file re-reads the file under its lock and
+        changes only this charge: charges that other releases made since are kept (and this
+        budget then holds them too).
         """
         index = charge.number - 1
         if not (0 <= index < len(self._charges)) or not _same_charge(self._charges[index], charge):
@@ -438,7 +441,18 @@ class Budget:
         if output is not None and not isinstance(output, str):
             raise TypeError(f"output must be text (where the release was written), got {type(output).__name__}")
         settled = dataclasses.replace(self._charges[index], status="released", output=output)
-        self._commit(self._charges[:index] + (settled,) + self._charges[index + 1:])
+        if self._path is None:
+            self._charges = self._charges[:index] + (settled,) + self._charges[index + 1:]
+            return settled
+
+        def mark(current: Budget) -> tuple[Charge, ...]:
+            # other releases may have charged the file since: keep their charges, change only this one
+            if not (index < len(current._charges) and _same_charge(current._charges[index], charge)):
+                raise BudgetError(f"charge {charge.number} is no longer in {self._path} as it was made (was the file "
+                                  "edited?); the charge still counts")
+            return current._charges[:index] + (settled,) + current._charges[index + 1:]
+
+        self._charges, self._digest = _update_file(self._path, mark, self._text)
         return settled
 
     def _commit(self, charges: tuple[Charge, ...]) -> None:
@@ -636,6 +650,33 @@ def _directory_locked(directory: str) -> Iterator[None]:
         yield
     finally:
         os.close(descriptor)
+
+
+def settle_quietly(budget: Budget, charge: Charge, output: str | None = None) -> Charge | None:
+    """:meth:`Budget.settle`, warning instead of raising: a finished release must not be lost because its
+    charge (on disk, and counting either way) could not be marked released. Returns the new record or ``None``."""
+    try:
+        return budget.settle(charge, output=output)
+    except (BudgetError, OSError) as exc:
+        warnings.warn(f"the release is complete, but its budget charge {charge.number} could not be marked "
+                      f"released ({exc}); the charge counts either way", RuntimeWarning, stacklevel=3)
+        return None
+
+
+def _update_file(path: str, change, text_of) -> tuple[tuple[Charge, ...], str]:
+    """Read the budget file as it is now, change its charges and write it back, all under the lock.
+
+    ``change(budget)`` returns the new charges from the file's current :class:`Budget`;
+    ``text_of(charges)`` gives the file's text. Returns the charges written and the digest.
+    """
+    directory = os.path.dirname(path) or os.curdir
+    with _directory_locked(directory):
+        current = Budget.from_text(_read_file(path, MAX_BUDGET_BYTES), source=path)
+        charges = change(current)
+        data = text_of(charges).encode("utf-8")
+        _write_and_rename(path, data, False)
+    _sync_directory(directory)
+    return charges, hashlib.sha256(data).hexdigest()
 
 
 def _replace_file(path: str, text: str, digest: str | None, *, new: bool = False) -> str:

@@ -131,9 +131,11 @@ def _part(entry: Any, domain: Domain, position: int) -> tuple[str, Matrix]:
         raise ValueError(f"{where} must be an object such as {{\"age\": \"prefix\"}}, got {entry!r}")
     entry = dict(entry)
     name = entry.pop("name", where)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{where}: 'name' must be non-empty text, got {name!r}")
     if "marginals" in entry:
         k = entry.pop("marginals")
-        if entry or not isinstance(k, int) or not 1 <= k <= len(domain):
+        if entry or isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(domain):
             raise ValueError(f"{where}: 'marginals' stands alone and needs a number of attributes between 1 and "
                              f"{len(domain)}")
         return str(name), DimKMarginals(domain, k)
@@ -159,11 +161,38 @@ def workload_from_spec(spec: Mapping[str, Any]) -> tuple[Matrix, Domain]:
     return union(list(parts), weights, names=list(names)), domain
 
 
+def _check_text(value: Any, where: str = "the file") -> None:
+    """Refuse text that cannot be written out again: JSON's ``\\ud800`` escapes give lone surrogates, which
+    no output file can hold (the release would fail after its noise was drawn)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{where} holds text that is not valid Unicode ({value!r}): a lone surrogate escape "
+                             "such as \\ud800; fix the text") from None
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_text(key, where)
+            _check_text(item, where)
+    elif isinstance(value, list):
+        for item in value:
+            _check_text(item, where)
+
+
 def load_workload(path: str | os.PathLike[str]) -> tuple[Matrix, Domain]:
     """Read a JSON workload file (module docstring) into a workload and its domain."""
+    source = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as handle:
             spec = json.load(handle)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{os.fspath(path)} is not valid JSON: {exc}") from None
-    return workload_from_spec(spec)
+        raise ValueError(f"{source} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{source} is not a workload file (its JSON is nested too deeply)") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{source} is not UTF-8 text: {exc}") from None
+    _check_text(spec, source)
+    try:
+        return workload_from_spec(spec)
+    except (TypeError, KeyError, AttributeError) as exc:  # a value of the wrong kind somewhere in the spec
+        raise ValueError(f"{source} is not a valid workload file: {exc!r}") from None

@@ -8,7 +8,7 @@
     hdmm release  --workload sf1 --epsilon 1 --strategy sf1.npz  # ... release many times
     hdmm error    --workload sf1 --epsilon 1 --strategy sf1.npz --plot error.png
     hdmm budget create budget.json --epsilon 3                 # a privacy budget across releases ...
-    hdmm release  --workload sf1 --epsilon 1 --budget budget.json  # ... charged before measuring
+    hdmm release  --workload sf1 --epsilon 1 --budget budget.json --output r.csv  # ... charged before measuring
     hdmm budget show budget.json
     hdmm demo                                                  # SF1 size, Identity error, bound
     hdmm --version
@@ -35,6 +35,10 @@ so an exhausted budget refuses the release before the data is read; the charge i
 the file (atomically) after the data is checked and before any noise is drawn, so a release
 that fails after that point still counts; once the release is written the charge is marked
 ``released`` with the output's name. The provenance records the charge and the budget after it.
+``--budget`` needs ``--output``: a preview shows 10 rows, and the budget would pay for all of them.
+
+An output that appears while the release runs (another process writing the same name) is never
+replaced: the release is written next to it, as ``<name>.<pid>-1.csv``, and the command says so.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from .bound import svd_bound
-from .budget import Budget
+from .budget import Budget, settle_quietly
 from .error import per_query_variance
 from .catalog import NamedWorkload, load_workload, named_workload
 from .cli_geography import add_geography_options, geography_release
@@ -193,6 +197,10 @@ def _read_records(path: str, named: NamedWorkload, labels: bool) -> pd.DataFrame
         present = [name for name in labelled if name in records.columns]
         records = records.astype({name: str for name in present}) if present else records
     else:
+        header = pd.read_csv(path, header=None, nrows=1, dtype=str).iloc[0].tolist() if os.path.getsize(path) else []
+        repeated = sorted({str(c) for c in header if header.count(c) > 1})
+        if repeated:  # pandas would rename the second "sex" to "sex.1" and release the first
+            raise UsageError(f"--data {path} names column(s) {repeated} more than once: keep one column per attribute")
         records = pd.read_csv(path, dtype={name: str for name in labelled} or None)
     if len(records) == 0:
         raise UsageError(f"--data {path} holds no records (a header only?); a release of no data would publish "
@@ -325,37 +333,73 @@ def _check_plot(path: str) -> None:
     _check_output(path, "--plot", tuple(f".{kind}" for kind in kinds))
 
 
-def _write_atomically(path: str, write) -> None:
-    """Call ``write(temporary_path)`` and move the result to ``path`` (no half-written file on failure)."""
+def _write_atomically(path: str, write, replace: bool = True) -> bool:
+    """Call ``write(temporary_path)`` and move the result to ``path`` (no half-written file on failure).
+
+    ``replace`` False: only if ``path`` does not exist when the file is published (a hard link, which
+    fails on an existing name, so a file that appeared meanwhile is never replaced); returns whether
+    the file was published.
+    """
     directory, name = os.path.split(os.path.abspath(path))
     temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp")  # created by write(), with the umask's mode
     try:
         write(temporary)
-        os.replace(temporary, path)
+        if replace:
+            os.replace(temporary, path)
+            return True
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            return False
+        except OSError:  # no hard links on this file system: reserve the name, then move the file onto it
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return False
+            os.replace(temporary, path)
+        return True
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
 
 
-def _write(table: pd.DataFrame, path: str, provenance: dict[str, Any]) -> list[str]:
-    """Write the release table with its provenance; returns the files written."""
+def _alternative(path: str, i: int) -> str:
+    """``release.csv`` -> ``release.<pid>-<i>.csv``: where a release goes if its name was taken meanwhile."""
+    root, ext = os.path.splitext(path)
+    return f"{root}.{os.getpid()}-{i}{ext}"
+
+
+def _write(table: pd.DataFrame, path: str, provenance: dict[str, Any], overwrite: bool = True) -> list[str]:
+    """Write the release table with its provenance; returns the files written.
+
+    Without ``overwrite`` an existing file is never replaced: if ``path`` (or its provenance file)
+    appeared while the release ran, the release is written under another name
+    (:func:`_alternative`) rather than lost, since its privacy is already spent.
+    """
     text = json.dumps(provenance, indent=2, default=_json_default)
+    targets = [path] if overwrite else [path] + [_alternative(path, i) for i in range(1, 100)]
     if path.lower().endswith(".parquet"):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         arrow = pa.Table.from_pandas(table, preserve_index=False)
         arrow = arrow.replace_schema_metadata({**(arrow.schema.metadata or {}), b"hdmm": text.encode()})
-        _write_atomically(path, lambda temporary: pq.write_table(arrow, temporary))
-        return [path]
+        for target in targets:
+            if _write_atomically(target, lambda temporary: pq.write_table(arrow, temporary), overwrite):
+                return [target]
+        raise OSError(f"could not find a free name next to {path} for the release")
 
     def write_json(temporary: str) -> None:
         with open(temporary, "w", encoding="utf-8") as file:
             file.write(text + "\n")
 
-    _write_atomically(path + ".json", write_json)  # first: the table never exists without its provenance
-    _write_atomically(path, lambda temporary: table.to_csv(temporary, index=False))
-    return [path, path + ".json"]
+    for target in targets:
+        if not _write_atomically(target + ".json", write_json, overwrite):  # first: never a table without it
+            continue
+        if _write_atomically(target, lambda temporary: table.to_csv(temporary, index=False), overwrite):
+            return [target, target + ".json"]
+        os.remove(target + ".json")
+    raise OSError(f"could not find a free name next to {path} for the release")
 
 
 def _json_default(value: Any) -> Any:
@@ -400,6 +444,9 @@ def release(args: argparse.Namespace) -> None:
     Everything that can fail on the user's input is checked before the data is measured.
     """
     privacy = _privacy(args)
+    if args.budget is not None and args.output is None:
+        raise UsageError("--budget charges the whole release: give --output FILE to keep it (without --output only "
+                         "10 rows are shown and the rest would be lost, its budget with it)")
     budget = None if args.budget is None else _budget(args.budget, privacy)
     if args.geography is not None:
         return geography_release(args, privacy, _workload(args.workload), budget)
@@ -455,11 +502,13 @@ def release(args: argparse.Namespace) -> None:
     else:
         level = float(table.attrs.get("level", 0.95))
         written = _write(table, args.output, _provenance(args, named, source, len(records) if public else None, result,
-                                                         provenance, level, budget))
-        print(f"wrote {len(table):,} rows to {args.output}"
+                                                         provenance, level, budget), overwrite=args.overwrite)
+        if written[0] != args.output:
+            print(f"note: {args.output} appeared while the release ran (another process?) and was not replaced")
+        print(f"wrote {len(table):,} rows to {written[0]}"
               + ("" if len(written) == 1 else f"; privacy, strategy and hdmm version to {written[1]}"))
         if budget is not None:
-            budget.settle(result.charge, output=os.path.abspath(args.output))
+            settle_quietly(budget, result.charge, output=os.path.abspath(written[0]))
     if budget is not None:
         print(budget.charged(result.charge))
 

@@ -27,7 +27,7 @@ import time
 import pandas as pd
 from tqdm import tqdm
 
-from .budget import Budget
+from .budget import Budget, settle_quietly
 from .catalog import NamedWorkload
 from .geography import GeographyTree
 from .georelease import RecordHistograms, geo_plan, release_geography
@@ -103,7 +103,7 @@ def _person_strategy(spec: str, named: NamedWorkload):
         return "auto"
     if spec == "identity":
         return Identity(named.domain.size)
-    strategy = load_strategy(spec)
+    strategy, _ = load_strategy(spec)
     if strategy.shape[1] != named.domain.size:
         raise ValueError(f"--strategy {spec} is over {strategy.shape[1]:,} cells, the person domain has "
                          f"{named.domain.size:,}: optimize it for the person workload (without geography)")
@@ -209,7 +209,7 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     print(f"wrote the answers of {len(plan.levels)} levels to {args.output} (Parquet, partitioned by level; "
           f"privacy and provenance in {os.path.join(args.output, '_provenance.json')})")
     if budget is not None and result.charge is not None:
-        budget.settle(result.charge, output=os.path.abspath(args.output))
+        settle_quietly(budget, result.charge, output=os.path.abspath(args.output))
         print("  " + budget.charged(result.charge))
     if args.noise_seed is not None:
         print("  note: the noise came from --noise-seed: reproducible, for tests and research only")

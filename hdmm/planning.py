@@ -35,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from .error import ErrorResult, unit_query_variances
+from .error import ErrorResult, expected_error, unit_query_variances
 from .io import FORMAT, MAX_BYTES, VERSION, decode_matrix, encode_matrix, read_archive, write_archive
 from .matrix import UNDERFLOW_MESSAGE, DenseLimitError, Kronecker, Matrix, Weighted
 from .mechanism import RECONSTRUCTION_METHODS, reconstruction_method
@@ -521,6 +521,16 @@ def plan_from_json(header: dict, arrays: dict[str, np.ndarray], source: str = "t
         raise ValueError(f"{source}: the stored variances are not one finite, non-negative number per query")
     if weights is not None and weights.shape != (W.shape[0],):
         raise ValueError(f"{source}: the stored weights are not one number per query")
+    if variances is not None:  # their total against the strategy's error, computed again (cheap: traces)
+        try:
+            total = float(expected_error(W, A, privacy, structure=structure, sensitivity=sensitivity))
+        except DenseLimitError:
+            total = None
+        stored_total = float(np.sum(variances))
+        if total is not None and math.isfinite(total) and (
+                stored_total < total * (1 - 1e-6) or (exact and stored_total > total * (1 + 1e-6))):
+            raise ValueError(f"{source}: the stored variances add up to {stored_total:.6g}, but the strategy's "
+                             f"expected error is {total:.6g}; the file is damaged or was edited: make the plan again")
     return _calibrated(Plan(workload=W, strategy=A, privacy=privacy, sensitivity=sensitivity,
                             noise_scale=privacy.noise_scale(sensitivity), structure=structure, method=method,
                             variances=variances, variance_exact=exact, origin=origin, weights=weights,

@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import norm
 
-from .budget import Budget, Charge
+from .budget import Budget, Charge, settle_quietly
 from .domain import Domain
 from .error import exact_route, unit_query_variances
 from .kernel import Counts, as_generator, measure
@@ -621,8 +621,10 @@ class Release:
         the stated coverage. Under Laplace noise (``PureDP``) the same formula is a normal
         approximation: good when an answer combines many noisy measurements, while an answer
         read off a single Laplace draw has coverage about 94% at level 95% (the Laplace tail
-        beyond 1.96 standard deviations is :math:`e^{-1.96\sqrt 2} \approx 6.3\%`). See
-        :attr:`interval_method`.
+        beyond 1.96 standard deviations is :math:`e^{-1.96\sqrt 2} \approx 6.3\%`), and the
+        shortfall grows with the level: about 97.4% at 99% and 99.0% at 99.9% (ten times the
+        nominal miss rate). For such answers the exact Laplace interval is
+        :math:`\pm\,\mathrm{se}\,\ln(1/(1-\text{level}))/\sqrt 2`. See :attr:`interval_method`.
 
         The intervals are centred on the unprocessed answers, to which the standard errors
         refer; post-processing may move an answer relative to its interval.
@@ -958,9 +960,11 @@ def run(
         final_answers = chosen.workload @ final_estimate
         lap("postprocess")
     if budget is not None:  # the release is complete: its charge (written before the noise) is marked so
-        measurement = dataclasses.replace(measurement, charge=budget.settle(measurement.charge))
-        if combined is not None:
-            combined = dataclasses.replace(combined, measurements=combined.measurements[:-1] + (measurement,))
+        settled = settle_quietly(budget, measurement.charge)
+        if settled is not None:
+            measurement = dataclasses.replace(measurement, charge=settled)
+            if combined is not None:
+                combined = dataclasses.replace(combined, measurements=combined.measurements[:-1] + (measurement,))
     return Release(
         plan=chosen,
         measurement=measurement,

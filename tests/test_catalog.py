@@ -46,6 +46,8 @@ def test_a_workload_file_builds_the_union_it_describes(tmp_path):
     ({"queries": []}, "non-empty list"),
     ({"weights": [1.0]}, "one number per query part"),
     ({"queries": ["age"]}, "must be an object"),
+    ({"queries": [{"marginals": True}]}, "between 1 and 3"),
+    ({"queries": [{"age": "prefix", "name": None}]}, "'name' must be non-empty text"),
 ])
 def test_bad_workload_files_name_the_problem(change, message):
     with pytest.raises(ValueError, match=message):
@@ -56,6 +58,19 @@ def test_malformed_json_is_a_value_error(tmp_path):
     path = tmp_path / "w.json"
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
+        load_workload(path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"domain": [1, 2], "queries": [{"age": "prefix"}]}', "not a valid workload file"),
+    ('{"domain": {"age": 4}, "queries": [{"age": "prefix", "name": "f\\ud800"}]}', "not valid Unicode"),
+    ("[" * 100000 + "]" * 100000, "nested too deeply|not valid JSON"),
+])
+def test_workload_files_that_would_fail_later_are_refused_when_read(tmp_path, text, message):
+    # a lone surrogate in a label made the release fail after its noise was drawn, when the table was written
+    path = tmp_path / "w.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
         load_workload(path)
 
 

@@ -121,3 +121,33 @@ def test_optimize_with_a_time_limit_says_what_was_skipped(files, capsys):
     assert main(["optimize", "--workload", workload, "--epsilon", "1", "--time-limit", "-1",
                  "--output", str(tmp / "bad.npz")]) != 0
     assert "time_limit must be a positive number of seconds" in capsys.readouterr().err
+
+
+def test_a_csv_naming_a_column_twice_is_refused(tmp_path, capsys):
+    # pandas renames the second "sex" to "sex.1": the release would have used the first one silently
+    from cli_files import fails
+
+    data = tmp_path / "d.csv"
+    data.write_text("age,sex,sex\n1,0,1\n2,1,0\n")
+    message = fails(["release", "--workload", "adult", "--data", str(data), "--epsilon", "1"], capsys)
+    assert "['sex'] more than once" in message
+
+
+def test_an_output_that_appears_while_the_release_runs_is_not_replaced(tmp_path, capsys, monkeypatch):
+    # another process writes release.csv after the start-up check: this release goes next to it instead
+    import hdmm.cli as cli
+
+    out = tmp_path / "release.csv"
+    real = cli._write
+
+    def meanwhile(table, path, provenance, overwrite=True):
+        out.write_text("someone else's release\n")
+        return real(table, path, provenance, overwrite)
+
+    monkeypatch.setattr(cli, "_write", meanwhile)
+    assert cli.main(["release", "--workload", "sf1", "--epsilon", "1", "--strategy", "identity",
+                     "--output", str(out), "--noise-seed", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert out.read_text() == "someone else's release\n" and "appeared while the release ran" in printed
+    (mine,) = [p for p in tmp_path.glob("release.*-1.csv")]
+    assert (tmp_path / (mine.name + ".json")).exists() and not (tmp_path / "release.csv.json").exists()

@@ -8,6 +8,7 @@ import pytest
 from cli_files import GEO_SPEC, block_work, fails, write_workload_and_records
 
 import hdmm.kernel
+import hdmm.privacy
 from hdmm.budget import Budget
 from hdmm.cli import main
 from hdmm.privacy import ApproxDP, zcdp_rho
@@ -49,8 +50,10 @@ def test_create_release_show_and_refuse_when_exhausted(files, capsys, monkeypatc
     before = open(budget, "rb").read()
     # refused before reading the data or planning
     block_work(monkeypatch, ("optimize", "plan", "run", "_records"), "work started")
-    assert "cannot pay" in fails(release(workload, data, "--budget", budget), capsys)
-    assert "pure-DP budget" in fails(release(workload, data, "--budget", budget, privacy=("--rho", "0.01")), capsys)
+    again = ("--output", str(tmp / "r2.csv"))
+    assert "cannot pay" in fails(release(workload, data, "--budget", budget, *again), capsys)
+    assert "pure-DP budget" in fails(release(workload, data, "--budget", budget, *again, privacy=("--rho", "0.01")),
+                                     capsys)
     assert open(budget, "rb").read() == before
 
 
@@ -59,7 +62,8 @@ def test_an_approximate_dp_budget_is_kept_in_zcdp(files, capsys):
     budget = str(tmp / "budget.json")
     assert main(["budget", "create", budget, "--epsilon", "3", "--delta", "1e-6"]) == 0
     assert "implies (epsilon=3, delta=1e-06)-DP" in capsys.readouterr().out
-    assert main(release(workload, data, "--budget", budget, privacy=("--epsilon", "1", "--delta", "1e-6"))) == 0
+    assert main(release(workload, data, "--budget", budget, "--output", str(tmp / "r.csv"),
+                        privacy=("--epsilon", "1", "--delta", "1e-6"))) == 0
     capsys.readouterr()
     loaded = Budget.load(budget)
     assert loaded.unit == "rho" and loaded.charges[0].cost == zcdp_rho(1.0, 1e-6)
@@ -88,12 +92,37 @@ def test_the_charge_is_on_disk_before_the_noise(files, monkeypatch):
 def test_budget_file_problems_are_one_line(files, no_work, capsys):
     tmp, workload, data = files
     missing = str(tmp / "none.json")
-    assert "hdmm budget create" in fails(release(workload, data, "--budget", missing), capsys)
+    out = ("--output", str(tmp / "r.csv"))
+    assert "hdmm budget create" in fails(release(workload, data, "--budget", missing, *out), capsys)
     bad = tmp / "bad.json"
     bad.write_text('{"format": "hdmm-budget", "version": 1, "total": {"type": "PureDP", "epsilon": "lots"}}')
-    assert str(bad) in fails(release(workload, data, "--budget", str(bad)), capsys)
+    assert str(bad) in fails(release(workload, data, "--budget", str(bad), *out), capsys)
     assert str(bad) in fails(["budget", "show", str(bad)], capsys)
     assert "never replaced" in fails(["budget", "create", str(bad), "--epsilon", "1"], capsys)
     assert "give a privacy budget" in fails(["budget", "create", str(tmp / "new.json")], capsys)
     # a geography release reads and checks its budget first too
-    assert "hdmm budget create" in fails(release(workload, data, "--budget", missing, "--geography", "state"), capsys)
+    assert "hdmm budget create" in fails(release(workload, data, "--budget", missing, "--geography", "state",
+                                                 "--output", str(tmp / "g")), capsys)
+
+
+def test_a_budget_needs_an_output_to_keep_what_it_pays_for(files, no_work, capsys):
+    tmp, workload, data = files
+    budget = str(tmp / "budget.json")
+    assert main(["budget", "create", budget, "--epsilon", "2"]) == 0
+    capsys.readouterr()
+    assert "give --output FILE" in fails(release(workload, data, "--budget", budget), capsys)
+    assert Budget.load(budget).charges == ()
+
+
+def test_charges_made_by_others_meanwhile_do_not_stop_a_release_from_being_marked_released(tmp_path):
+    # a second release charged the file after this one was charged: settling re-reads it and keeps both
+    path = tmp_path / "budget.json"
+    Budget(hdmm.privacy.PureDP(3.0)).save(path)
+    mine, other = Budget.load(path), Budget.load(path)
+    charge = mine.charge(hdmm.privacy.PureDP(1.0), workload="mine")
+    other = Budget.load(path)
+    other.charge(hdmm.privacy.PureDP(1.0), workload="other")
+    settled = mine.settle(charge, output="out.csv")
+    on_disk = Budget.load(path).charges
+    assert [(c.workload, c.status) for c in on_disk] == [("mine", "released"), ("other", "charged")]
+    assert settled.output == "out.csv" and mine.spent == 2.0

@@ -95,3 +95,13 @@ def test_geography_release_charges_a_budget_file(files, capsys):
     assert main(_release(files, "--data", str(files / "people.csv"), "--budget", str(budget), "--output",
                          str(files / "again"))) == 2
     assert "cannot pay" in capsys.readouterr().err and not (files / "again").exists()
+
+
+def test_a_strategy_file_serves_a_geography_release(files, capsys):
+    # load_strategy returns (strategy, metadata): the geography path used the pair as the strategy
+    strategy = files / "s.npz"
+    assert main(["optimize", "--workload", str(files / "w.json"), "--rho", "0.5", "--output", str(strategy)]) == 0
+    out = files / "out"
+    code = main(_release(files, "--data", str(files / "people.csv"), "--strategy", str(strategy), "--output", str(out)))
+    assert code == 0, capsys.readouterr()
+    assert json.loads((out / "_provenance.json").read_text())["privacy"]["rho"] == 0.5

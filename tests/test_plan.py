@@ -217,3 +217,16 @@ def test_unit_weights_add_no_weight_column():
     Wu = hdmm.union([hdmm.Total(4), hdmm.Identity(4)], weights=[1.0, 1.0])
     release = hdmm.run(Wu, np.arange(4.0), hdmm.PureDP(1.0), strategy=hdmm.Identity(4), rng=0)
     assert "weight" not in release.table() and release.plan.weights is None
+
+
+def test_a_plan_file_with_edited_variances_is_refused(tmp_path):
+    # the standard errors of every release made from a loaded plan come from its stored variances
+    from hdmm.io import read_archive, write_archive
+
+    p = hdmm.plan(W, hdmm.Identity(DOM.size), hdmm.PureDP(1.0))
+    path = tmp_path / "plan.npz"
+    p.save(path)
+    header, arrays = read_archive(path)
+    write_archive(path, header, {**arrays, "plan_variances": arrays["plan_variances"] * 1e-6})
+    with pytest.raises(ValueError, match="stored variances add up to"):
+        Plan.load(path)
