@@ -57,7 +57,7 @@ __all__ = [
 FACTOR_DENSE_LIMIT = 2**26
 
 #: Relative tolerance for deciding that a query is not in a strategy's row space.
-SUPPORT_TOL = 1e-12
+SUPPORT_TOL = 1e-8
 
 #: Eigenvalues of a Gram below this fraction of the largest are treated as zero by the
 #: pseudo-inverse (numpy's default, about 1e-15, inverts rounding noise): the square of
