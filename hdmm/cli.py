@@ -376,24 +376,30 @@ def _write(table: pd.DataFrame, path: str, provenance: dict[str, Any], overwrite
     appeared while the release ran, the release is written under another name
     (:func:`_alternative`) rather than lost, since its privacy is already spent.
     """
-    text = json.dumps(provenance, indent=2, default=_json_default)
     targets = [path] if overwrite else [path] + [_alternative(path, i) for i in range(1, 100)]
+
+    def text(target: str) -> str:  # the charge records where the release was written
+        charge = provenance.get("charge")
+        recorded = provenance if not charge or "output" not in charge else {
+            **provenance, "charge": {**charge, "output": os.path.abspath(target)}}
+        return json.dumps(recorded, indent=2, default=_json_default)
+
     if path.lower().endswith(".parquet"):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         arrow = pa.Table.from_pandas(table, preserve_index=False)
-        arrow = arrow.replace_schema_metadata({**(arrow.schema.metadata or {}), b"hdmm": text.encode()})
         for target in targets:
-            if _write_atomically(target, lambda temporary: pq.write_table(arrow, temporary), overwrite):
+            tagged = arrow.replace_schema_metadata({**(arrow.schema.metadata or {}), b"hdmm": text(target).encode()})
+            if _write_atomically(target, lambda temporary: pq.write_table(tagged, temporary), overwrite):
                 return [target]
         raise OSError(f"could not find a free name next to {path} for the release")
 
-    def write_json(temporary: str) -> None:
-        with open(temporary, "w", encoding="utf-8") as file:
-            file.write(text + "\n")
-
     for target in targets:
+        def write_json(temporary: str, recorded: str = text(target)) -> None:
+            with open(temporary, "w", encoding="utf-8") as file:
+                file.write(recorded + "\n")
+
         if not _write_atomically(target + ".json", write_json, overwrite):  # first: never a table without it
             continue
         if _write_atomically(target, lambda temporary: table.to_csv(temporary, index=False), overwrite):

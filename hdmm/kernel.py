@@ -159,7 +159,7 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
         steps = np.zeros(A.shape[0], dtype=np.int64)
     noisy = on_grid(answers, plan.spacing, steps)
     return Measurement(A, noisy, plan.privacy, plan.sensitivity, plan.noise_scale, plan.spacing, charge,
-                       seeded=rng is not None)
+                       seeded=not source.secure)
 
 
 def as_generator(rng: None | int | np.random.Generator) -> np.random.Generator:

@@ -39,7 +39,7 @@ from .error import ErrorResult, expected_error, unit_query_variances
 from .io import FORMAT, MAX_BYTES, VERSION, decode_matrix, encode_matrix, read_archive, write_archive
 from .matrix import UNDERFLOW_MESSAGE, DenseLimitError, Kronecker, Matrix, Weighted
 from .mechanism import RECONSTRUCTION_METHODS, reconstruction_method
-from .noise import calibrate_grid
+from .noise import calibrate_grid, rounding_bound
 from .optimizers import OptimizationResult, optimize
 from .privacy import Privacy
 from .structure import Structure, classify
@@ -321,14 +321,19 @@ def check_calibration(p: Plan) -> None:
 
     A plan is a frozen record, but ``dataclasses.replace`` (or a hand-built ``Plan``) can pair a
     strategy with a sensitivity or noise scale that was not computed for it. The plan's
-    sensitivity must be at least its strategy's (with the margin applied where plans are made;
-    a larger one, as in a geography unit's plan, only adds noise) and its noise scale at least
-    what its privacy definition needs at that sensitivity. Plans made by this module are known
+    sensitivity must cover its strategy's with the rounding of the column norms and of its noise
+    grid (as where plans are made; a larger one, as in a geography unit's plan, only adds noise)
+    and its noise scale must be at least what its privacy definition needs at that sensitivity. Plans made by this module are known
     to pass; others are checked once.
     """
     if p in _CALIBRATED:
         return
-    needed = _check_sensitivity(p.strategy.sensitivity(p.privacy.norm), p.strategy)
+    computed = p.strategy.sensitivity(p.privacy.norm)
+    _check_sensitivity(computed, p.strategy)  # a finite number
+    # what the plan's sensitivity must cover: the column norms' rounding and the grid's (a coarser grid
+    # moves the rounded answers further apart), as where plans are made (_noise_grid)
+    needed = 0.0 if computed == 0 else (
+        computed * (1.0 + ROUNDOFF_ALLOWANCE) + rounding_bound(p.spacing, p.strategy.shape[0], p.privacy.norm))
     if not (p.sensitivity >= needed * (1.0 - 1e-12)
             and p.noise_scale >= p.privacy.noise_scale(p.sensitivity) * (1.0 - 1e-12)):
         raise ValueError(

@@ -126,3 +126,27 @@ def test_charges_made_by_others_meanwhile_do_not_stop_a_release_from_being_marke
     on_disk = Budget.load(path).charges
     assert [(c.workload, c.status) for c in on_disk] == [("mine", "released"), ("other", "charged")]
     assert settled.output == "out.csv" and mine.spent == 2.0
+
+
+def test_a_budget_file_gone_after_the_charge_does_not_lose_the_release(tmp_path):
+    import os
+
+    import numpy as np
+
+    import hdmm
+    path = tmp_path / "budget.json"
+    Budget(hdmm.privacy.PureDP(2.0)).save(path)
+    budget = Budget.load(path)
+    real = hdmm.kernel.draw
+
+    def draw_then_lose_the_file(*args, **kwargs):
+        os.remove(path)
+        return real(*args, **kwargs)
+
+    import pytest as _pytest
+    with _pytest.MonkeyPatch.context() as m:
+        m.setattr(hdmm.kernel, "draw", draw_then_lose_the_file)
+        with _pytest.warns(RuntimeWarning, match="could not be marked released"):
+            release = hdmm.run(hdmm.Prefix(4), np.array([3.0, 1.0, 4.0, 1.0]), hdmm.privacy.PureDP(1.0),
+                               strategy=hdmm.Identity(4), budget=budget)
+    assert release.answers.shape == (4,) and release.charge.status == "charged"

@@ -626,3 +626,16 @@ def test_records_without_a_code_are_refused_by_name():
     with pytest.raises(GeographyError, match="no code in 'leaf'"):
         RecordHistograms.of(tree, DOMAIN, pd.DataFrame({"leaf": ["01001", None], "a": [0, 1], "b": [0, 2]}),
                             leaf_column="leaf")
+
+
+def test_an_edited_geography_plan_is_refused_before_its_charge():
+    import dataclasses
+
+    tree = small_country()
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP)
+    edited = dataclasses.replace(plan, noise_scale=plan.noise_scale / 4)
+    budget = hdmm.Budget(hdmm.PureDP(3.0))
+    with pytest.raises(ValueError, match="not calibrated to its strategy"):
+        release_geography(edited, ArrayHistograms(sp.csr_matrix(np.ones((tree.leaves, DOMAIN.size)))), seed=0,
+                          budget=budget)
+    assert budget.spent == 0.0

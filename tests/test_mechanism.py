@@ -243,7 +243,8 @@ def test_a_plan_whose_noise_does_not_fit_its_strategy_is_refused_before_any_nois
     x = np.array([3.0, 1.0, 4.0, 1.0])
     budget = hdmm.Budget(hdmm.PureDP(5.0))
     for edited in (dataclasses.replace(p, strategy=2.0 * hdmm.Identity(4)),      # twice the sensitivity, same noise
-                   dataclasses.replace(p, noise_scale=p.noise_scale / 2)):
+                   dataclasses.replace(p, noise_scale=p.noise_scale / 2),
+                   dataclasses.replace(p, spacing=4.0)):                           # a grid rounding by up to 8
         with pytest.raises(ValueError, match="not calibrated to its strategy"):
             hdmm.measure(edited, x, budget=budget)
     assert budget.spent == 0.0

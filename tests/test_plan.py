@@ -230,3 +230,15 @@ def test_a_plan_file_with_edited_variances_is_refused(tmp_path):
     write_archive(path, header, {**arrays, "plan_variances": arrays["plan_variances"] * 1e-6})
     with pytest.raises(ValueError, match="stored variances add up to"):
         Plan.load(path)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_full_rank_strategy_supports_its_own_rows_near_the_cut(seed):
+    # singular values down to 1.6e-5 of the largest (inside the pseudo-inverse's 1e-5 cut): a condition test on
+    # the Gram's 1-norm turned such Grams to the pseudo-inverse route, whose projector's rounding then refused
+    rng = np.random.default_rng(seed)
+    U, _ = np.linalg.qr(rng.normal(size=(12, 12)))
+    V, _ = np.linalg.qr(rng.normal(size=(12, 12)))
+    A = U @ np.diag(np.geomspace(1.0, 1.6e-5, 12)) @ V.T
+    p = hdmm.plan(hdmm.Explicit(A[:6]), hdmm.Explicit(A), hdmm.ZCDP(0.5))
+    assert np.all(np.isfinite(p.variances))

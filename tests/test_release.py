@@ -336,3 +336,12 @@ def test_reported_errors_and_reconstruction_drop_the_same_weak_directions():
     reported = run(W, x, ZCDP(0.5), strategy=A, rng=0).std_errors
     assert np.allclose(answers.std(axis=0), reported, rtol=0.15)
 
+
+
+def test_noise_from_a_secure_source_is_not_called_seeded():
+    from hdmm.noise import RandomBits
+
+    p = hdmm.plan(hdmm.Prefix(4), hdmm.Identity(4), PureDP(1.0))
+    x = np.array([3.0, 1.0, 4.0, 1.0])
+    assert not hdmm.measure(p, x, rng=RandomBits()).seeded and not hdmm.measure(p, x).seeded
+    assert hdmm.measure(p, x, rng=3).seeded

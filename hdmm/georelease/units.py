@@ -33,6 +33,7 @@ from ..kernel import measure
 from ..kron_union import FactorMismatchError, kron_union
 from ..matrix import Explicit, Kronecker, Matrix, VStack, Weighted
 from ..mechanism import reconstruct
+from ..planning import check_calibration
 from .passes import Partition
 from .plan import GeoPlan
 
@@ -147,7 +148,11 @@ def check_source(plan: GeoPlan, source: HistogramSource) -> None:
     """Refuse data that do not fit the plan (shape, counts, invariants) before any noise is drawn.
 
     A mismatch with an invariant names the unit, not the count in the data (which is private).
+    Each measured level's unit plan is checked against its strategy first
+    (:func:`hdmm.planning.check_calibration`): an edited plan is refused before it is charged.
     """
+    for d in plan.measured:
+        check_calibration(plan.unit_plan(d))
     tree = getattr(source, "tree", None)
     if tree is not None and tree is not plan.tree and (
             tree.levels != plan.tree.levels or tree.sizes != plan.tree.sizes
