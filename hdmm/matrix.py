@@ -464,7 +464,7 @@ class KronVector:
             cuts = (set(itertools.accumulate(self.sizes, operator.mul, initial=1))
                     & set(itertools.accumulate(other.sizes, operator.mul, initial=1)))
             points = sorted(cuts)
-            sizes = tuple(b // a for a, b in zip(points[:-1], points[1:]))
+            sizes = tuple(b // a for a, b in zip(points[:-1], points[1:])) or (1,)  # one cell: one axis of 1
             return self.regroup(sizes) + other.regroup(sizes)
         shift = [r.shape[0] for r in self.rows]
         rows = [np.vstack([a, b]) for a, b in zip(self.rows, other.rows)]

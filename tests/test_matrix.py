@@ -442,3 +442,5 @@ def test_column_norms_of_axes_of_one_value_merge_with_their_neighbours():
         assert A.sensitivity(p) == pytest.approx(np.linalg.norm(A.dense(), ord=p, axis=0).max())
     B = VStack([Kronecker([Ones(1, 1), Identity(3), Ones(1, 1), Identity(2)]), 2.0 * Explicit(np.eye(6))])
     assert B.sensitivity(1) == pytest.approx(np.abs(B.dense()).sum(axis=0).max())
+    C = VStack([Kronecker([Ones(1, 1), Ones(1, 1)]), Explicit(np.eye(1))])   # a domain of one cell
+    assert C.sensitivity(1) == 2.0 and C.sensitivity(2) == pytest.approx(np.sqrt(2.0))
