@@ -60,12 +60,12 @@ each thread its own (:meth:`Budget.load`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
 import json
 import math
-import contextlib
 import os
 import tempfile
 import time
@@ -81,8 +81,8 @@ except ImportError:  # not POSIX (Windows): the digest check alone guards the fi
 from .privacy import ZCDP, ApproxDP, Privacy, PureDP, zcdp_delta, zcdp_rho
 from .validation import is_finite_real
 
-__all__ = ["Budget", "Charge", "BudgetError", "BudgetExceeded", "zcdp_epsilon", "settle_quietly", "BUDGET_RTOL", "MAX_BUDGET_BYTES",
-           "BUDGET_FORMAT", "BUDGET_VERSION"]
+__all__ = ["Budget", "Charge", "BudgetError", "BudgetExceeded", "zcdp_epsilon", "settle_quietly", "BUDGET_RTOL",
+           "MAX_BUDGET_BYTES", "BUDGET_FORMAT", "BUDGET_VERSION"]
 
 #: A charge fits when the charges' exact sum exceeds the total by at most this relative amount.
 BUDGET_RTOL = 1e-12
@@ -629,9 +629,9 @@ def _directory_locked(directory: str) -> Iterator[None]:
     Every budget write takes it around reading, checking and replacing its file, so writes to
     budget files in one directory happen one at a time across processes (each lasts
     milliseconds for budgets of thousands of charges; marking a charge released parses the file
-    under the lock, about 0.4 ms a charge). The lock goes with the descriptor: a process that dies releases it. Waits at
-    most ``LOCK_TIMEOUT`` seconds, then raises :class:`BudgetError`; without ``fcntl`` (not
-    POSIX) it does nothing.
+    under the lock, about 0.4 ms a charge). The lock goes with the descriptor: a process that
+    dies releases it. Waits at most ``LOCK_TIMEOUT`` seconds, then raises :class:`BudgetError`;
+    without ``fcntl`` (not POSIX) it does nothing.
     """
     if fcntl is None:
         yield
@@ -664,20 +664,31 @@ def settle_quietly(budget: Budget, charge: Charge, output: str | None = None) ->
         return None
 
 
+def _locked_write(path: str, contents, new: bool = False) -> str:
+    """Under :func:`_directory_locked`, write the bytes ``contents()`` returns to ``path`` atomically; returns
+    their digest. ``contents`` runs under the lock, so it may read the file as it is now."""
+    directory = os.path.dirname(path) or os.curdir
+    with _directory_locked(directory):
+        data = contents()
+        _write_and_rename(path, data, new)
+    _sync_directory(directory)
+    return hashlib.sha256(data).hexdigest()
+
+
 def _update_file(path: str, change, text_of) -> tuple[tuple[Charge, ...], str]:
     """Read the budget file as it is now, change its charges and write it back, all under the lock.
 
     ``change(budget)`` returns the new charges from the file's current :class:`Budget`;
     ``text_of(charges)`` gives the file's text. Returns the charges written and the digest.
     """
-    directory = os.path.dirname(path) or os.curdir
-    with _directory_locked(directory):
-        current = Budget.from_text(_read_file(path, MAX_BUDGET_BYTES), source=path)
-        charges = change(current)
-        data = text_of(charges).encode("utf-8")
-        _write_and_rename(path, data, False)
-    _sync_directory(directory)
-    return charges, hashlib.sha256(data).hexdigest()
+    written: list[tuple[Charge, ...]] = []
+
+    def contents() -> bytes:
+        written.append(change(Budget.from_text(_read_file(path, MAX_BUDGET_BYTES), source=path)))
+        return text_of(written[0]).encode("utf-8")
+
+    digest = _locked_write(path, contents)
+    return written[0], digest
 
 
 def _replace_file(path: str, text: str, digest: str | None, *, new: bool = False) -> str:
@@ -687,9 +698,7 @@ def _replace_file(path: str, text: str, digest: str | None, *, new: bool = False
     differs now (another process charged it) is refused. ``new``: the file must not exist. The
     check and the replacement happen under :func:`_directory_locked`.
     """
-    data = text.encode("utf-8")
-    directory = os.path.dirname(path) or os.curdir
-    with _directory_locked(directory):
+    def contents() -> bytes:
         if not new:
             try:
                 with open(path, "rb") as file:
@@ -699,9 +708,9 @@ def _replace_file(path: str, text: str, digest: str | None, *, new: bool = False
             if current != digest:
                 raise BudgetError(f"the budget file {path} changed since it was read (another release, or an "
                                   "edit?); nothing was charged: load it again with Budget.load and retry")
-        _write_and_rename(path, data, new)
-    _sync_directory(directory)
-    return hashlib.sha256(data).hexdigest()
+        return text.encode("utf-8")
+
+    return _locked_write(path, contents, new)
 
 
 def _write_and_rename(path: str, data: bytes, new: bool) -> None:

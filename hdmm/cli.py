@@ -477,8 +477,8 @@ def release(args: argparse.Namespace) -> None:
         steps.update()
     # run was handed a finished plan: the time that plan took (optimization included) is the CLI's to report
     step = "optimize and plan" if args.strategy == "auto" else "plan"
-    timings = {"read data": read_seconds + result.timings.get("data", 0.0), step: plan_seconds,
-               **{k: v for k, v in result.timings.items() if k not in ("data", "plan", "optimize")}}
+    timings = {"read data": read_seconds, step: plan_seconds,
+               **{k: v for k, v in result.timings.items() if k not in ("plan", "optimize")}}
     result = dataclasses.replace(result, timings=timings)
 
     # only differentially private or public numbers are printed: the record count, the time spent

@@ -679,9 +679,6 @@ class Explicit(Matrix):
         self._check_square("diag()")
         return np.asarray(self.matrix.diagonal(), dtype=float)
 
-    def pinv(self):
-        return Explicit(np.linalg.pinv(self.dense(), rcond=SINGULAR_RTOL))
-
     def quadratic_diag(self, X):
         AX = np.asarray(self.matrix @ X)
         if self.is_sparse:

@@ -323,8 +323,8 @@ def check_calibration(p: Plan) -> None:
     strategy with a sensitivity or noise scale that was not computed for it. The plan's
     sensitivity must cover its strategy's with the rounding of the column norms and of its noise
     grid (as where plans are made; a larger one, as in a geography unit's plan, only adds noise)
-    and its noise scale must be at least what its privacy definition needs at that sensitivity. Plans made by this module are known
-    to pass; others are checked once.
+    and its noise scale must be at least what its privacy definition needs at that sensitivity.
+    Plans made by this module are known to pass; others are checked once.
     """
     if p in _CALIBRATED:
         return

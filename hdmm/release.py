@@ -542,8 +542,8 @@ class Release:
             for i, m in enumerate(self.combined.measurements[:-1]):
                 arrays[f"prior_answers_{i}"] = m.answers
                 earlier.append({"tree": encode_matrix(m.strategy, arrays), "privacy": m.privacy.to_dict(),
-                                "sensitivity": m.sensitivity, "charge": None if m.charge is None else m.charge.to_dict(),
-                                "seeded": m.seeded})
+                                "sensitivity": m.sensitivity, "seeded": m.seeded,
+                                "charge": None if m.charge is None else m.charge.to_dict()})
             info["prior"] = {"measurements": earlier, "provenance": self.combined.prior}
         header = {"format": FORMAT, "version": VERSION, "kind": "release", **plan_to_json(self.plan, arrays),
                   "release": info, "metadata": self.provenance()}

@@ -124,9 +124,9 @@ def transport_projection(V: np.ndarray, columns: np.ndarray, rows: np.ndarray, *
     rounding at that scale. The rounds stop when every row sum is within ``rtol`` of its target
     (relative to it, or to 1 when smaller), or, when rounding stalls that, once they are within
     ``rtol`` of the columns' sum in all and ``STALL_ROUNDS`` rounds have not improved the worst
-    row (:func:`balance` then meets the rows to rounding where the zeros allow). ``beta`` starts the children's dual
-    variables (from the projection of a nearby point: a few rounds then suffice); with ``dual``,
-    returns ``(X, beta)``.
+    row (:func:`balance` then meets the rows to rounding where the zeros allow). ``beta`` starts
+    the children's dual variables (from the projection of a nearby point: a few rounds then
+    suffice); with ``dual``, returns ``(X, beta)``.
 
     >>> V = np.array([[3.0, -1.0], [1.0, 2.0]])
     >>> transport_projection(V, np.array([2.0, 1.0]), np.array([1.5, 1.5])).round(6).tolist()

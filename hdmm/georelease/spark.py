@@ -32,9 +32,8 @@ Files: the output and the work directory are ordinary paths: the driver creates 
 with ``os``, Spark writes the stages into the work directory, and in stage 3 the tasks write their
 answers into the output with pyarrow (not through Spark's writers). On a cluster both must be on
 a file system that the driver and every executor mount at the same path (NFS, a mounted object
-store); an ``hdfs://`` or ``s3://`` URL is not supported. The work
-directory holds exact partition totals until the release ends, so keep it where only the release
-can read it.
+store); an ``hdfs://`` or ``s3://`` URL is not supported. The work directory holds exact
+partition totals until the release ends, so keep it where only the release can read it.
 
 The histograms may also come from any picklable :class:`~hdmm.georelease.units.HistogramSource`
 (a benchmark draws them instead of reading records); stage 1 then runs over the partition ids.
@@ -259,6 +258,7 @@ def _partition_of_leaves(plan: GeoPlan) -> np.ndarray:
 @dataclass(frozen=True)
 class _Totals:
     totals: np.ndarray
+    person_cells: int  # the person domain the records were read with, checked against the plan's
 
     def leaf_totals(self) -> np.ndarray:
         return self.totals
@@ -353,11 +353,8 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     else:
         if domain is None:
             raise TypeError("records need domain= (the person domain) to be read")
-        if domain.size != plan.person.strategy.shape[1]:
-            raise ValueError(f"domain= has {domain.size:,} cells but the plan's person domain has "
-                             f"{plan.person.strategy.shape[1]:,}: read the records with the plan's person domain")
         records, totals = _records_frame(spark, plan, data, domain, leaf_column, codes)
-        check_source(plan, _Totals(totals))
+        check_source(plan, _Totals(totals, domain.size))
     charge = None if budget is None else budget.charge(plan.privacy, label)  # on disk before any noise
     sc = spark.sparkContext
     plan.passes  # noqa: B018 -- made once here and shipped with the plan, with the variances' factors

@@ -79,7 +79,8 @@ def provenance(plan: GeoPlan, seeded: bool, charge=None, postprocess: str | None
         "origin": plan.origin,
         "invariants": None if plan.invariants is None else {
             "public_not_private": True, "units": plan.invariants.units,
-            "levels": {tree.levels[d]: int(n) for d, n in zip(*np.unique(plan.invariants.levels, return_counts=True))}},
+            "levels": {tree.levels[d]: int(n)
+                       for d, n in zip(*np.unique(plan.invariants.levels, return_counts=True))}},
         "seeded": seeded,
         "seed_note": "noise from a seed is reproducible and for tests and research only" if seeded else
         "noise from fresh OS entropy",

@@ -156,7 +156,8 @@ def check_source(plan: GeoPlan, source: HistogramSource) -> None:
     tree = getattr(source, "tree", None)
     if tree is not None and tree is not plan.tree and (
             tree.levels != plan.tree.levels or tree.sizes != plan.tree.sizes
-            or any(tree.codes(d) != plan.tree.codes(d) or not np.array_equal(tree.leaf_bounds(d), plan.tree.leaf_bounds(d))
+            or any(tree.codes(d) != plan.tree.codes(d)
+                   or not np.array_equal(tree.leaf_bounds(d), plan.tree.leaf_bounds(d))
                    for d in range(len(tree.levels)))):
         raise ValueError("the data were placed in another geography tree than the plan's: build the histograms "
                          "(RecordHistograms.of) with the plan's tree")

@@ -546,11 +546,11 @@ def optimize_pidentity(
     ``l2_warmup`` (Laplace only, when no ``start`` is given): the default start first runs that
     many iterations of the same search under L2 column norms, :math:`d_j = (1 + \sum_i
     T_{ij}^2)^{1/2}` (on top of ``maxiter``), and the L1 search races from where it ends, unless
-    that is ``T = 0`` (the default start is kept; the cautious rerun always uses it). The L2 norms are smooth in ``T``
-    and grow only to second order from a zero entry, so rows move and widen freely there, where
-    under L1 every entry pays its first-order cost in sensitivity; the warm-up settles the layout
-    of the rows (which values each covers) before the L1 search refines their weights. OPT_(x)
-    uses it in its first round (:mod:`.kron`).
+    that is ``T = 0`` (the default start is kept; the cautious rerun always uses it). The L2
+    norms are smooth in ``T`` and grow only to second order from a zero entry, so rows move and
+    widen freely there, where under L1 every entry pays its first-order cost in sensitivity; the
+    warm-up settles the layout of the rows (which values each covers) before the L1 search
+    refines their weights. OPT_(x) uses it in its first round (:mod:`.kron`).
     """
     n = G.shape[0]
     maxiter = MAXITER if maxiter is None else maxiter
