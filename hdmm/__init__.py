@@ -24,7 +24,7 @@ from .datasets import load_adult
 from .domain import Domain
 from .geography import GeographyTree, LevelTotals, TreeStrategy, geography_workload
 from .error import ErrorResult, expected_error, lp_error, per_query_variance, rmse
-from .io import load_strategy, save_strategy
+from .io import load_strategy, save_strategy, workload_fingerprint
 from .kernel import measure
 from .mechanism import Measurement, reconstruct
 from .marginals import AllMarginals, DimKMarginals, Marginal, Marginals, Residuals
@@ -131,4 +131,5 @@ __all__ = [
     "strategies",
     "svd_bound",
     "union",
+    "workload_fingerprint",
 ]

@@ -25,7 +25,10 @@ the privacy budget on a release that is then lost: the privacy parameters, the o
 (non-empty, every column readable). A release file records its provenance -- the privacy
 parameters, the strategy's origin, the hdmm version, the workload and the data source --
 in the Parquet file's key-value metadata (key ``hdmm``) or, for CSV, in a JSON file next to
-it (``<output>.json``). Ratios of errors are ratios of RMSEs (root mean squared error per
+it (``<output>.json``). The workload is recorded by name and by fingerprint
+(:func:`hdmm.workload_fingerprint`: its queries and weights, and with the domain's attributes and
+labels), so a file says which queries it answers even if the workload file changes; a Gaussian
+release records the zCDP rho its noise is calibrated to (``calibrated_rho``). Ratios of errors are ratios of RMSEs (root mean squared error per
 query), as labelled.
 
 ``--budget FILE`` charges the release to a privacy budget file (:class:`hdmm.Budget`, made by
@@ -65,7 +68,7 @@ from .budget import Budget, settle_quietly
 from .error import per_query_variance
 from .catalog import NamedWorkload, load_workload, named_workload
 from .cli_geography import add_geography_options, geography_release
-from .io import load_strategy, save_strategy
+from .io import load_strategy, save_strategy, workload_fingerprint
 from .matrix import Identity, Matrix
 from .optimizers import optimize
 from .planning import Plan, plan
@@ -431,7 +434,9 @@ def _provenance(args: argparse.Namespace, named: NamedWorkload, source: str, rec
         "noise_seed": args.noise_seed,
         "strategy": {**strategy, "matrix": base["strategy"]},
         "workload": {"name": args.workload, "description": named.description,
-                     "queries": int(named.workload.shape[0]), "cells": int(named.domain.size)},
+                     "queries": int(named.workload.shape[0]), "cells": int(named.domain.size),
+                     "fingerprint": base["workload_fingerprint"],
+                     "fingerprint_with_domain": workload_fingerprint(named.workload, named.domain)},
         "data": {"source": source if source in BUILT_IN_DATA else os.path.abspath(source), "records": records},
         "std_errors": base["standard_errors"],
         "interval_level": level,

@@ -3,11 +3,16 @@
 A strategy file is a numpy ``.npz`` archive holding a JSON description of the matrix tree
 (``format``, ``version``, the tree with each node's class and parameters) and one array per
 dense parameter. Only hdmm's own matrix classes are written; nothing is unpickled on load.
+
+The same tree names a workload: :func:`workload_fingerprint` hashes it (and the arrays it
+refers to) into a short text that plans, releases and release files record, so that a plan
+made for one workload is never used to answer another (:func:`hdmm.run` refuses it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -22,7 +27,7 @@ import scipy.sparse as sp
 from .block_diagonal import BlockDiagonal
 from .marginals import Marginals, Residuals
 from .matrix import Diagonal, Explicit, Identity, Kronecker, Matrix, Ones, Sum, VStack, Weighted
-from .workload import AllRange, Prefix, Ranges
+from .workload import AllRange, Prefix, Ranges, unweighted
 from .optimizers.api import OptimizationResult
 from .optimizers.pidentity import PIdentity
 from .optimizers.root import SquareRootStrategy
@@ -35,6 +40,7 @@ __all__ = [
     "decode_matrix",
     "write_archive",
     "read_archive",
+    "workload_fingerprint",
     "FORMAT",
     "VERSION",
 ]
@@ -135,6 +141,141 @@ def decode_matrix(node: dict, arrays: dict[str, np.ndarray], source: str = "the 
     the node and the problem.
     """
     return _Reader(arrays, source).node(node, "tree", 0)
+
+
+#: What :func:`workload_fingerprint` hashes is described by this scheme name (hashed too): a new scheme
+#: would give every workload a new fingerprint, never the old one for a different workload.
+FINGERPRINT_SCHEME = "hdmm-workload-fingerprint-1"
+
+#: Columns of the fixed probe matrix by which :func:`workload_fingerprint` describes a matrix class
+#: hdmm cannot save.
+FINGERPRINT_PROBES = 2
+
+
+class _FingerprintWriter(_Writer):
+    """:class:`_Writer` with canonical arrays, and a description of matrices hdmm cannot save.
+
+    Arrays are canonical so that a matrix and its copy read back from a file hash alike:
+    integers and booleans as int64, numbers as float64, sparse matrices with summed duplicate
+    entries, sorted indices and no stored zeros. A node of a class hdmm cannot save (a user's
+    subclass of :class:`hdmm.matrix.Matrix`) is described by its class name, its shape and its
+    products with ``FINGERPRINT_PROBES`` fixed pseudo-random vectors: implicit (one product
+    with an ``N x FINGERPRINT_PROBES`` array, as much memory as two data vectors; never a dense
+    matrix), and stable on one installation of hdmm and numpy.
+    """
+
+    def array(self, a: np.ndarray) -> str:
+        a = np.asarray(a)
+        if a.dtype.kind in "biu":
+            a = a.astype("<i8")
+        elif a.dtype.kind == "f":
+            a = a.astype("<f8")
+        return super().array(a)
+
+    def node(self, M: Matrix) -> dict[str, Any]:
+        if isinstance(M, Explicit) and M.is_sparse:
+            csr = sp.csr_array(M.matrix, copy=True)
+            csr.sum_duplicates()
+            csr.eliminate_zeros()
+            csr.sort_indices()
+            return {"type": "SparseExplicit", "shape": list(M.shape), "data": self.array(csr.data),
+                    "indices": self.array(csr.indices), "indptr": self.array(csr.indptr)}
+        try:
+            return super().node(M)
+        except TypeError:
+            if not isinstance(M, Matrix):
+                raise
+        probes = np.random.default_rng(0).standard_normal((M.shape[1], FINGERPRINT_PROBES))
+        products = np.asarray(M @ probes, dtype=np.float64)
+        return {"type": "other", "class": f"{type(M).__module__}.{type(M).__qualname__}", "shape": list(M.shape),
+                "probes": self.array(products)}
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot describe a {type(value).__name__} in a workload fingerprint")
+
+
+def workload_fingerprint(W: Matrix, domain: Any = None, *, row_weights: np.ndarray | None = None) -> str:
+    """A stable hash of a workload's queries and weights (and optionally its domain): ``"sha256:<64 hex digits>"``.
+
+    Two workloads have the same fingerprint exactly when they hold the same queries, with the
+    same labels, over the same number of cells and with the same :func:`hdmm.union` weight per
+    query (up to a SHA-256 collision). What is hashed is the workload's implicit structure, as
+    :func:`save_strategy` writes it (each node's class and parameters, e.g. ``Kronecker`` with
+    its factors, attribute names and value labels; ``Prefix`` with its size), and the arrays
+    it refers to (dense or sparse entries, range bounds, marginal weights): a large implicit
+    workload is never made dense. The weights enter as one weight per query
+    (:func:`hdmm.workload.unweighted`), so a workload and its copy read back from a file, or
+    two ways of writing the same weighted union, have the same fingerprint.
+
+    A :class:`hdmm.Plan` records the fingerprint of the workload it was made for
+    (:attr:`hdmm.Plan.fingerprint`), so does every release (:meth:`hdmm.Release.provenance`)
+    and release file; :func:`hdmm.run` refuses a plan made for another workload.
+
+    Parameters
+    ----------
+    W
+        The workload (an hdmm matrix, :func:`hdmm.union` weights included).
+    domain
+        Optionally an :class:`hdmm.Domain` of ``W.shape[1]`` cells: its attribute names, sizes
+        and value labels are hashed too (how records map to cells). ``None`` (default): the
+        workload alone.
+    row_weights
+        For a workload already split into its queries and one weight per query (as a plan
+        keeps them): those weights. ``W`` must then carry no union weights itself.
+
+    Returns
+    -------
+    str
+
+    Notes
+    -----
+    For hdmm's own matrix classes the fingerprint is the same on every machine and every
+    run. A matrix class hdmm cannot save (a user's subclass of ``hdmm.matrix.Matrix``) is
+    described by its class name, shape and its products with fixed probe vectors, which
+    identifies it on one installation but may differ in the last bits across numpy builds.
+    The fingerprint is a checksum, not a signature: it detects a mix-up or an edit, not a
+    forger who recomputes it.
+
+    Examples
+    --------
+    >>> import hdmm
+    >>> workload_fingerprint(hdmm.Prefix(8)) == workload_fingerprint(hdmm.Prefix(8))
+    True
+    >>> workload_fingerprint(hdmm.Identity(8)) == workload_fingerprint(hdmm.Ones(8, 8))
+    False
+    """
+    if not isinstance(W, Matrix):
+        raise TypeError(f"the workload must be an hdmm matrix, got {type(W).__name__}")
+    queries, weights = unweighted(W)
+    if row_weights is not None:
+        if weights is not None:
+            raise ValueError("give row_weights only for a workload without union weights of its own")
+        weights = np.asarray(row_weights, dtype=np.float64)
+        if weights.shape != (W.shape[0],):
+            raise ValueError(f"row_weights must hold one weight per query ({W.shape[0]:,}), got shape {weights.shape}")
+    if weights is not None and np.all(weights == 1.0):
+        weights = None  # as hdmm.workload.unweighted says of a union whose weights are all 1
+    described = None
+    if domain is not None:
+        size = getattr(domain, "size", None)
+        if not hasattr(domain, "to_dict") or size != W.shape[1]:
+            raise ValueError(f"the domain must be an hdmm.Domain of the workload's {W.shape[1]:,} cells, got {domain!r}")
+        described = [[str(name), spec] for name, spec in domain.to_dict().items()]
+    writer = _FingerprintWriter()
+    tree = writer.node(queries)
+    if weights is not None:
+        tree = {"type": "weights", "queries": tree, "weights": writer.array(weights)}
+    header = json.dumps({"scheme": FINGERPRINT_SCHEME, "shape": list(W.shape), "workload": tree, "domain": described},
+                        sort_keys=True, separators=(",", ":"), allow_nan=False, default=_json_value)
+    digest = hashlib.sha256(header.encode())
+    for key, a in writer.arrays.items():  # keys a0, a1, ... in the order the tree refers to them
+        a = np.ascontiguousarray(a)
+        digest.update(json.dumps([key, a.dtype.str, list(a.shape)]).encode())
+        digest.update(a.reshape(-1).view(np.uint8))
+    return "sha256:" + digest.hexdigest()
 
 
 def write_archive(path, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:

@@ -26,6 +26,7 @@ the weights only to show them.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
@@ -36,7 +37,7 @@ from typing import Callable
 import numpy as np
 
 from .error import ErrorResult, expected_error, unit_query_variances
-from .io import FORMAT, MAX_BYTES, VERSION, decode_matrix, encode_matrix, read_archive, write_archive
+from .io import FORMAT, MAX_BYTES, VERSION, decode_matrix, encode_matrix, read_archive, workload_fingerprint, write_archive
 from .matrix import UNDERFLOW_MESSAGE, DenseLimitError, Kronecker, Matrix, Weighted
 from .mechanism import RECONSTRUCTION_METHODS, reconstruction_method
 from .noise import calibrate_grid, rounding_bound
@@ -124,6 +125,17 @@ class Plan:
     version: str = ""
     spacing: float = 0.0
 
+    # ------------------------------------------------------------------ identity
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """The fingerprint of the workload the plan was made for, union weights included (:func:`hdmm.workload_fingerprint`).
+
+        Computed from :attr:`workload` and :attr:`weights` (so it always describes what the plan
+        answers), recorded in plan and release files and in :meth:`hdmm.Release.provenance`;
+        :func:`hdmm.run` refuses the plan for a workload whose fingerprint differs.
+        """
+        return workload_fingerprint(self.workload, row_weights=self.weights)
+
     # ------------------------------------------------------------------ error
     @property
     def queries(self) -> int:
@@ -161,9 +173,9 @@ class Plan:
     def save(self, path) -> None:
         """Write the plan to ``path`` (a file name, written as given, or a binary file object).
 
-        The file is hdmm's versioned strategy archive (no pickle): the strategy, the workload,
-        the privacy definition, sensitivity, structure, route, origin and the per-query
-        variances. :func:`hdmm.load_strategy` reads its strategy too.
+        The file is hdmm's versioned strategy archive (no pickle): the strategy, the workload
+        and its fingerprint, the privacy definition, sensitivity, structure, route, origin and
+        the per-query variances. :func:`hdmm.load_strategy` reads its strategy too.
         """
         arrays: dict[str, np.ndarray] = {}
         header = {"format": FORMAT, "version": VERSION, "kind": "plan", **plan_to_json(self, arrays),
@@ -178,7 +190,11 @@ class Plan:
         than ``max_bytes`` is refused unread. The sensitivity, structure and reconstruction
         route are recomputed from the stored strategy and must match what the file says (a
         file that does not is refused: the noise scale rests on them); the variances must be
-        one finite, non-negative number per query.
+        one finite, non-negative number per query. The workload's fingerprint
+        (:attr:`fingerprint`) is recomputed from the stored workload and weights and must match
+        the one recorded. A file written before fingerprints were recorded is accepted without
+        a warning: its fingerprint is computed from the stored workload and weights, which is
+        what a newer file records, so :func:`hdmm.run` checks it the same way.
         """
         header, arrays = read_archive(path, max_bytes=max_bytes)
         if header.get("kind") != "plan":
@@ -485,6 +501,7 @@ def plan_to_json(p: Plan, arrays: dict[str, np.ndarray]) -> dict:
             "seconds": p.seconds,
             "version": p.version,
             "spacing": p.spacing,
+            "fingerprint": p.fingerprint,
         },
     }
 
@@ -526,6 +543,11 @@ def plan_from_json(header: dict, arrays: dict[str, np.ndarray], source: str = "t
         raise ValueError(f"{source}: the stored variances are not one finite, non-negative number per query")
     if weights is not None and weights.shape != (W.shape[0],):
         raise ValueError(f"{source}: the stored weights are not one number per query")
+    # files written before fingerprints were recorded hold the same workload and weights it is computed from
+    fingerprint = workload_fingerprint(W, row_weights=weights)
+    if info.get("fingerprint", fingerprint) != fingerprint:
+        raise ValueError(f"{source}: the stored workload fingerprint {info.get('fingerprint')!r} is not that of the "
+                         f"stored workload ({fingerprint}); the file is damaged or was edited: make the plan again")
     if variances is not None:  # their total against the strategy's error, computed again (cheap: traces)
         try:
             total = float(expected_error(W, A, privacy, structure=structure, sensitivity=sensitivity))

@@ -28,14 +28,23 @@ Only the new measurement costs privacy; the earlier ones are post-processed.
 
 A :class:`~hdmm.Budget` given to :func:`run` is charged before any noise is drawn, and the
 release records the charge in its provenance.
+
+A release records the fingerprint of its workload (:func:`hdmm.workload_fingerprint`, union
+weights included), and :func:`run` refuses a :class:`~hdmm.Plan` made for another workload. A
+release file (:meth:`Release.save`) carries a SHA-256 checksum of everything in it, which
+:meth:`Release.load` verifies: it detects damage and edits made without recomputing it, not a
+forger (anyone can recompute a checksum that has no secret key).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import numbers
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -53,14 +62,15 @@ from .optimizers import OptimizationResult
 from .planning import (Plan, check_inputs, plan_from_json, plan_to_json, strategy_plan, unit_variances_or_bounds,
                        union_variance_bound)
 from .postprocess import nonnegative_least_squares, round_to_total
-from .io import FORMAT, MAX_BYTES, VERSION, decode_matrix, encode_matrix, read_archive, write_archive
+from .io import (FORMAT, MAX_BYTES, VERSION, decode_matrix, encode_matrix, read_archive, workload_fingerprint,
+                 write_archive)
 from .planning import plan as make_plan
-from .privacy import Privacy
+from .privacy import ZCDP, ApproxDP, Privacy, zcdp_rho
 from .structure import Structure, classify
 from .traces import SUPPORT_TOL, gram_inverse, squared_row_norms
 from .workload import unweighted
 
-__all__ = ["Release", "Answers", "Combined", "run", "combine", "POSTPROCESS_OPTIONS", "table_names"]
+__all__ = ["Release", "Answers", "Combined", "run", "combine", "POSTPROCESS_OPTIONS", "table_names", "release_checksum"]
 
 #: The values ``run(postprocess=...)`` accepts.
 POSTPROCESS_OPTIONS = (None, "nonnegative", "integer")
@@ -370,6 +380,35 @@ class Answers:
 
 
 # ====================================================================== the release
+def _calibrated_rho(privacy: Privacy) -> float | None:
+    """The zCDP rho a Gaussian release's noise is calibrated to (None for Laplace noise)."""
+    if isinstance(privacy, ZCDP):
+        return privacy.rho
+    if isinstance(privacy, ApproxDP):
+        return zcdp_rho(privacy.epsilon, privacy.delta)
+    return None
+
+
+#: The header entry of a release file that holds its checksum (:func:`release_checksum`).
+CHECKSUM_KEY = "checksum"
+
+
+def release_checksum(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> str:
+    """The SHA-256 checksum of a release file's contents: its JSON header (less ``CHECKSUM_KEY``) and every array.
+
+    The header is hashed as canonical JSON (sorted keys, no spaces), each array by name,
+    dtype, shape and bytes in C order, in the order of their names. :meth:`Release.save`
+    records it and :meth:`Release.load` recomputes it.
+    """
+    entries = {k: v for k, v in header.items() if k != CHECKSUM_KEY}
+    digest = hashlib.sha256(json.dumps(entries, sort_keys=True, separators=(",", ":")).encode())
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        digest.update(json.dumps([name, a.dtype.str, list(a.shape)]).encode())
+        digest.update(a.reshape(-1).view(np.uint8))
+    return "sha256:" + digest.hexdigest()
+
+
 def table_names(W: Matrix) -> np.ndarray | None:
     """The table each row of ``W`` belongs to, for a union with named parts (e.g. the Census tables), else None."""
     if isinstance(W, VStack) and W.names is not None:
@@ -496,10 +535,18 @@ class Release:
         :class:`hdmm.budget.Charge`); for a release that builds on earlier ones, ``prior`` is the
         earlier release's provenance (holding its own prior's in turn) and ``measurements`` how
         many measurements it was reconstructed from (``reconstruction`` says how).
+        ``workload_fingerprint`` identifies the workload released, union weights included
+        (:func:`hdmm.workload_fingerprint`: compare it with that of the workload you meant).
+        For Gaussian noise, ``calibrated_rho`` is the zCDP rho the noise is calibrated to:
+        ``rho`` itself for :class:`~hdmm.ZCDP`, and for :class:`~hdmm.ApproxDP` the largest rho
+        whose zCDP guarantee implies its (epsilon, delta) (:func:`hdmm.privacy.zcdp_rho`), which
+        is also what it costs a zCDP budget.
         """
         out = {
             "privacy": self.privacy.to_dict(),
             "privacy_description": self.privacy_description,
+            "calibrated_rho": _calibrated_rho(self.privacy),
+            "workload_fingerprint": self.plan.fingerprint,
             "sensitivity": self.plan.sensitivity,
             "noise_scale": self.plan.noise_scale,
             "strategy": repr(self.strategy),
@@ -526,6 +573,13 @@ class Release:
         :meth:`provenance`; for a release that builds on earlier ones, also every earlier
         measurement (strategy, privacy and noisy answers), so that the loaded release can be a
         ``prior`` in turn. :meth:`load` reads it back.
+
+        The file also holds a SHA-256 checksum of its header and every array
+        (:func:`release_checksum`), which :meth:`load` verifies. It guards against accidents
+        (a damaged or truncated copy, a script that changed a number, answers edited by hand);
+        it does not prove who wrote the file: it has no secret key, so whoever edits the file and
+        recomputes the checksum with hdmm is not detected. To prove a release's origin, sign the
+        file with a key of your own, or publish its hash where readers can compare it.
         """
         arrays = {
             "measurement": self.measurement.answers,
@@ -547,19 +601,27 @@ class Release:
             info["prior"] = {"measurements": earlier, "provenance": self.combined.prior}
         header = {"format": FORMAT, "version": VERSION, "kind": "release", **plan_to_json(self.plan, arrays),
                   "release": info, "metadata": self.provenance()}
+        header = json.loads(json.dumps(header))  # as the file holds it, and as load reads it back
+        header[CHECKSUM_KEY] = release_checksum(header, arrays)
         write_archive(path, header, arrays)
 
     @staticmethod
     def load(path, *, max_bytes: int = MAX_BYTES) -> Release:
         """Read a release written by :meth:`save` (its plan validated as :meth:`hdmm.Plan.load` does).
 
-        A file larger than ``max_bytes`` is refused unread; the measurement, answers and
-        estimates must be finite, one per strategy row, query and cell; earlier measurements
-        are checked the same way, their sensitivities recomputed from their strategies.
+        A file larger than ``max_bytes`` is refused unread. The file's checksum is recomputed
+        and must match the one it records (:meth:`save` says what this does and does not
+        protect against): a file whose answers, estimates, measurements or header were edited is
+        refused. A file written before checksums were recorded is read with a warning (its
+        contents cannot be verified). Then the measurement, answers and estimates must be
+        finite, one per strategy row, query and cell, and the answers must be the workload's
+        answers from the estimates; earlier measurements are checked the same way, their
+        sensitivities recomputed from their strategies.
         """
         header, arrays = read_archive(path, max_bytes=max_bytes)
         if header.get("kind") != "release":
             raise ValueError(f"{path} is not an hdmm release file (it holds a {header.get('kind', 'strategy')})")
+        _check_checksum(header, arrays, path)
         p = plan_from_json(header, arrays, source=str(path))
         try:
             info = header["release"]
@@ -579,6 +641,12 @@ class Release:
                 raise ValueError(f"{path}: {key} has shape {parts[key].shape}, expected ({size},)")
             if not np.all(np.isfinite(parts[key])):
                 raise ValueError(f"{path}: {key} holds NaN or infinite values; the file is damaged")
+        for answers, estimate in (("answers", "estimate"), ("unprocessed_answers", "unprocessed_estimate")):
+            expected = np.asarray(p.workload @ parts[estimate], dtype=float)
+            scale = max(1.0, float(np.max(np.abs(expected), initial=0.0)))
+            if not np.allclose(parts[answers], expected, rtol=0.0, atol=ANSWER_TOL * scale):
+                raise ValueError(f"{path}: its {answers} are not the workload's answers from its {estimate}; the file "
+                                 "is damaged or was edited")
         measurement = Measurement(p.strategy, parts["measurement"], p.privacy, p.sensitivity, p.noise_scale,
                                   p.spacing, charge, seeded)
         combined = None
@@ -759,6 +827,24 @@ def _read_prior(info: Any, arrays: dict[str, np.ndarray], source: str, cells: in
                              "the file is damaged or was edited")
         out.append(Measurement(A, answers, privacy, p.sensitivity, p.noise_scale, p.spacing, charge, seeded))
     return tuple(out), provenance
+
+
+#: Largest difference, relative to the largest answer (at least 1), between a loaded release's answers and the
+#: workload's answers recomputed from its estimate (floating-point rounding of the same product).
+ANSWER_TOL = 1e-9
+
+
+def _check_checksum(header: dict, arrays: dict[str, np.ndarray], path) -> None:
+    """Refuse a release file whose contents do not match its checksum; warn when it has none (an older file)."""
+    stored = header.get(CHECKSUM_KEY)
+    if stored is None:
+        warnings.warn(f"{path} records no checksum (it was written by an earlier hdmm): its contents cannot be "
+                      "verified; only their consistency is checked", UserWarning, stacklevel=3)
+        return
+    if stored != release_checksum(header, arrays):
+        raise ValueError(f"{path}: its contents do not match the checksum it records: the file was damaged or edited "
+                         "after it was written (answers, estimates, measurements or header); use the file as "
+                         "hdmm.Release.save wrote it")
 
 
 def _flag(value: Any, name: str) -> bool:
@@ -999,11 +1085,25 @@ def _measurement_plan(W: Matrix, A: Matrix, privacy: Privacy, method: str) -> Pl
 
 
 def _check_plan(p: Plan, W: Matrix, privacy: Privacy, method: str) -> Plan:
-    """A plan passed to :func:`run` must be for this workload's domain and this privacy definition."""
+    """A plan passed to :func:`run` must be for this workload and this privacy definition.
+
+    The workload is compared by fingerprint (:func:`hdmm.workload_fingerprint`: queries, labels,
+    weights and the number of cells; for a Kronecker workload its factors and attribute names),
+    so a plan made for another workload of the same shape, or over another domain of the same
+    size, is refused before any noise.
+    """
     if p.workload.shape[1] != W.shape[1] or p.queries != W.shape[0]:
         raise ValueError(
             f"the plan is for {p.queries:,} queries over {p.cells:,} cells but the workload has "
             f"{W.shape[0]:,} queries over {W.shape[1]:,} cells: make the plan for this workload"
+        )
+    given = workload_fingerprint(W)
+    if p.fingerprint != given:
+        raise ValueError(
+            f"the plan was made for another workload: it answers {p.workload!r} (workload fingerprint "
+            f"{p.fingerprint}) but the release is of {W!r} (fingerprint {given}), with other queries, labels or "
+            "weights; make the plan for this workload (hdmm.plan(W, plan.strategy, privacy)), or release the "
+            "workload the plan was made for; nothing was measured"
         )
     if p.privacy != privacy:
         raise ValueError(

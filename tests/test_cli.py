@@ -151,3 +151,28 @@ def test_an_output_that_appears_while_the_release_runs_is_not_replaced(tmp_path,
     assert out.read_text() == "someone else's release\n" and "appeared while the release ran" in printed
     (mine,) = [p for p in tmp_path.glob("release.*-1.csv")]
     assert (tmp_path / (mine.name + ".json")).exists() and not (tmp_path / "release.csv.json").exists()
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_a_release_file_records_its_workload_fingerprint_and_calibrated_rho(files, suffix):
+    # issue 22 item 12: the workload was recorded only as the path typed, and an (epsilon, delta) release did not
+    # say which rho its noise is calibrated to
+    import json
+
+    import pyarrow.parquet as pq
+
+    import hdmm
+    from hdmm.catalog import load_workload
+
+    tmp, workload, data = files
+    out = tmp / f"release{suffix}"
+    assert main(["release", "--workload", workload, "--data", data, "--epsilon", "1", "--delta", "1e-6",
+                 "--strategy", "identity", "--noise-seed", "0", "--output", str(out)]) == 0
+    if suffix == ".csv":
+        provenance = json.loads((tmp / "release.csv.json").read_text())
+    else:
+        provenance = json.loads(pq.read_schema(out).metadata[b"hdmm"])
+    W, domain = load_workload(workload)
+    assert provenance["workload_fingerprint"] == provenance["workload"]["fingerprint"] == hdmm.workload_fingerprint(W)
+    assert provenance["workload"]["fingerprint_with_domain"] == hdmm.workload_fingerprint(W, domain)
+    assert provenance["calibrated_rho"] == hdmm.privacy.zcdp_rho(1.0, 1e-6)

@@ -242,3 +242,94 @@ def test_a_full_rank_strategy_supports_its_own_rows_near_the_cut(seed):
     A = U @ np.diag(np.geomspace(1.0, 1.6e-5, 12)) @ V.T
     p = hdmm.plan(hdmm.Explicit(A[:6]), hdmm.Explicit(A), hdmm.ZCDP(0.5))
     assert np.all(np.isfinite(p.variances))
+
+
+# ---------------------------------------------------------------------- workload fingerprints
+def test_a_loaded_plan_for_another_workload_of_the_same_shape_is_refused_before_any_charge(tmp_path):
+    # issue 22 item 7: a plan for 8 totals, loaded from a file, must not answer Identity(8)
+    path = tmp_path / "ones.npz"
+    hdmm.plan(hdmm.Ones(8, 8), hdmm.Identity(8), hdmm.PureDP(1.0)).save(path)
+    loaded = Plan.load(path)
+    budget = hdmm.Budget(hdmm.PureDP(5.0))
+    with pytest.raises(ValueError, match="made for another workload.*Ones.*Identity"):
+        hdmm.run(hdmm.Identity(8), np.ones(8), hdmm.PureDP(1.0), strategy=loaded, budget=budget)
+    assert budget.spent == 0 and not budget.charges
+    release = hdmm.run(hdmm.Ones(8, 8), np.ones(8), hdmm.PureDP(1.0), strategy=loaded, rng=0)
+    assert release.provenance()["workload_fingerprint"] == hdmm.workload_fingerprint(hdmm.Ones(8, 8))
+
+
+@pytest.mark.parametrize("made_for, given", [
+    # the same number of cells split into other attributes: a plan for another domain
+    (hdmm.Kronecker([hdmm.Prefix(2), hdmm.Identity(4)]), hdmm.Kronecker([hdmm.Prefix(4), hdmm.Identity(2)])),
+    # the same matrix over attributes of other names (labels of the released queries)
+    (hdmm.product(hdmm.Domain(["a", "b"], [2, 4]), {"a": hdmm.Prefix(2)}),
+     hdmm.product(hdmm.Domain(["x", "y"], [2, 4]), {"x": hdmm.Prefix(2)})),
+    # the same queries with other union weights
+    (hdmm.union([hdmm.Total(8), hdmm.Identity(8)], weights=[2.0, 1.0]),
+     hdmm.union([hdmm.Total(8), hdmm.Identity(8)], weights=[1.0, 1.0])),
+])
+def test_a_plan_for_another_domain_labels_or_weights_is_refused(made_for, given):
+    p = hdmm.plan(made_for, hdmm.Identity(8), hdmm.PureDP(1.0))
+    with pytest.raises(ValueError, match="made for another workload"):
+        hdmm.run(given, np.ones(8), hdmm.PureDP(1.0), strategy=p)
+
+
+def test_workload_fingerprints_are_stable_and_describe_queries_and_weights(tmp_path):
+    f = hdmm.workload_fingerprint
+    assert f(W) == f(hdmm.union([hdmm.product(DOM, {"a": hdmm.Prefix(8), "b": hdmm.Identity(4)}),
+                                 hdmm.DimKMarginals(DOM, 2)], weights=[1.0, 0.5]))
+    assert f(W).startswith("sha256:") and len(f(W)) == len("sha256:") + 64
+    p = hdmm.plan(W, hdmm.Identity(DOM.size), hdmm.PureDP(1.0))
+    assert p.fingerprint == f(W) != f(p.workload)                 # the weights are part of it
+    assert f(hdmm.union([hdmm.Total(3), hdmm.Identity(3)], weights=[1.0, 1.0])) == f(
+        hdmm.union([hdmm.Total(3), hdmm.Identity(3)]))            # weights all 1 are no weights
+    p.save(tmp_path / "p.npz")
+    assert Plan.load(tmp_path / "p.npz").fingerprint == f(W)
+    assert f(W, DOM) != f(W) and f(W, DOM) == f(W, hdmm.Domain(["a", "b", "c"], [8, 4, 2]))
+    assert f(W, DOM) != f(W, hdmm.Domain(["a", "b", "z"], [8, 4, 2]))
+    with pytest.raises(ValueError, match="domain"):
+        f(W, hdmm.Domain(["a"], [3]))
+    # sparse and dense entries read back from a file hash alike; an explicit matrix's entries count
+    import scipy.sparse as sp
+
+    S = hdmm.Explicit(sp.csr_array(np.array([[1.0, 0.0, 2.0], [0.0, 0.0, 1.0]])))
+    hdmm.save_strategy(S, tmp_path / "s.npz")
+    assert f(hdmm.load_strategy(tmp_path / "s.npz")[0]) == f(S) != f(hdmm.Explicit(np.array([[1.0, 0, 2], [0, 0, 3]])))
+
+
+def test_a_workload_fingerprint_never_makes_a_large_workload_dense():
+    huge = hdmm.Kronecker([hdmm.AllRange(1000)] * 6)             # 5e35 queries over 1e18 cells
+    assert hdmm.workload_fingerprint(huge) != hdmm.workload_fingerprint(hdmm.Kronecker([hdmm.AllRange(1000)] * 5))
+
+    class Doubled(Matrix):                                       # a class hdmm cannot save: described implicitly
+        def __init__(self, n):
+            self.shape = (n, n)
+
+        def _matmat(self, X):
+            return 2.0 * X
+
+        def _rmatmat(self, Y):
+            return 2.0 * Y
+
+    assert hdmm.workload_fingerprint(Doubled(10**5)) == hdmm.workload_fingerprint(Doubled(10**5))
+    assert hdmm.workload_fingerprint(Doubled(4)) != hdmm.workload_fingerprint(hdmm.Identity(4))
+
+
+def test_a_plan_file_with_an_edited_or_missing_fingerprint(tmp_path):
+    from hdmm.io import read_archive, write_archive
+
+    p = hdmm.plan(hdmm.Ones(8, 8), hdmm.Identity(8), hdmm.PureDP(1.0))
+    path = tmp_path / "plan.npz"
+    p.save(path)
+    header, arrays = read_archive(path)
+    assert header["plan"]["fingerprint"] == p.fingerprint
+    header["plan"]["fingerprint"] = hdmm.workload_fingerprint(hdmm.Identity(8))  # relabelled as another workload
+    write_archive(path, header, arrays)
+    with pytest.raises(ValueError, match="fingerprint"):
+        Plan.load(path)
+    del header["plan"]["fingerprint"]                            # a file written before fingerprints: still checked
+    write_archive(path, header, arrays)
+    old = Plan.load(path)
+    assert old.fingerprint == p.fingerprint
+    with pytest.raises(ValueError, match="made for another workload"):
+        hdmm.run(hdmm.Identity(8), np.ones(8), hdmm.PureDP(1.0), strategy=old)

@@ -345,3 +345,77 @@ def test_noise_from_a_secure_source_is_not_called_seeded():
     x = np.array([3.0, 1.0, 4.0, 1.0])
     assert not hdmm.measure(p, x, rng=RandomBits()).seeded and not hdmm.measure(p, x).seeded
     assert hdmm.measure(p, x, rng=3).seeded
+
+
+# ====================================================================== files: checksums and provenance
+def _edit(path, change):
+    """Rewrite a release file with ``change(header, arrays)`` applied (the checksum left as it was)."""
+    from hdmm.io import read_archive, write_archive
+
+    header, arrays = read_archive(path)
+    change(header, arrays)
+    write_archive(path, header, arrays)
+
+
+@pytest.mark.parametrize("postprocess", [None, "nonnegative"])
+def test_a_release_file_with_edited_answers_is_refused(tmp_path, postprocess):
+    # issue 22 item 8: 1000 added to the answers loaded, and answers and answer(W) then disagreed
+    release = run(W_SMALL, X_SMALL, PureDP(1.0), strategy=Identity(W_SMALL.shape[1]), rng=1, postprocess=postprocess)
+    path = tmp_path / "release.npz"
+    release.save(path)
+    _edit(path, lambda header, arrays: arrays.__setitem__("answers", arrays["answers"] + 1000))
+    with pytest.raises(ValueError, match="checksum"):
+        Release.load(path)
+
+
+def test_a_release_file_is_checked_whole_and_against_its_estimate(tmp_path):
+    from hdmm.release import release_checksum
+
+    release = run(W_SMALL, X_SMALL, ZCDP(0.5), strategy=Identity(W_SMALL.shape[1]), rng=1)
+    path = tmp_path / "release.npz"
+    release.save(path)
+    Release.load(path)                                           # as written: loads, without a warning
+
+    def relabel(header, arrays):                                 # the header is covered too
+        header["release"]["postprocess"] = "integer"
+
+    _edit(path, relabel)
+    with pytest.raises(ValueError, match="checksum"):
+        Release.load(path)
+    release.save(path)
+
+    def forge(header, arrays):                                   # a checksum recomputed over edited answers
+        arrays["answers"] = arrays["answers"] + 1000
+        arrays["unprocessed_answers"] = arrays["answers"]
+        header["checksum"] = release_checksum(header, arrays)
+
+    _edit(path, forge)
+    with pytest.raises(ValueError, match="not the workload's answers from its estimate"):
+        Release.load(path)
+    release.save(path)
+    _edit(path, lambda header, arrays: header.pop("checksum"))   # a file written before checksums: read, with a warning
+    with pytest.warns(UserWarning, match="no checksum"):
+        back = Release.load(path)
+    np.testing.assert_array_equal(back.answers, release.answers)
+
+
+@pytest.mark.parametrize("privacy, rho", [(PureDP(1.0), None), (ZCDP(0.3), 0.3),
+                                          (ApproxDP(1.0, 1e-6), hdmm.privacy.zcdp_rho(1.0, 1e-6))])
+def test_a_release_records_its_calibrated_rho_and_workload_fingerprint(tmp_path, privacy, rho):
+    # issue 22 item 12: an (epsilon, delta) release records the rho its noise is calibrated to, every release a
+    # hash of its workload with the weights
+    W = hdmm.union([hdmm.Total(6), hdmm.Prefix(6)], weights=[3.0, 1.0])
+    release = run(W, np.arange(6.0), privacy, strategy=Identity(6), rng=0)
+    provenance = release.provenance()
+    assert provenance["calibrated_rho"] == rho
+    assert provenance["workload_fingerprint"] == hdmm.workload_fingerprint(W)
+    assert provenance["workload_fingerprint"] != hdmm.workload_fingerprint(hdmm.union([hdmm.Total(6), hdmm.Prefix(6)]))
+    if rho is not None:                                          # the noise is calibrated to that rho
+        assert release.plan.noise_scale == pytest.approx(release.plan.sensitivity / math.sqrt(2 * rho), rel=1e-12)
+    release.save(tmp_path / "r.npz")
+    from hdmm.io import read_archive
+
+    header, _ = read_archive(tmp_path / "r.npz")
+    assert header["metadata"]["workload_fingerprint"] == provenance["workload_fingerprint"]
+    assert header["metadata"]["calibrated_rho"] == rho
+    assert Release.load(tmp_path / "r.npz").provenance() == provenance
