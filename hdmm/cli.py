@@ -244,12 +244,17 @@ def _loaded_strategy(spec: str, named: NamedWorkload, privacy: Privacy) -> tuple
     if saved and Privacy.from_dict(metadata["privacy"]).noise != privacy.noise:
         print(f"hdmm: note: {spec} was optimised for {metadata['privacy']['type']} ({Privacy.from_dict(metadata['privacy']).noise} "
               f"noise); it is still private under {privacy.description}, but not tuned for it", file=sys.stderr)
+    recorded = metadata.get("workload_fingerprint_with_domain")
+    if recorded and recorded != workload_fingerprint(named.workload, named.domain):
+        print(f"hdmm: note: {spec} was optimised for another workload or domain ({metadata.get('workload')!r}); it is "
+              "used only if it supports this workload, and is private, but not tuned for it", file=sys.stderr)
     optimizer = metadata.get("optimizer")
     origin = f"{optimizer} from strategy file {spec}" if optimizer else f"strategy file {spec}"
     with open(spec, "rb") as file:
         digest = hashlib.sha256(file.read()).hexdigest()
     provenance = {"origin": origin, "optimizer": optimizer, "file": os.path.abspath(spec), "sha256": digest,
-                  "optimized_for": metadata.get("privacy"), "workload": metadata.get("workload")}
+                  "optimized_for": metadata.get("privacy"), "workload": metadata.get("workload"),
+                  "workload_fingerprint": metadata.get("workload_fingerprint")}
     return A, origin, provenance
 
 
@@ -570,7 +575,10 @@ def optimize_command(args: argparse.Namespace) -> None:
     result = optimize(named.workload, privacy, seed=args.seed, restarts=args.restarts, progress=True,
                       time_limit=args.time_limit)
     seconds = time.perf_counter() - start
-    save_strategy(result, args.output, {"workload": args.workload, "hdmm_version": hdmm_version()})
+    save_strategy(result, args.output, {"workload": args.workload, "hdmm_version": hdmm_version(),
+                                        "workload_fingerprint": workload_fingerprint(named.workload),
+                                        "workload_fingerprint_with_domain": workload_fingerprint(named.workload,
+                                                                                                 named.domain)})
     bound = result.bound.rmse
     report = result.report[["optimizer", "rmse", "exact", "seconds"]].copy()
     report.insert(2, "RMSE / SVD bound RMSE", report["rmse"] / bound if bound > 0 else np.inf)
