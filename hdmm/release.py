@@ -351,7 +351,8 @@ class Answers:
     weights : numpy.ndarray or None
         Each query's :func:`hdmm.union` weight, if any.
     provenance : dict
-        The release's :meth:`Release.provenance`.
+        The release's :meth:`Release.provenance` (whose ``workload_fingerprint`` is the release's
+        workload), with ``answered_workload_fingerprint``, that of the workload answered here.
     """
 
     workload: Matrix
@@ -735,10 +736,11 @@ class Release:
             _check_supported(queries, variances, exact, self.combined.stacked)
         unprocessed = queries @ self.unprocessed_estimate
         answers = unprocessed if self.postprocess is None else queries @ self.estimate
+        provenance = {**self.provenance(), "answered_workload_fingerprint": workload_fingerprint(W)}
         return Answers(workload=queries, answers=answers, unprocessed_answers=unprocessed,
                        std_errors=np.sqrt(variances), variance_exact=exact,
                        interval_method=_interval_method({m.privacy.noise for m in self.measurements}, exact),
-                       weights=weights, provenance=self.provenance())
+                       weights=weights, provenance=provenance)
 
     # ------------------------------------------------------------------ views
     def table(self, level: float = 0.95) -> pd.DataFrame:
@@ -1023,6 +1025,7 @@ def run(
                               chosen.noise_scale, chosen.spacing)
         combined = combine(prior.measurements + (pending,), chosen.workload, prior=prior.provenance(),
                            known=chosen.variances)
+    chosen.fingerprint  # recorded in the release's provenance: computed now, so that it cannot fail after the noise
     lap("plan")
     # None: the OS's cryptographic source
     measurement = measure(chosen, x, None if rng is None else generator, budget=budget, label=label)

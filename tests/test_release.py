@@ -410,6 +410,9 @@ def test_a_release_records_its_calibrated_rho_and_workload_fingerprint(tmp_path,
     assert provenance["calibrated_rho"] == rho
     assert provenance["workload_fingerprint"] == hdmm.workload_fingerprint(W)
     assert provenance["workload_fingerprint"] != hdmm.workload_fingerprint(hdmm.union([hdmm.Total(6), hdmm.Prefix(6)]))
+    answered = release.answer(hdmm.Total(6)).provenance         # answers read off it say which workload they answer
+    assert answered["answered_workload_fingerprint"] == hdmm.workload_fingerprint(hdmm.Total(6))
+    assert answered["workload_fingerprint"] == provenance["workload_fingerprint"]
     if rho is not None:                                          # the noise is calibrated to that rho
         assert release.plan.noise_scale == pytest.approx(release.plan.sensitivity / math.sqrt(2 * rho), rel=1e-12)
     release.save(tmp_path / "r.npz")
