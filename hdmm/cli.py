@@ -28,8 +28,8 @@ in the Parquet file's key-value metadata (key ``hdmm``) or, for CSV, in a JSON f
 it (``<output>.json``). The workload is recorded by name and by fingerprint
 (:func:`hdmm.workload_fingerprint`: its queries and weights, and with the domain's attributes and
 labels), so a file says which queries it answers even if the workload file changes; a Gaussian
-release records the zCDP rho its noise is calibrated to (``calibrated_rho``). Ratios of errors are ratios of RMSEs (root mean squared error per
-query), as labelled.
+release records the zCDP rho its noise is calibrated to (``calibrated_rho``). Ratios of errors
+are ratios of RMSEs (root mean squared error per query), as labelled.
 
 ``--budget FILE`` charges the release to a privacy budget file (:class:`hdmm.Budget`, made by
 ``hdmm budget create FILE --epsilon E`` or ``--rho R``, or ``--epsilon E --delta D`` for a zCDP

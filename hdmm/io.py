@@ -185,8 +185,13 @@ class _FingerprintWriter(_Writer):
         except TypeError:
             if not isinstance(M, Matrix):
                 raise
-        probes = np.random.default_rng(0).standard_normal((M.shape[1], FINGERPRINT_PROBES))
-        products = np.asarray(M @ probes, dtype=np.float64)
+        try:
+            probes = np.random.default_rng(0).standard_normal((M.shape[1], FINGERPRINT_PROBES))
+            products = np.asarray(M @ probes, dtype=np.float64)
+        except (MemoryError, ValueError) as exc:
+            raise ValueError(f"cannot fingerprint {M!r}: hdmm cannot save a {type(M).__name__}, and its products with "
+                             f"{FINGERPRINT_PROBES} probe vectors of {M.shape[1]:,} cells failed ({exc}); build the "
+                             "workload from hdmm's matrix classes") from None
         return {"type": "other", "class": f"{type(M).__module__}.{type(M).__qualname__}", "shape": list(M.shape),
                 "probes": self.array(products)}
 
@@ -200,9 +205,11 @@ def _json_value(value: Any) -> Any:
 def workload_fingerprint(W: Matrix, domain: Any = None, *, row_weights: np.ndarray | None = None) -> str:
     """A stable hash of a workload's queries and weights (and optionally its domain): ``"sha256:<64 hex digits>"``.
 
-    Two workloads have the same fingerprint exactly when they hold the same queries, with the
-    same labels, over the same number of cells and with the same :func:`hdmm.union` weight per
-    query (up to a SHA-256 collision). What is hashed is the workload's implicit structure, as
+    A workload built the same way always has the same fingerprint; workloads that differ in
+    their queries, labels, number of cells or :func:`hdmm.union` weight per query have different
+    ones (barring a SHA-256 collision). It identifies the workload as written, not only its
+    matrix: ``Identity(8)`` and ``Explicit(np.eye(8))`` differ. What is hashed is the workload's
+    implicit structure, as
     :func:`save_strategy` writes it (each node's class and parameters, e.g. ``Kronecker`` with
     its factors, attribute names and value labels; ``Prefix`` with its size), and the arrays
     it refers to (dense or sparse entries, range bounds, marginal weights): a large implicit
@@ -262,7 +269,8 @@ def workload_fingerprint(W: Matrix, domain: Any = None, *, row_weights: np.ndarr
     if domain is not None:
         size = getattr(domain, "size", None)
         if not hasattr(domain, "to_dict") or size != W.shape[1]:
-            raise ValueError(f"the domain must be an hdmm.Domain of the workload's {W.shape[1]:,} cells, got {domain!r}")
+            raise ValueError(f"the domain must be an hdmm.Domain of the workload's {W.shape[1]:,} cells, "
+                             f"got {domain!r}")
         described = [[str(name), spec] for name, spec in domain.to_dict().items()]
     writer = _FingerprintWriter()
     tree = writer.node(queries)

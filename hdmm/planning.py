@@ -37,7 +37,8 @@ from typing import Callable
 import numpy as np
 
 from .error import ErrorResult, expected_error, unit_query_variances
-from .io import FORMAT, MAX_BYTES, VERSION, decode_matrix, encode_matrix, read_archive, workload_fingerprint, write_archive
+from .io import (FORMAT, MAX_BYTES, VERSION, decode_matrix, encode_matrix, read_archive, workload_fingerprint,
+                 write_archive)
 from .matrix import UNDERFLOW_MESSAGE, DenseLimitError, Kronecker, Matrix, Weighted
 from .mechanism import RECONSTRUCTION_METHODS, reconstruction_method
 from .noise import calibrate_grid, rounding_bound
@@ -128,7 +129,7 @@ class Plan:
     # ------------------------------------------------------------------ identity
     @functools.cached_property
     def fingerprint(self) -> str:
-        """The fingerprint of the workload the plan was made for, union weights included (:func:`hdmm.workload_fingerprint`).
+        """The fingerprint of the workload the plan was made for, weights included (:func:`hdmm.workload_fingerprint`).
 
         Computed from :attr:`workload` and :attr:`weights` (so it always describes what the plan
         answers), recorded in plan and release files and in :meth:`hdmm.Release.provenance`;
