@@ -333,3 +333,14 @@ def test_a_plan_file_with_an_edited_or_missing_fingerprint(tmp_path):
     assert old.fingerprint == p.fingerprint
     with pytest.raises(ValueError, match="made for another workload"):
         hdmm.run(hdmm.Identity(8), np.ones(8), hdmm.PureDP(1.0), strategy=old)
+
+
+def test_a_plan_whose_strategy_is_over_another_domain_is_refused_before_any_charge():
+    import dataclasses
+
+    p = hdmm.plan(hdmm.Prefix(8), hdmm.Identity(8), hdmm.PureDP(1.0))
+    swapped = dataclasses.replace(p, strategy=hdmm.Identity(16))  # was refused only by numpy, with a misleading message
+    budget = hdmm.Budget(hdmm.PureDP(3.0))
+    with pytest.raises(ValueError, match="strategy Identity.16. is over 16 cells.*another domain"):
+        hdmm.run(hdmm.Prefix(8), np.ones(8), hdmm.PureDP(1.0), strategy=swapped, budget=budget)
+    assert budget.spent == 0
