@@ -7,6 +7,10 @@ dense parameter. Only hdmm's own matrix classes are written; nothing is unpickle
 The same tree names a workload: :func:`workload_fingerprint` hashes it (and the arrays it
 refers to) into a short text that plans, releases and release files record, so that a plan
 made for one workload is never used to answer another (:func:`hdmm.run` refuses it).
+
+Plan and release files also carry a SHA-256 checksum of their header and arrays
+(:func:`with_checksum`, :func:`check_checksum`). It detects a damaged file or one edited
+without recomputing it; it has no secret key, so it does not detect a forger who recomputes it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import hashlib
 import json
 import math
 import os
+import warnings
 import zipfile
 import zlib
 from typing import Any
@@ -41,6 +46,9 @@ __all__ = [
     "write_archive",
     "read_archive",
     "workload_fingerprint",
+    "with_checksum",
+    "archive_checksum",
+    "check_checksum",
     "FORMAT",
     "VERSION",
 ]
@@ -284,6 +292,50 @@ def workload_fingerprint(W: Matrix, domain: Any = None, *, row_weights: np.ndarr
         digest.update(json.dumps([key, a.dtype.str, list(a.shape)]).encode())
         digest.update(a.reshape(-1).view(np.uint8))
     return "sha256:" + digest.hexdigest()
+
+
+#: The header entry of a plan or release file that holds its checksum (:func:`archive_checksum`).
+CHECKSUM_KEY = "checksum"
+
+
+def archive_checksum(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> str:
+    """The SHA-256 checksum of an archive's contents: its JSON header (less ``CHECKSUM_KEY``) and every array.
+
+    The header is hashed as canonical JSON (sorted keys, no spaces), each array by name, dtype,
+    shape and bytes in C order, in the order of their names: ``"sha256:<64 hex digits>"``.
+    """
+    entries = {k: v for k, v in header.items() if k != CHECKSUM_KEY}
+    digest = hashlib.sha256(json.dumps(entries, sort_keys=True, separators=(",", ":")).encode())
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        digest.update(json.dumps([name, a.dtype.str, list(a.shape)]).encode())
+        digest.update(a.reshape(-1).view(np.uint8))
+    return "sha256:" + digest.hexdigest()
+
+
+def with_checksum(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """``header`` as the file will hold it (its JSON read back), with the checksum of it and ``arrays`` added."""
+    stored = json.loads(json.dumps(header))
+    stored[CHECKSUM_KEY] = archive_checksum(stored, arrays)
+    return stored
+
+
+def check_checksum(header: dict[str, Any], arrays: dict[str, np.ndarray], source, kind: str) -> None:
+    """Refuse a file whose contents do not match the checksum it records; warn when it records none.
+
+    A file written before checksums were recorded is read with a ``UserWarning`` (its other
+    checks still apply). The checksum detects damage and edits made without recomputing it, not
+    a forger who recomputes it (it has no secret key).
+    """
+    stored = header.get(CHECKSUM_KEY)
+    if stored is None:
+        warnings.warn(f"{source} records no checksum (it was written by an earlier hdmm): the {kind} was checked "
+                      "for consistency, but an edit that keeps it consistent cannot be detected", UserWarning,
+                      stacklevel=3)
+        return
+    if stored != archive_checksum(header, arrays):
+        raise ValueError(f"{source}: its contents do not match the checksum it records: the {kind} file was damaged "
+                         f"or edited after it was written; use the file as hdmm wrote it, or make the {kind} again")
 
 
 def write_archive(path, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:

@@ -37,8 +37,8 @@ from typing import Callable
 import numpy as np
 
 from .error import ErrorResult, expected_error, unit_query_variances
-from .io import (FORMAT, MAX_BYTES, VERSION, decode_matrix, encode_matrix, read_archive, workload_fingerprint,
-                 write_archive)
+from .io import (FORMAT, MAX_BYTES, VERSION, check_checksum, decode_matrix, encode_matrix, read_archive,
+                 with_checksum, workload_fingerprint, write_archive)
 from .matrix import UNDERFLOW_MESSAGE, DenseLimitError, Kronecker, Matrix, Weighted
 from .mechanism import RECONSTRUCTION_METHODS, reconstruction_method
 from .noise import calibrate_grid, rounding_bound
@@ -176,12 +176,14 @@ class Plan:
 
         The file is hdmm's versioned strategy archive (no pickle): the strategy, the workload
         and its fingerprint, the privacy definition, sensitivity, structure, route, origin and
-        the per-query variances. :func:`hdmm.load_strategy` reads its strategy too.
+        the per-query variances, and a SHA-256 checksum of all of it (:func:`hdmm.io.with_checksum`:
+        it detects a damaged file or an edit made without recomputing it, not a forger, since it
+        has no secret key). :func:`hdmm.load_strategy` reads its strategy too.
         """
         arrays: dict[str, np.ndarray] = {}
         header = {"format": FORMAT, "version": VERSION, "kind": "plan", **plan_to_json(self, arrays),
                   "metadata": {"privacy": self.privacy.to_dict(), "optimizer": self.origin}}
-        write_archive(path, header, arrays)
+        write_archive(path, with_checksum(header, arrays), arrays)
 
     @staticmethod
     def load(path, *, max_bytes: int = MAX_BYTES) -> Plan:
@@ -194,13 +196,18 @@ class Plan:
         one finite, non-negative number per query. The workload's fingerprint
         (:attr:`fingerprint`) is recomputed from the stored workload and weights and must match
         the one recorded. A file written before fingerprints were recorded is accepted without
-        a warning: its fingerprint is computed from the stored workload and weights, which is
-        what a newer file records, so :func:`hdmm.run` checks it the same way.
+        a warning about them: its fingerprint is computed from the stored workload and weights,
+        which is what a newer file records, so :func:`hdmm.run` checks it the same way. Last, the
+        file's checksum (:meth:`save`) must match its contents, which also catches edits the
+        checks above cannot see (say, two variances changed keeping their total); a file
+        written before checksums were recorded is read with a ``UserWarning``.
         """
         header, arrays = read_archive(path, max_bytes=max_bytes)
         if header.get("kind") != "plan":
             raise ValueError(f"{path} holds a strategy, not a plan: make one with hdmm.plan(W, strategy, privacy)")
-        return plan_from_json(header, arrays, source=str(path))
+        p = plan_from_json(header, arrays, source=str(path))
+        check_checksum(header, arrays, path, "plan")
+        return p
 
     # ------------------------------------------------------------------ display
     def summary(self) -> str:

@@ -31,20 +31,17 @@ release records the charge in its provenance.
 
 A release records the fingerprint of its workload (:func:`hdmm.workload_fingerprint`, union
 weights included), and :func:`run` refuses a :class:`~hdmm.Plan` made for another workload. A
-release file (:meth:`Release.save`) carries a SHA-256 checksum of everything in it, which
-:meth:`Release.load` verifies: it detects damage and edits made without recomputing it, not a
+release file (:meth:`Release.save`) carries a SHA-256 checksum of everything in it
+(:func:`hdmm.io.with_checksum`), which :meth:`Release.load` verifies: it detects damage and edits made without recomputing it, not a
 forger (anyone can recompute a checksum that has no secret key).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import numbers
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -62,15 +59,15 @@ from .optimizers import OptimizationResult
 from .planning import (Plan, check_inputs, plan_from_json, plan_to_json, strategy_plan, unit_variances_or_bounds,
                        union_variance_bound)
 from .postprocess import nonnegative_least_squares, round_to_total
-from .io import (FORMAT, MAX_BYTES, VERSION, decode_matrix, encode_matrix, read_archive, workload_fingerprint,
-                 write_archive)
+from .io import (FORMAT, MAX_BYTES, VERSION, check_checksum, decode_matrix, encode_matrix, read_archive,
+                 with_checksum, workload_fingerprint, write_archive)
 from .planning import plan as make_plan
 from .privacy import ZCDP, ApproxDP, Privacy, zcdp_rho
 from .structure import Structure, classify
 from .traces import SUPPORT_TOL, gram_inverse, squared_row_norms
 from .workload import unweighted
 
-__all__ = ["Release", "Answers", "Combined", "run", "combine", "POSTPROCESS_OPTIONS", "table_names", "release_checksum"]
+__all__ = ["Release", "Answers", "Combined", "run", "combine", "POSTPROCESS_OPTIONS", "table_names"]
 
 #: The values ``run(postprocess=...)`` accepts.
 POSTPROCESS_OPTIONS = (None, "nonnegative", "integer")
@@ -390,26 +387,6 @@ def _calibrated_rho(privacy: Privacy) -> float | None:
     return None
 
 
-#: The header entry of a release file that holds its checksum (:func:`release_checksum`).
-CHECKSUM_KEY = "checksum"
-
-
-def release_checksum(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> str:
-    """The SHA-256 checksum of a release file's contents: its JSON header (less ``CHECKSUM_KEY``) and every array.
-
-    The header is hashed as canonical JSON (sorted keys, no spaces), each array by name,
-    dtype, shape and bytes in C order, in the order of their names. :meth:`Release.save`
-    records it and :meth:`Release.load` recomputes it.
-    """
-    entries = {k: v for k, v in header.items() if k != CHECKSUM_KEY}
-    digest = hashlib.sha256(json.dumps(entries, sort_keys=True, separators=(",", ":")).encode())
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        digest.update(json.dumps([name, a.dtype.str, list(a.shape)]).encode())
-        digest.update(a.reshape(-1).view(np.uint8))
-    return "sha256:" + digest.hexdigest()
-
-
 def table_names(W: Matrix) -> np.ndarray | None:
     """The table each row of ``W`` belongs to, for a union with named parts (e.g. the Census tables), else None."""
     if isinstance(W, VStack) and W.names is not None:
@@ -576,7 +553,7 @@ class Release:
         ``prior`` in turn. :meth:`load` reads it back.
 
         The file also holds a SHA-256 checksum of its header and every array
-        (:func:`release_checksum`), which :meth:`load` verifies. It guards against accidents
+        (:func:`hdmm.io.archive_checksum`), which :meth:`load` verifies. It guards against accidents
         (a damaged or truncated copy, a script that changed a number, answers edited by hand);
         it does not prove who wrote the file: it has no secret key, so whoever edits the file and
         recomputes the checksum with hdmm is not detected. To prove a release's origin, sign the
@@ -602,27 +579,23 @@ class Release:
             info["prior"] = {"measurements": earlier, "provenance": self.combined.prior}
         header = {"format": FORMAT, "version": VERSION, "kind": "release", **plan_to_json(self.plan, arrays),
                   "release": info, "metadata": self.provenance()}
-        header = json.loads(json.dumps(header))  # as the file holds it, and as load reads it back
-        header[CHECKSUM_KEY] = release_checksum(header, arrays)
-        write_archive(path, header, arrays)
+        write_archive(path, with_checksum(header, arrays), arrays)
 
     @staticmethod
     def load(path, *, max_bytes: int = MAX_BYTES) -> Release:
         """Read a release written by :meth:`save` (its plan validated as :meth:`hdmm.Plan.load` does).
 
-        A file larger than ``max_bytes`` is refused unread. The file's checksum is recomputed
-        and must match the one it records (:meth:`save` says what this does and does not
-        protect against): a file whose answers, estimates, measurements or header were edited is
-        refused. A file written before checksums were recorded is read with a warning (its
-        contents cannot be verified). Then the measurement, answers and estimates must be
-        finite, one per strategy row, query and cell, and the answers must be the workload's
-        answers from the estimates; earlier measurements are checked the same way, their
-        sensitivities recomputed from their strategies.
+        A file larger than ``max_bytes`` is refused unread; the measurement, answers and
+        estimates must be finite, one per strategy row, query and cell; earlier measurements
+        are checked the same way, their sensitivities recomputed from their strategies. Then the
+        file's checksum is recomputed and must match the one it records (:meth:`save` says what
+        this does and does not protect against): a file whose answers, estimates, measurements
+        or header were edited is refused. A file written before checksums were recorded is read
+        with a warning. Last, the answers must be the workload's answers from the estimates.
         """
         header, arrays = read_archive(path, max_bytes=max_bytes)
         if header.get("kind") != "release":
             raise ValueError(f"{path} is not an hdmm release file (it holds a {header.get('kind', 'strategy')})")
-        _check_checksum(header, arrays, path)
         p = plan_from_json(header, arrays, source=str(path))
         try:
             info = header["release"]
@@ -642,18 +615,19 @@ class Release:
                 raise ValueError(f"{path}: {key} has shape {parts[key].shape}, expected ({size},)")
             if not np.all(np.isfinite(parts[key])):
                 raise ValueError(f"{path}: {key} holds NaN or infinite values; the file is damaged")
-        for answers, estimate in (("answers", "estimate"), ("unprocessed_answers", "unprocessed_estimate")):
-            expected = np.asarray(p.workload @ parts[estimate], dtype=float)
-            scale = max(1.0, float(np.max(np.abs(expected), initial=0.0)))
-            if not np.allclose(parts[answers], expected, rtol=0.0, atol=ANSWER_TOL * scale):
-                raise ValueError(f"{path}: its {answers} are not the workload's answers from its {estimate}; the file "
-                                 "is damaged or was edited")
         measurement = Measurement(p.strategy, parts["measurement"], p.privacy, p.sensitivity, p.noise_scale,
                                   p.spacing, charge, seeded)
         combined = None
         if info.get("prior") is not None:
             earlier, provenance = _read_prior(info["prior"], arrays, str(path), p.cells)
             combined = combine(earlier + (measurement,), p.workload, prior=provenance, known=p.variances)
+        check_checksum(header, arrays, path, "release")
+        for answers, estimate in (("answers", "estimate"), ("unprocessed_answers", "unprocessed_estimate")):
+            expected = np.asarray(p.workload @ parts[estimate], dtype=float)
+            scale = max(1.0, float(np.max(np.abs(expected), initial=0.0)))
+            if not np.allclose(parts[answers], expected, rtol=0.0, atol=ANSWER_TOL * scale):
+                raise ValueError(f"{path}: its {answers} are not the workload's answers from its {estimate}; the file "
+                                 "is damaged or was edited")
         return Release(plan=p, measurement=measurement, answers=parts["answers"], estimate=parts["estimate"],
                        postprocess=postprocess, unprocessed_answers=parts["unprocessed_answers"],
                        unprocessed_estimate=parts["unprocessed_estimate"], timings=timings, combined=combined)
@@ -834,19 +808,6 @@ def _read_prior(info: Any, arrays: dict[str, np.ndarray], source: str, cells: in
 #: Largest difference, relative to the largest answer (at least 1), between a loaded release's answers and the
 #: workload's answers recomputed from its estimate (floating-point rounding of the same product).
 ANSWER_TOL = 1e-9
-
-
-def _check_checksum(header: dict, arrays: dict[str, np.ndarray], path) -> None:
-    """Refuse a release file whose contents do not match its checksum; warn when it has none (an older file)."""
-    stored = header.get(CHECKSUM_KEY)
-    if stored is None:
-        warnings.warn(f"{path} records no checksum (it was written by an earlier hdmm): its contents cannot be "
-                      "verified; only their consistency is checked", UserWarning, stacklevel=3)
-        return
-    if stored != release_checksum(header, arrays):
-        raise ValueError(f"{path}: its contents do not match the checksum it records: the file was damaged or edited "
-                         "after it was written (answers, estimates, measurements or header); use the file as "
-                         "hdmm.Release.save wrote it")
 
 
 def _flag(value: Any, name: str) -> bool:

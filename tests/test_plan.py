@@ -328,8 +328,10 @@ def test_a_plan_file_with_an_edited_or_missing_fingerprint(tmp_path):
     with pytest.raises(ValueError, match="fingerprint"):
         Plan.load(path)
     del header["plan"]["fingerprint"]                            # a file written before fingerprints: still checked
+    del header["checksum"]                                       # (and before checksums: read with a warning)
     write_archive(path, header, arrays)
-    old = Plan.load(path)
+    with pytest.warns(UserWarning, match="no checksum"):
+        old = Plan.load(path)
     assert old.fingerprint == p.fingerprint
     with pytest.raises(ValueError, match="made for another workload"):
         hdmm.run(hdmm.Identity(8), np.ones(8), hdmm.PureDP(1.0), strategy=old)
@@ -344,3 +346,17 @@ def test_a_plan_whose_strategy_is_over_another_domain_is_refused_before_any_char
     with pytest.raises(ValueError, match="strategy Identity.16. is over 16 cells.*another domain"):
         hdmm.run(hdmm.Prefix(8), np.ones(8), hdmm.PureDP(1.0), strategy=swapped, budget=budget)
     assert budget.spent == 0
+
+
+def test_a_plan_file_with_variances_edited_to_keep_their_total_is_refused(tmp_path):
+    # the recomputed total cannot see two variances swapped or moved between queries: the checksum does
+    from hdmm.io import read_archive, write_archive
+
+    path = tmp_path / "plan.npz"
+    hdmm.plan(hdmm.Prefix(8), hdmm.Identity(8), hdmm.PureDP(1.0)).save(path)
+    Plan.load(path)                                              # as written: loads, without a warning
+    header, arrays = read_archive(path)
+    arrays["plan_variances"] = arrays["plan_variances"][::-1].copy()
+    write_archive(path, header, arrays)
+    with pytest.raises(ValueError, match="checksum"):
+        Plan.load(path)

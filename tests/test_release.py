@@ -369,7 +369,7 @@ def test_a_release_file_with_edited_answers_is_refused(tmp_path, postprocess):
 
 
 def test_a_release_file_is_checked_whole_and_against_its_estimate(tmp_path):
-    from hdmm.release import release_checksum
+    from hdmm.io import archive_checksum
 
     release = run(W_SMALL, X_SMALL, ZCDP(0.5), strategy=Identity(W_SMALL.shape[1]), rng=1)
     path = tmp_path / "release.npz"
@@ -387,7 +387,7 @@ def test_a_release_file_is_checked_whole_and_against_its_estimate(tmp_path):
     def forge(header, arrays):                                   # a checksum recomputed over edited answers
         arrays["answers"] = arrays["answers"] + 1000
         arrays["unprocessed_answers"] = arrays["answers"]
-        header["checksum"] = release_checksum(header, arrays)
+        header["checksum"] = archive_checksum(header, arrays)
 
     _edit(path, forge)
     with pytest.raises(ValueError, match="not the workload's answers from its estimate"):
