@@ -32,8 +32,9 @@ release records the charge in its provenance.
 A release records the fingerprint of its workload (:func:`hdmm.workload_fingerprint`, union
 weights included), and :func:`run` refuses a :class:`~hdmm.Plan` made for another workload. A
 release file (:meth:`Release.save`) carries a SHA-256 checksum of everything in it
-(:func:`hdmm.io.with_checksum`), which :meth:`Release.load` verifies: it detects damage and edits made without recomputing it, not a
-forger (anyone can recompute a checksum that has no secret key).
+(:func:`hdmm.io.with_checksum`), which :meth:`Release.load` verifies: it detects damage and
+edits made without recomputing it, not a forger (anyone can recompute a checksum that has no
+secret key).
 """
 
 from __future__ import annotations
