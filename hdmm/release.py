@@ -1063,8 +1063,8 @@ def _check_plan(p: Plan, W: Matrix, privacy: Privacy, method: str) -> Plan:
             f"{W.shape[0]:,} queries over {W.shape[1]:,} cells: make the plan for this workload"
         )
     if p.strategy.shape[1] != W.shape[1]:
-        raise ValueError(f"the plan's strategy {p.strategy!r} is over {p.strategy.shape[1]:,} cells but the workload has "
-                         f"{W.shape[1]:,}: the strategy was made for another domain; make the plan again with "
+        raise ValueError(f"the plan's strategy {p.strategy!r} is over {p.strategy.shape[1]:,} cells but the workload "
+                         f"has {W.shape[1]:,}: the strategy was made for another domain; make the plan again with "
                          "hdmm.plan(W, strategy, privacy) and a strategy over this domain; nothing was measured")
     given = workload_fingerprint(W)
     if p.fingerprint != given:
