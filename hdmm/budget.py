@@ -36,17 +36,33 @@ the total by at most a relative ``BUDGET_RTOL`` (1e-12), so that a total split i
 (``0.1 + 0.2 + 0.7``) is spent exactly; the overspend this allows is below 1e-12 of the total.
 
 A budget kept in a file (:meth:`Budget.save`, :meth:`Budget.load`, ``hdmm budget create``) stays
-attached to it: every charge is written to the file, atomically (a temporary file, flushed to
-disk, then renamed over the old one), **before** the measurement it pays for draws any noise.
-A measurement that fails after its charge was written (an error, a crash, a killed process)
-therefore leaves a recorded charge: the budget may over-count, never under-count. A charge is
-recorded with status ``"charged"`` and marked ``"released"`` by :meth:`Budget.settle` once the
-release is complete; both count. A file changed by someone else since it was read (say, two
-releases at once) is refused rather than overwritten: the file is read, checked against what this
-budget last read or wrote, and replaced under an exclusive advisory lock (``flock``) on its
-directory, so no two writers can both pass the check and one of their charges be lost. The lock is
-POSIX; elsewhere only the check is made. A :class:`Budget` object itself is not thread-safe: give
-each thread its own (:meth:`Budget.load`).
+attached to it: every charge is appended to the file and flushed to disk **before** the
+measurement it pays for draws any noise. A measurement that fails after its charge was written (an
+error, a crash, a killed process) therefore leaves a recorded charge: the budget may over-count,
+never under-count. A charge is recorded as ``"charged"``; once the release is complete,
+:meth:`Budget.settle` appends a mark that it was ``"released"`` (and where to); both count.
+
+**The file** (:mod:`hdmm.ledger`) is JSON Lines: the total on the first line, then one line per
+charge and per mark, each holding a hash of itself and the line before, so each line is chained
+to the file's whole past and to its total. Appending a charge or a mark is O(1) in the number of
+charges. Releases that charge one file at the same time (several processes, or several
+:class:`Budget` objects) take turns under an exclusive advisory lock (``flock``) on the file's
+directory: each reads the charges appended since it last read the file, checks their chain,
+and is refused only if the budget, with them, truly cannot pay. The lock is POSIX; elsewhere
+appends are not serialised. A :class:`Budget` object itself is not thread-safe: give each
+thread its own (:meth:`Budget.load`).
+
+**What a budget file protects against** (its trust model): reading it checks every line's
+fields, each charge's cost against its privacy definition and the chain, so an accidental
+damage, a charge deleted from the middle or moved, a cost edited, or a total raised is refused
+with the line where it happened. It is not a defence against whoever can write the file: anyone
+can recompute an unkeyed chain after editing it, and removing the last charges leaves a valid
+shorter chain. A **keyed** file (``Budget.save(path, key=...)``, ``hdmm budget create FILE
+--budget-key KEYFILE``) is chained with HMAC-SHA256 under a secret the file does not hold: edits
+cannot be re-chained without the key, but cutting the last charges is still not visible; to see
+it, keep the file's latest hash (:attr:`Budget.head`, printed by ``hdmm budget show``) elsewhere.
+The budget only counts what is charged through it: it is an accounting tool for an honest
+curator, not an access control.
 
 >>> b = Budget(PureDP(3.0))
 >>> b.charge(PureDP(1.0), workload="sf1").cost
@@ -60,24 +76,16 @@ each thread its own (:meth:`Budget.load`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
-import hashlib
 import json
 import math
 import os
-import tempfile
-import time
 import warnings
 from fractions import Fraction
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
-try:
-    import fcntl
-except ImportError:  # not POSIX (Windows): the digest check alone guards the file
-    fcntl = None
-
+from .ledger import Ledger, LedgerError
 from .privacy import ZCDP, ApproxDP, Privacy, PureDP, zcdp_delta, zcdp_rho
 from .validation import is_finite_real
 
@@ -93,17 +101,17 @@ MAX_BUDGET_BYTES = 64 * 1024**2
 #: The ``format`` entry of a budget file.
 BUDGET_FORMAT = "hdmm-budget"
 
-#: The budget file version this hdmm writes and reads.
-BUDGET_VERSION = 1
-
-#: Seconds a budget write waits for another process's budget write in the same directory to finish.
-LOCK_TIMEOUT = 60.0
+#: The budget file version this hdmm writes (a hash-chained JSON Lines file); it reads version 1 too.
+BUDGET_VERSION = 2
 
 #: A charge's status: recorded before measuring, or known to have finished.
 STATUSES = ("charged", "released")
 
 _CHARGE_KEYS = {"number", "time", "workload", "privacy", "charge", "unit", "status", "output"}
-_TOP_KEYS = {"format", "version", "total", "delta", "created", "charges"}
+_TOP_KEYS = {"format", "version", "total", "delta", "created", "charges"}  # a version-1 file
+_HEADER_KEYS = {"format", "version", "total", "delta", "created", "keyed", "hash"}
+_RECORD_KEYS = {"charge": {"record", "number", "time", "workload", "privacy", "charge", "unit", "hash"},
+                "released": {"record", "number", "time", "output", "hash"}}
 
 
 class BudgetError(ValueError):
@@ -283,7 +291,7 @@ class Budget:
     hdmm.budget.BudgetError: a zCDP, rho=0.1 release (Gaussian noise) cannot be charged to a pure-DP budget: Gaussian noise is not pure DP for any epsilon; keep a zCDP budget for Gaussian releases (Budget(ZCDP(rho)), Budget.from_approx_dp, or hdmm budget create FILE --rho R)
     """
 
-    __slots__ = ("_total", "_delta", "_charges", "_created", "_path", "_digest")
+    __slots__ = ("_total", "_delta", "_charges", "_spent", "_created", "_path", "_ledger", "_legacy")
 
     def __init__(self, total: Privacy, *, delta: float | None = None) -> None:
         if isinstance(total, ApproxDP):
@@ -301,10 +309,12 @@ class Budget:
             delta = float(delta)
         self._total: Privacy = total
         self._delta = delta
-        self._charges: tuple[Charge, ...] = ()
+        self._charges: list[Charge] = []
+        self._spent = Fraction(0)  # the exact sum of the charges' costs
         self._created = _now()
         self._path: str | None = None
-        self._digest: str | None = None
+        self._ledger: Ledger | None = None
+        self._legacy: bytes | None = None  # a version-1 file as read, rewritten in this version at the first write
 
     @classmethod
     def from_approx_dp(cls, epsilon: float, delta: float) -> Budget:
@@ -334,7 +344,7 @@ class Budget:
     @property
     def charges(self) -> tuple[Charge, ...]:
         """Every charge so far, oldest first."""
-        return self._charges
+        return tuple(self._charges)
 
     @property
     def path(self) -> str | None:
@@ -352,7 +362,7 @@ class Budget:
         return float(Fraction(_amount(self._total)) - self._exact_spent())
 
     def _exact_spent(self) -> Fraction:
-        return sum((Fraction(c.cost) for c in self._charges), Fraction(0))
+        return self._spent
 
     # ------------------------------------------------------------------ charging
     def cost(self, privacy: Privacy) -> float:
@@ -419,47 +429,112 @@ class Budget:
         OSError
             If the file cannot be written (nothing is recorded).
         """
-        cost = self.check(privacy)
+        self.check(privacy)
         if not isinstance(workload, str):
             raise TypeError(f"workload must be text (a name or description), got {type(workload).__name__}")
-        entry = Charge(number=len(self._charges) + 1, time=_now(), workload=workload, privacy=privacy, cost=cost,
-                       unit=self.unit)
-        self._commit(self._charges + (entry,))
-        return entry
+
+        def record() -> dict[str, Any]:
+            cost = self.check(privacy)  # again, with what other releases charged meanwhile
+            entry = Charge(number=len(self._charges) + 1, time=_now(), workload=workload, privacy=privacy, cost=cost,
+                           unit=self.unit)
+            return _charge_record(entry)
+
+        self._write(record)
+        return self._charges[-1]
 
     def settle(self, charge: Charge, output: str | None = None) -> Charge:
         """Mark ``charge`` as released (its release finished), with where it was written; returns the new record.
 
         The charge keeps counting either way; this only tells a finished release from one that
-        failed after it was charged. A budget kept in a file re-reads the file under its lock and
-        changes only this charge: charges that other releases made since are kept (and this
-        budget then holds them too).
+        failed after it was charged. A budget kept in a file appends one record to it (O(1),
+        whatever the number of charges), after reading the charges other releases made since
+        (this budget then holds them too).
         """
-        index = charge.number - 1
-        if not (0 <= index < len(self._charges)) or not _same_charge(self._charges[index], charge):
-            raise BudgetError(f"charge {charge.number} was not made against this budget")
         if output is not None and not isinstance(output, str):
             raise TypeError(f"output must be text (where the release was written), got {type(output).__name__}")
-        settled = dataclasses.replace(self._charges[index], status="released", output=output)
+        index = charge.number - 1
+
+        def record() -> dict[str, Any]:
+            if not (0 <= index < len(self._charges)) or not _same_charge(self._charges[index], charge):
+                where = "this budget" if self._path is None else self._path
+                raise BudgetError(f"charge {charge.number} was not made against {where} (or is no longer there as it "
+                                  "was made); the charge still counts")
+            return {"record": "released", "number": charge.number, "time": _now(), "output": output}
+
+        self._write(record)
+        return self._charges[index]
+
+    def _write(self, record) -> None:
+        """Apply the record ``record()`` returns, after writing it to the budget's file (if any).
+
+        In a file, ``record()`` runs under the file's lock, after the records other processes
+        appended since this budget last read it have been checked and applied: it sees the budget
+        as it is now, and may refuse (raise) with nothing written.
+        """
         if self._path is None:
-            self._charges = self._charges[:index] + (settled,) + self._charges[index + 1:]
-            return settled
+            self._apply(record(), 0, "this budget")
+            return
+        written: list[dict[str, Any]] = []
 
-        def mark(current: Budget) -> tuple[Charge, ...]:
-            # other releases may have charged the file since: keep their charges, change only this one
-            if not (index < len(current._charges) and _same_charge(current._charges[index], charge)):
-                raise BudgetError(f"charge {charge.number} is no longer in {self._path} as it was made (was the file "
-                                  "edited?); the charge still counts")
-            return current._charges[:index] + (settled,) + current._charges[index + 1:]
+        def entries() -> list[dict[str, Any]]:
+            written.append(record())
+            if self._legacy is not None:  # a version-1 file: rewritten whole in this version, then appended to
+                return self._entries() + written
+            return written
 
-        self._charges, self._digest = _update_file(self._path, mark, self._text)
-        return settled
+        try:
+            if self._legacy is not None:
+                self._ledger.replace(self._legacy, entries())
+                self._legacy = None
+            else:
+                def catch_up(data: bytes, base: int) -> None:
+                    self._ledger.parse(data, lambda entry, line: self._apply(entry, line, self._path), self._path, base)
 
-    def _commit(self, charges: tuple[Charge, ...]) -> None:
-        """Write the charges to the budget's file (if any), then keep them."""
-        if self._path is not None:
-            self._digest = _replace_file(self._path, self._text(charges), self._digest)
-        self._charges = charges
+                self._ledger.append(catch_up, entries)
+        except LedgerError as exc:
+            raise BudgetError(f"{exc}; nothing was charged or marked") from None
+        self._apply(written[0], self._ledger.lines, self._path)
+
+    def _apply(self, entry: Mapping[str, Any], line: int, source: str) -> None:
+        """Check one record of a budget file (line ``line`` of ``source``) and apply it to the charges."""
+        kind = entry.get("record")
+        where = f"{source}, line {line}" if line else source
+        if kind not in _RECORD_KEYS:
+            raise ValueError(f"{where}: a record must be a 'charge' or 'released', got {kind!r}")
+        problem = _entries_problem(entry, _RECORD_KEYS[kind], _RECORD_KEYS[kind] - {"hash"})
+        if problem:
+            raise ValueError(f"{where}: a {kind} record has {problem}")
+        if kind == "charge":
+            fields = {k: v for k, v in entry.items() if k not in ("record", "hash")}
+            c = Charge.from_dict({**fields, "status": "charged"}, where)
+            self._charges.append(self._checked(c, where))
+            self._spent += Fraction(c.cost)
+            return
+        number, output = entry["number"], entry["output"]
+        if not (isinstance(number, int) and not isinstance(number, bool) and 1 <= number <= len(self._charges)):
+            raise ValueError(f"{where}: marks released a charge {number!r} that is not before it")
+        if not isinstance(entry["time"], str):
+            raise ValueError(f"{where}: the time must be text, got {entry['time']!r}")
+        if output is not None and not isinstance(output, str):
+            raise ValueError(f"{where}: the output must be text or null, got {output!r}")
+        settled = dataclasses.replace(self._charges[number - 1], status="released", output=output)
+        self._charges[number - 1] = settled
+
+    def _checked(self, c: Charge, where: str) -> Charge:
+        """``c`` if it can be the budget's next charge (its number, unit and cost), else a ``ValueError``."""
+        if c.number != len(self._charges) + 1:
+            raise ValueError(f"{where}: the charges are not numbered 1, 2, ... in order (charge {len(self._charges) + 1} "
+                             f"is numbered {c.number}); the file is damaged or was edited")
+        if c.unit != self.unit:
+            raise ValueError(f"{where}: charge {c.number} is in {c.unit} but the budget counts {self.unit}")
+        try:
+            expected = self.cost(c.privacy)
+        except BudgetError as exc:
+            raise ValueError(f"{where}: charge {c.number} cannot belong to this budget: {exc}") from None
+        if not math.isclose(c.cost, expected, rel_tol=1e-12, abs_tol=0.0):
+            raise ValueError(f"{where}: charge {c.number} records a cost of {c.cost!r} {c.unit} but "
+                             f"{c.privacy.description} costs {expected!r}; the file is damaged or was edited")
+        return c
 
     # ------------------------------------------------------------------ reports
     def epsilon_at(self, delta: float | None = None, *, total: bool = False) -> float:
@@ -498,6 +573,8 @@ class Budget:
         if self._delta is not None:
             lines.append(f"  as (epsilon, delta)-DP at delta = {self._delta:g}: spent epsilon = "
                          f"{self.epsilon_at():.6g} of {self.epsilon_at(total=True):.6g} (CKS 2020, Corollary 13)")
+        if self.head is not None:
+            lines.append(f"  latest hash: {self.head} (keep a copy elsewhere to detect charges cut from the end)")
         for c in self._charges:
             state = "released" if c.status == "released" else "charged (release not recorded as finished)"
             lines.append(f"  {c.number:>4}. {c.time}  {unit} {c.cost:.6g}  {c.privacy.description}  "
@@ -511,17 +588,41 @@ class Budget:
                 f"{len(self._charges)} charge(s))")
 
     # ------------------------------------------------------------------ files
-    def to_dict(self, charges: tuple[Charge, ...] | None = None) -> dict[str, Any]:
-        """The budget as its file holds it."""
+    @property
+    def head(self) -> str | None:
+        """The hash of the last line of the budget's file as read or written (``None`` without a file).
+
+        Every charge and mark changes it. Keep it somewhere else (``hdmm budget show`` prints it)
+        to detect later that charges were cut from the end of the file, which the chain alone
+        cannot show (see :mod:`hdmm.ledger`).
+        """
+        return None if self._ledger is None or self._legacy is not None else self._ledger.head
+
+    def to_dict(self) -> dict[str, Any]:
+        """The budget as a JSON object: its total, ``delta``, creation time and every charge with its status."""
         return {"format": BUDGET_FORMAT, "version": BUDGET_VERSION, "total": self._total.to_dict(),
-                "delta": self._delta, "created": self._created,
-                "charges": [c.to_dict() for c in (self._charges if charges is None else charges)]}
+                "delta": self._delta, "created": self._created, "charges": [c.to_dict() for c in self._charges]}
 
-    def _text(self, charges: tuple[Charge, ...]) -> str:
-        return json.dumps(self.to_dict(charges), indent=2, allow_nan=False) + "\n"
+    def _header(self, keyed: bool) -> dict[str, Any]:
+        return {"format": BUDGET_FORMAT, "version": BUDGET_VERSION, "total": self._total.to_dict(),
+                "delta": self._delta, "created": self._created, "keyed": keyed}
 
-    def save(self, path: str | os.PathLike) -> None:
+    def _entries(self) -> list[dict[str, Any]]:
+        """The budget's file as records: its header, each charge and, for a released one, its mark."""
+        out = [self._header(self._ledger is not None and self._ledger.key is not None)]
+        for c in self._charges:
+            out.append(_charge_record(c))
+            if c.status == "released":
+                out.append({"record": "released", "number": c.number, "time": c.time, "output": c.output})
+        return out
+
+    def save(self, path: str | os.PathLike, *, key: bytes | None = None) -> None:
         """Write the budget to a new file ``path`` and keep it there: every later charge is written to it first.
+
+        The file is a chain of hashed records (:mod:`hdmm.ledger`): one line for the total, one per
+        charge, one per release marked finished. ``key`` (secret bytes kept outside the file)
+        makes the hashes keyed (HMAC-SHA256): without the key, nobody can edit the file and
+        recompute the chain; the same key must then be given to :meth:`load`.
 
         Raises
         ------
@@ -532,75 +633,166 @@ class Budget:
             If the file cannot be written.
         """
         path = os.path.abspath(os.fspath(path))
-        if path != self._path and os.path.lexists(path):
+        if path == self._path:
+            return  # every charge is in it already
+        if os.path.lexists(path):
             raise BudgetError(f"{path} exists: a budget file is never replaced (its charges would be forgotten); "
                               "choose another name, or load it with Budget.load")
-        digest = _replace_file(path, self._text(self._charges), self._digest if path == self._path else None,
-                               new=path != self._path)
-        self._path, self._digest = path, digest
+        file = Ledger(path, _check_key(key))
+        entries = [self._header(key is not None)] + self._entries()[1:]
+        try:
+            file.create(entries)
+        except FileExistsError as exc:
+            raise BudgetError(f"{exc}") from None
+        self._path, self._ledger, self._legacy = path, file, None
 
     @staticmethod
-    def load(path: str | os.PathLike, *, max_bytes: int = MAX_BUDGET_BYTES) -> Budget:
+    def load(path: str | os.PathLike, *, max_bytes: int = MAX_BUDGET_BYTES, key: bytes | None = None) -> Budget:
         """Read a budget file written by :meth:`save`; the budget stays attached to it.
 
-        Every entry is checked: the format and version, the total, each charge's fields, their
-        numbering, and each charge's cost against its privacy definition (a file whose costs
-        were edited is refused). Any problem raises one ``ValueError`` naming the file.
+        Every line is checked: the chain of hashes (:mod:`hdmm.ledger`: a deleted, reordered or
+        edited line, or a changed total, breaks it), the format and version, the total, each
+        charge's fields, their numbering, each charge's cost against its privacy definition,
+        and each mark. Any problem raises one ``ValueError`` naming the file and line.
+
+        What this cannot detect without ``key``: a file rewritten with its chain recomputed, or
+        charges cut from its end (compare :attr:`head` with a copy kept elsewhere). A file saved
+        with a ``key`` must be loaded with it. A file written by hdmm before budget files were
+        chained (version 1) is read with a warning, checked as before (fields, numbering, costs)
+        but without a chain, and rewritten in this version at its next charge or mark.
         """
         path = os.path.abspath(os.fspath(path))
         data = _read_file(path, max_bytes)
-        budget = Budget.from_text(data, source=path)
-        budget._path, budget._digest = path, hashlib.sha256(data).hexdigest()
+        budget = Budget._parse(data, path, _check_key(key))
+        budget._path = path
+        if budget._ledger is None:  # a version-1 file
+            warnings.warn(f"{path} was written by an earlier hdmm (budget file version 1, without a chain of hashes "
+                          "that shows deleted or edited charges); it is rewritten in the current version at its next "
+                          "charge or mark", UserWarning, stacklevel=2)
+            budget._ledger, budget._legacy = Ledger(path, None), data
         return budget
 
     @staticmethod
-    def from_text(data: bytes | str, source: str = "the budget file") -> Budget:
+    def from_text(data: bytes | str, source: str = "the budget file", *, key: bytes | None = None) -> Budget:
         """The budget a file's text describes (see :meth:`load`), not attached to any file."""
-        try:
-            text = data.decode("utf-8") if isinstance(data, bytes) else data
-            d = json.loads(text, parse_constant=_no_constant)
-        except RecursionError:
-            raise ValueError(f"{source} is not an hdmm budget file (its JSON is nested too deeply)") from None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{source} is not an hdmm budget file (not valid JSON: {exc})") from None
-        if not isinstance(d, dict) or d.get("format") != BUDGET_FORMAT:
-            found = d.get("format") if isinstance(d, dict) else type(d).__name__
-            raise ValueError(f"{source} is not an hdmm budget file (format {found!r}, expected {BUDGET_FORMAT!r})")
-        version = d.get("version")
-        if not (isinstance(version, int) and not isinstance(version, bool)):
-            raise ValueError(f"{source}: the budget file version must be a whole number, got {version!r}")
-        if version > BUDGET_VERSION:
-            raise ValueError(f"{source} was written by a newer hdmm (budget file version {version}; this hdmm reads "
-                             f"{BUDGET_VERSION}); upgrade hdmm")
-        problem = _entries_problem(d, _TOP_KEYS, _TOP_KEYS)
-        if problem:
-            raise ValueError(f"{source} is not a valid hdmm budget file: it has {problem}")
-        total = _privacy_from(d["total"], f"{source}: the total")
-        if not isinstance(d["created"], str):
-            raise ValueError(f"{source}: 'created' must be text, got {d['created']!r}")
-        try:
-            budget = Budget(total, delta=d["delta"])
-        except (BudgetError, TypeError) as exc:
-            raise ValueError(f"{source} is not a valid hdmm budget file: {exc}") from None
-        budget._created = d["created"]
-        if not isinstance(d["charges"], list):
-            raise ValueError(f"{source}: 'charges' must be a list, got {type(d['charges']).__name__}")
-        charges = tuple(Charge.from_dict(c, source) for c in d["charges"])
-        for i, c in enumerate(charges, 1):
-            if c.number != i:
-                raise ValueError(f"{source}: the charges are not numbered 1, 2, ... in order (entry {i} is number "
-                                 f"{c.number}); the file is damaged or was edited")
-            if c.unit != budget.unit:
-                raise ValueError(f"{source}: charge {i} is in {c.unit} but the budget counts {budget.unit}")
-            try:
-                expected = budget.cost(c.privacy)
-            except BudgetError as exc:
-                raise ValueError(f"{source}: charge {i} cannot belong to this budget: {exc}") from None
-            if not math.isclose(c.cost, expected, rel_tol=1e-12, abs_tol=0.0):
-                raise ValueError(f"{source}: charge {i} records a cost of {c.cost!r} {c.unit} but "
-                                 f"{c.privacy.description} costs {expected!r}; the file is damaged or was edited")
-        budget._charges = charges
+        budget = Budget._parse(data.encode("utf-8") if isinstance(data, str) else data, source, _check_key(key))
+        budget._ledger = None
         return budget
+
+    @staticmethod
+    def _parse(data: bytes, source: str, key: bytes | None) -> Budget:
+        first = data.split(b"\n", 1)[0]
+        try:
+            header = json.loads(first.decode("utf-8"), parse_constant=_no_constant)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            header = None
+        if not (isinstance(header, dict) and header.get("version") != 1 and "charges" not in header):
+            if key is not None:
+                raise ValueError(f"{source} is a budget file of version 1, which has no keyed chain; load it without "
+                                 "a key")
+            return _from_version_1(data, source)
+        _version_problem(header, source)  # a newer hdmm's file is named so before its chain is checked
+        if header.get("keyed") is True and key is None:  # likewise a key forgotten, or given for an unkeyed file
+            raise ValueError(f"{source}: the file was saved with a key and must be loaded with it (key=..., or "
+                             "--budget-key FILE)")
+        if header.get("keyed") is False and key is not None:
+            raise ValueError(f"{source}: the file was saved without a key, but a key was given: load it without one")
+        file = Ledger(source, key)
+        state: dict[str, Budget] = {}
+
+        def check(entry: dict[str, Any], line: int) -> None:
+            if line == 1:
+                state["budget"] = _from_header(entry, source, key)
+            else:
+                state["budget"]._apply(entry, line, source)
+
+        if not data.endswith(b"\n") and b"\n" not in data:
+            raise ValueError(f"{source} is not an hdmm budget file (its first line is not complete)")
+        try:
+            file.parse(data, check, source)
+        except LedgerError as exc:
+            if "budget" not in state and header.get("format") != BUDGET_FORMAT:
+                raise ValueError(f"{source} is not an hdmm budget file (format {header.get('format')!r}, expected "
+                                 f"{BUDGET_FORMAT!r})") from None
+            raise ValueError(str(exc)) from None
+        budget = state["budget"]
+        budget._ledger = file
+        return budget
+
+
+def _check_key(key: Any) -> bytes | None:
+    if key is None:
+        return None
+    if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
+        raise ValueError("a budget file's key must be bytes, at least 16 of them (e.g. os.urandom(32), kept in a file "
+                         "only its owner can read)")
+    return bytes(key)
+
+
+def _charge_record(c: Charge) -> dict[str, Any]:
+    """A charge as its line in a budget file (its status comes from later 'released' records)."""
+    d = c.to_dict()
+    del d["status"], d["output"]
+    return {"record": "charge", **d}
+
+
+def _version_problem(d: Mapping, source: str) -> None:
+    if not isinstance(d, dict) or d.get("format") != BUDGET_FORMAT:
+        found = d.get("format") if isinstance(d, dict) else type(d).__name__
+        raise ValueError(f"{source} is not an hdmm budget file (format {found!r}, expected {BUDGET_FORMAT!r})")
+    version = d.get("version")
+    if not (isinstance(version, int) and not isinstance(version, bool)):
+        raise ValueError(f"{source}: the budget file version must be a whole number, got {version!r}")
+    if version > BUDGET_VERSION:
+        raise ValueError(f"{source} was written by a newer hdmm (budget file version {version}; this hdmm reads "
+                         f"{BUDGET_VERSION}); upgrade hdmm")
+
+
+def _new_budget(d: Mapping, source: str) -> Budget:
+    total = _privacy_from(d["total"], f"{source}: the total")
+    if not isinstance(d["created"], str):
+        raise ValueError(f"{source}: 'created' must be text, got {d['created']!r}")
+    try:
+        budget = Budget(total, delta=d["delta"])
+    except (BudgetError, TypeError) as exc:
+        raise ValueError(f"{source} is not a valid hdmm budget file: {exc}") from None
+    budget._created = d["created"]
+    return budget
+
+
+def _from_header(d: dict[str, Any], source: str, key: bytes | None) -> Budget:
+    """The budget of a version-2 file's first line, without charges."""
+    _version_problem(d, source)
+    if d["version"] != BUDGET_VERSION:
+        raise ValueError(f"{source}: a budget file of version {d['version']} must be one JSON document, not lines")
+    problem = _entries_problem(d, _HEADER_KEYS, _HEADER_KEYS)
+    if problem:
+        raise ValueError(f"{source} is not a valid hdmm budget file: its first line has {problem}")
+    if not isinstance(d["keyed"], bool):
+        raise ValueError(f"{source}: 'keyed' must be true or false, got {d['keyed']!r}")
+    return _new_budget(d, source)
+
+
+def _from_version_1(data: bytes, source: str) -> Budget:
+    """A budget file of version 1 (one JSON document, no chain), checked field by field."""
+    try:
+        d = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError(f"{source} is not an hdmm budget file (its JSON is nested too deeply)") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{source} is not an hdmm budget file (not valid JSON: {exc})") from None
+    _version_problem(d, source)
+    problem = _entries_problem(d, _TOP_KEYS, _TOP_KEYS)
+    if problem:
+        raise ValueError(f"{source} is not a valid hdmm budget file: it has {problem}")
+    budget = _new_budget(d, source)
+    if not isinstance(d["charges"], list):
+        raise ValueError(f"{source}: 'charges' must be a list, got {type(d['charges']).__name__}")
+    for c in d["charges"]:
+        charge = budget._checked(Charge.from_dict(c, source), source)
+        budget._charges.append(charge)
+        budget._spent += Fraction(charge.cost)
+    return budget
 
 
 def _no_constant(name: str) -> Any:
@@ -622,37 +814,6 @@ def _read_file(path: str, max_bytes: int) -> bytes:
     return data
 
 
-@contextlib.contextmanager
-def _directory_locked(directory: str) -> Iterator[None]:
-    """Hold an exclusive advisory lock (``flock``) on ``directory`` for the duration of the block.
-
-    Every budget write takes it around reading, checking and replacing its file, so writes to
-    budget files in one directory happen one at a time across processes (each lasts
-    milliseconds for budgets of thousands of charges; marking a charge released parses the file
-    under the lock, about 0.4 ms a charge). The lock goes with the descriptor: a process that
-    dies releases it. Waits at most ``LOCK_TIMEOUT`` seconds, then raises :class:`BudgetError`;
-    without ``fcntl`` (not POSIX) it does nothing.
-    """
-    if fcntl is None:
-        yield
-        return
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        deadline = time.monotonic() + LOCK_TIMEOUT
-        while True:
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise BudgetError(f"another process has been writing a budget file in {directory} for over "
-                                      f"{LOCK_TIMEOUT:g} s; nothing was charged: retry once it has finished") from None
-                time.sleep(0.01)
-        yield
-    finally:
-        os.close(descriptor)
-
-
 def settle_quietly(budget: Budget, charge: Charge, output: str | None = None) -> Charge | None:
     """:meth:`Budget.settle`, warning instead of raising: a finished release must not be lost because its
     charge (on disk, and counting either way) could not be marked released. Returns the new record or ``None``."""
@@ -662,91 +823,3 @@ def settle_quietly(budget: Budget, charge: Charge, output: str | None = None) ->
         warnings.warn(f"the release is complete, but its budget charge {charge.number} could not be marked "
                       f"released ({exc}); the charge counts either way", RuntimeWarning, stacklevel=3)
         return None
-
-
-def _locked_write(path: str, contents, new: bool = False) -> str:
-    """Under :func:`_directory_locked`, write the bytes ``contents()`` returns to ``path`` atomically; returns
-    their digest. ``contents`` runs under the lock, so it may read the file as it is now."""
-    directory = os.path.dirname(path) or os.curdir
-    with _directory_locked(directory):
-        data = contents()
-        _write_and_rename(path, data, new)
-    _sync_directory(directory)
-    return hashlib.sha256(data).hexdigest()
-
-
-def _update_file(path: str, change, text_of) -> tuple[tuple[Charge, ...], str]:
-    """Read the budget file as it is now, change its charges and write it back, all under the lock.
-
-    ``change(budget)`` returns the new charges from the file's current :class:`Budget`;
-    ``text_of(charges)`` gives the file's text. Returns the charges written and the digest.
-    """
-    written: list[tuple[Charge, ...]] = []
-
-    def contents() -> bytes:
-        written.append(change(Budget.from_text(_read_file(path, MAX_BUDGET_BYTES), source=path)))
-        return text_of(written[0]).encode("utf-8")
-
-    digest = _locked_write(path, contents)
-    return written[0], digest
-
-
-def _replace_file(path: str, text: str, digest: str | None, *, new: bool = False) -> str:
-    """Write ``text`` to ``path`` atomically; returns its digest.
-
-    ``digest`` is that of the file as it was last read or written by this budget: a file that
-    differs now (another process charged it) is refused. ``new``: the file must not exist. The
-    check and the replacement happen under :func:`_directory_locked`.
-    """
-    def contents() -> bytes:
-        if not new:
-            try:
-                with open(path, "rb") as file:
-                    current = hashlib.sha256(file.read()).hexdigest()
-            except FileNotFoundError:
-                current = None
-            if current != digest:
-                raise BudgetError(f"the budget file {path} changed since it was read (another release, or an "
-                                  "edit?); nothing was charged: load it again with Budget.load and retry")
-        return text.encode("utf-8")
-
-    return _locked_write(path, contents, new)
-
-
-def _write_and_rename(path: str, data: bytes, new: bool) -> None:
-    """Write ``data`` to a temporary file beside ``path``, flush it to disk and rename it over ``path``."""
-    directory, name = os.path.split(path)
-    directory = directory or os.curdir
-    try:  # the file keeps its permissions; a new one gets the umask's, as open() would give it
-        mode = os.stat(path).st_mode & 0o777
-    except FileNotFoundError:
-        mask = os.umask(0o022)
-        os.umask(mask)
-        mode = 0o666 & ~mask
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.chmod(temporary, mode)
-        if new and os.path.lexists(path):
-            raise BudgetError(f"{path} appeared while the budget was being saved; nothing was replaced")
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-
-
-def _sync_directory(directory: str) -> None:
-    """Make a rename in ``directory`` durable (POSIX); not possible everywhere, so failures are ignored."""
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)

@@ -65,6 +65,7 @@ from tqdm import tqdm
 
 from .bound import svd_bound
 from .budget import Budget, settle_quietly
+from .validation import is_finite_real
 from .error import per_query_variance
 from .catalog import NamedWorkload, load_workload, named_workload
 from .cli_geography import add_geography_options, geography_release
@@ -463,7 +464,9 @@ def release(args: argparse.Namespace) -> None:
     if args.budget is not None and args.output is None:
         raise UsageError("--budget charges the whole release: give --output FILE to keep it (without --output only "
                          "10 rows are shown and the rest would be lost, its budget with it)")
-    budget = None if args.budget is None else _budget(args.budget, privacy)
+    if args.budget_key is not None and args.budget is None:
+        raise UsageError("--budget-key is the key of a --budget file: give --budget FILE too")
+    budget = None if args.budget is None else _budget(args.budget, privacy, args.budget_key)
     if args.geography is not None:
         return geography_release(args, privacy, _workload(args.workload), budget)
     if args.output is not None:
@@ -529,20 +532,48 @@ def release(args: argparse.Namespace) -> None:
         print(budget.charged(result.charge))
 
 
-def _budget(path: str, privacy: Privacy) -> Budget:
+BUDGET_KEY_HELP = ("a file holding a secret key (16 or more bytes, e.g. head -c 32 /dev/urandom) that signs the "
+                   "budget file's records (HMAC-SHA256), so that nobody without it can edit them and recompute their "
+                   "chain; keep it outside the budget's directory. Give it to create, show and every release")
+
+
+def _budget_key(path: str | None) -> bytes | None:
+    """The secret key in the file ``--budget-key FILE`` names (its bytes as they are), or None."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as file:
+            key = file.read(4097)
+    except OSError as exc:
+        raise UsageError(f"--budget-key {path} cannot be read ({exc.strerror or exc})") from None
+    if not 16 <= len(key) <= 4096:
+        raise UsageError(f"--budget-key {path} must hold 16 to 4096 bytes of secret key (e.g. head -c 32 /dev/urandom > "
+                         f"{path}; chmod 600 {path}), got {len(key)}")
+    return key
+
+
+def _budget(path: str, privacy: Privacy, key_file: str | None = None) -> Budget:
     """``release --budget``: the budget file, read and checked to pay for ``privacy`` before any work."""
     if not os.path.exists(path):
         raise UsageError(f"--budget {path} does not exist; create it first: hdmm budget create {path} --epsilon E "
                          "(pure DP) or --rho R (zCDP), or --epsilon E --delta D")
-    budget = Budget.load(path)
+    budget = _load_budget(path, key_file)
     budget.check(privacy)
     _probe_directory(path, "--budget")
     return budget
 
 
+def _load_budget(path: str, key_file: str | None) -> Budget:
+    try:
+        return Budget.load(path, key=_budget_key(key_file))
+    except ValueError as exc:  # the library's words for a key are key=...: the CLI's are --budget-key
+        raise UsageError(str(exc).replace("(key=..., or --budget-key FILE)", "(--budget-key FILE)")) from None
+
+
 def budget_create(args: argparse.Namespace) -> None:
     """``hdmm budget create FILE``: a new budget file with a total (never replacing one)."""
     privacy = _privacy(args)
+    key = _budget_key(args.budget_key)
     if os.path.lexists(args.file):
         raise UsageError(f"{args.file} exists: a budget file is never replaced (its charges would be forgotten); "
                          f"see it with: hdmm budget show {args.file}")
@@ -551,15 +582,18 @@ def budget_create(args: argparse.Namespace) -> None:
         budget = Budget.from_approx_dp(privacy.epsilon, privacy.delta)
     else:
         budget = Budget(privacy)
-    budget.save(args.file)
+    budget.save(args.file, key=key)
     print(f"created {args.file}: {budget.total.description}"
           + ("" if budget.delta is None else f", which implies (epsilon={privacy.epsilon:g}, "
-             f"delta={budget.delta:g})-DP for all releases charged to it together"))
+             f"delta={budget.delta:g})-DP for all releases charged to it together")
+          + ("" if key is None else "; its records are signed with the key in " + args.budget_key))
 
 
 def budget_show(args: argparse.Namespace) -> None:
     """``hdmm budget show FILE``: the total, what is spent and left, and every charge."""
-    budget = Budget.load(args.file)
+    if args.delta is not None and not (is_finite_real(args.delta) and 0 < args.delta < 1):
+        raise UsageError(f"--delta must be a number in (0, 1), got {args.delta:g}")
+    budget = _load_budget(args.file, args.budget_key)
     print(budget.summary())
     if args.delta is not None:
         print(f"  as (epsilon, delta)-DP at delta = {args.delta:g}: spent epsilon = "
@@ -736,6 +770,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", metavar="FILE", help="charge the release to this privacy budget file (made by 'hdmm "
                    "budget create'): refused before the data is read if it cannot pay; the charge is written before "
                    "any noise is drawn")
+    p.add_argument("--budget-key", metavar="FILE", help=BUDGET_KEY_HELP)
     _add_search(p)
     add_geography_options(p)
     p.set_defaults(run=release)
@@ -766,10 +801,12 @@ def parser() -> argparse.ArgumentParser:
     q = actions.add_parser("create", help="create a budget file with a total (an existing file is never replaced)")
     q.add_argument("file", help="the budget file to create (.json)")
     _add_privacy(q)
+    q.add_argument("--budget-key", metavar="FILE", help=BUDGET_KEY_HELP)
     q.set_defaults(run=budget_create)
     q = actions.add_parser("show", help="the total, what is spent and left, and every charge")
     q.add_argument("file", help="a budget file")
     q.add_argument("--delta", type=float, help="also state a zCDP budget as (epsilon, delta)-DP at this delta")
+    q.add_argument("--budget-key", metavar="FILE", help=BUDGET_KEY_HELP)
     q.set_defaults(run=budget_show)
 
     p = sub.add_parser("demo", help="SF1 Persons: workload size, Identity error and the SVD bound")

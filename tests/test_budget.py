@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -143,6 +144,10 @@ def test_run_records_and_settles_its_charge():
 
 
 # ---------------------------------------------------------------------------------- the budget file
+def _lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def test_budget_file_round_trip(tmp_path):
     path = tmp_path / "budget.json"
     b = Budget.from_approx_dp(3.0, 1e-6)
@@ -154,8 +159,11 @@ def test_budget_file_round_trip(tmp_path):
     loaded = Budget.load(path)
     assert loaded.total == b.total and loaded.delta == 1e-6 and loaded.charges == b.charges
     assert loaded.spent == b.spent and loaded.charges[0].output == "/out/sf1.csv"
-    listed = json.loads(path.read_text())["charges"]
-    assert [set(c) >= {"time", "workload", "privacy", "charge"} for c in listed] == [True, True]
+    assert loaded.head == b.head and loaded.head.startswith("sha256:")
+    listed = _lines(path)  # one readable JSON object per line: the total, each charge, each mark
+    assert [d.get("record") for d in listed] == [None, "charge", "released", "charge"]
+    assert [set(d) >= {"time", "workload", "privacy", "charge"} for d in listed if d.get("record") == "charge"] == [
+        True, True]
     assert "pl94" in loaded.summary() and "epsilon" in loaded.summary()
 
 
@@ -179,17 +187,18 @@ def test_each_charge_is_on_disk_before_the_noise_is_drawn(tmp_path, monkeypatch)
         hdmm.measure(_plan(PureDP(1.0)), X, budget=after)
 
 
-def test_the_file_is_replaced_atomically(tmp_path, monkeypatch):
+def test_a_failed_write_leaves_the_file_as_it_was(tmp_path, monkeypatch):
+    import hdmm.ledger
     path = tmp_path / "budget.json"
     b = Budget(PureDP(2.0))
     b.save(path)
     b.charge(PureDP(0.5))
     before = path.read_bytes()
 
-    def fail(src, dst):
+    def fail(descriptor):
         raise OSError("disk full")
 
-    monkeypatch.setattr(os, "replace", fail)
+    monkeypatch.setattr(hdmm.ledger.os, "fsync", fail)
     with pytest.raises(OSError, match="disk full"):
         b.charge(PureDP(0.5))
     monkeypatch.undo()
@@ -199,14 +208,46 @@ def test_the_file_is_replaced_atomically(tmp_path, monkeypatch):
     assert Budget.load(path).spent == 1.0
 
 
-def test_a_file_changed_by_someone_else_is_not_overwritten(tmp_path):
+def test_an_unfinished_append_never_counts_and_is_removed(tmp_path):
+    path = tmp_path / "budget.json"
+    b = Budget(PureDP(2.0))
+    b.save(path)
+    b.charge(PureDP(0.5))
+    with open(path, "ab") as file:  # a crash in the middle of writing a charge's line
+        file.write(b'{"record": "charge", "number": 2, "ti')
+    assert Budget.load(path).spent == 0.5
+    b.charge(PureDP(1.0))
+    assert [c.cost for c in Budget.load(path).charges] == [0.5, 1.0]
+
+
+def test_a_file_charged_by_someone_else_meanwhile_is_read_before_charging(tmp_path):
+    # the charge is checked against the file as it is under the lock: both fit, so both succeed (they were
+    # refused before: 'changed since it was read'); a charge that no longer fits is refused
     path = tmp_path / "budget.json"
     Budget(PureDP(2.0)).save(path)
     first, second = Budget.load(path), Budget.load(path)
-    first.charge(PureDP(1.5))
-    with pytest.raises(BudgetError, match="changed since it was read"):
-        second.charge(PureDP(1.5))
-    assert Budget.load(path).spent == 1.5
+    first.charge(PureDP(1.0), workload="first")
+    second.charge(PureDP(0.5), workload="second")
+    assert [c.workload for c in second.charges] == ["first", "second"] and second.spent == 1.5
+    with pytest.raises(BudgetExceeded, match="0.5 of the total"):
+        first.charge(PureDP(1.0))
+    second.settle(second.charges[1], output="o.csv")
+    first.settle(first.charges[0])
+    after = Budget.load(path)
+    assert after.spent == 1.5 and [c.status for c in after.charges] == ["released", "released"]
+
+
+def test_a_file_replaced_meanwhile_is_not_written(tmp_path):
+    path = tmp_path / "budget.json"
+    Budget(PureDP(2.0)).save(path)
+    b = Budget.load(path)
+    b.charge(PureDP(0.5))
+    other = tmp_path / "other.json"
+    Budget(PureDP(9.0)).save(other)
+    os.replace(other, path)
+    with pytest.raises(BudgetError, match="changed other than by appended records"):
+        b.charge(PureDP(0.5))
+    assert Budget.load(path).charges == ()
 
 
 def test_save_never_replaces_another_budget(tmp_path):
@@ -217,21 +258,45 @@ def test_save_never_replaces_another_budget(tmp_path):
     assert Budget.load(path).total == PureDP(1.0)
 
 
-def _valid() -> dict:
+def _valid_lines() -> list[dict]:
     b = Budget(ZCDP(1.0))
     b.charge(ZCDP(0.25), workload="w")
-    return b.to_dict()
+    entries = b._entries()
+    b.settle(b.charges[0], output="out.csv")
+    return entries + [{"record": "released", "number": 1, "time": "t", "output": "out.csv"}]
 
 
-def _edit(**changes):
+def _text(entries, rehash=True) -> str:
+    """A budget file of these entries, its chain computed again (so that the entries' own checks are reached)."""
+    from hdmm.ledger import chain_hash
+    lines, head = [], ""
+    for entry in entries:
+        entry = {k: v for k, v in entry.items() if k != "hash"}
+        head = chain_hash(head, entry) if rehash else "sha256:0"
+        lines.append(json.dumps({**entry, "hash": head}))
+    return "\n".join(lines) + "\n"
+
+
+def _edit(line=0, rehash=True, **changes):
     def make():
-        d = _valid()
+        entries = _valid_lines()
+        for key, value in changes.items():
+            entries[line][key] = value
+        return _text(entries, rehash)
+    return make
+
+
+def _version_1(**changes):
+    def make():
+        d = {"format": "hdmm-budget", "version": 1, "total": {"type": "ZCDP", "rho": 1.0}, "delta": None,
+             "created": "t", "charges": [{"number": 1, "time": "t", "workload": "w", "privacy": {"type": "ZCDP",
+                                          "rho": 0.25}, "charge": 0.25, "unit": "rho", "status": "charged"}]}
         for key, value in changes.items():
             if key.startswith("charge_"):
                 d["charges"][0][key[len("charge_"):]] = value
             else:
                 d[key] = value
-        return json.dumps(d)
+        return json.dumps(d, indent=2)
     return make
 
 
@@ -239,33 +304,57 @@ HOSTILE = {
     "empty": lambda: "",
     "not json": lambda: "{budget",
     "a list": lambda: "[1, 2]",
-    "nan": lambda: json.dumps(_valid()).replace('"charge": 0.25', '"charge": NaN'),
+    "nan": lambda: _text(_valid_lines()).replace('"charge": 0.25', '"charge": NaN'),
     "deep": lambda: "[" * 100_000 + "]" * 100_000,
-    "huge int": lambda: json.dumps(_valid()).replace('"charge": 0.25', '"charge": ' + "9" * 5000),
-    "int beyond doubles": lambda: json.dumps(_valid()).replace('"charge": 0.25', '"charge": 1' + "0" * 400),
+    "deep line": lambda: _text(_valid_lines()) + "[" * 100_000 + "]" * 100_000 + "\n",
+    "huge int": lambda: _text(_valid_lines()).replace('"charge": 0.25', '"charge": ' + "9" * 5000),
+    "int beyond doubles": _edit(1, charge=10**400),
     "wrong format": _edit(format="hdmm-strategy"),
-    "version text": _edit(version="1"),
+    "version text": _edit(version="2"),
     "newer version": _edit(version=99),
     "unknown entry": _edit(extra=1),
     "total approx": _edit(total={"type": "ApproxDP", "epsilon": 1.0, "delta": 1e-6}),
     "total unknown": _edit(total={"type": "Renyi", "alpha": 2}),
     "total negative": _edit(total={"type": "ZCDP", "rho": -1}),
     "total text": _edit(total="rho=1"),
+    "keyed": _edit(keyed=True),
+    "keyed text": _edit(keyed="no"),
     "bad delta": _edit(delta=2.0),
-    "charges dict": _edit(charges={}),
-    "cost edited": _edit(charge_charge=0.01),
-    "cost negative": _edit(charge_charge=-0.25),
-    "cost text": _edit(charge_charge="0.25"),
-    "number": _edit(charge_number=2),
-    "number bool": _edit(charge_number=True),
-    "status": _edit(charge_status="refunded"),
-    "unit": _edit(charge_unit="epsilon"),
-    "privacy": _edit(charge_privacy={"type": "ZCDP"}),
-    "privacy kind": _edit(charge_privacy={"type": "PureDP", "epsilon": 1.0, "extra": 2}),
-    "time": _edit(charge_time=17),
-    "output": _edit(charge_output=[1]),
+    "record kind": _edit(1, record="refund"),
+    "cost edited": _edit(1, charge=0.01),
+    "cost negative": _edit(1, charge=-0.25),
+    "cost text": _edit(1, charge="0.25"),
+    "number": _edit(1, number=2),
+    "number bool": _edit(1, number=True),
+    "unit": _edit(1, unit="epsilon"),
+    "privacy": _edit(1, privacy={"type": "ZCDP"}),
+    "privacy kind": _edit(1, privacy={"type": "PureDP", "epsilon": 1.0, "extra": 2}),
+    "time": _edit(1, time=17),
+    "status in a charge": _edit(1, status="released"),
+    "mark of no charge": _edit(2, number=2),
+    "mark output": _edit(2, output=[1]),
+    "mark time": _edit(2, time=None),
+    "raised total, chain kept": _edit(0, rehash=False, total={"type": "ZCDP", "rho": 9.0}),
+    "cost edited, chain kept": _edit(1, rehash=False, charge=0.01),
+    "a charge deleted": lambda: "".join(_text(_valid_lines()).splitlines(True)[i] for i in (0, 2)),
+    "lines swapped": lambda: "".join(_text(_valid_lines()).splitlines(True)[i] for i in (0, 2, 1)),
+    "version 1: cost edited": _version_1(charge_charge=0.01),
+    "version 1: number": _version_1(charge_number=2),
+    "version 1: status": _version_1(charge_status="refunded"),
+    "version 1: output": _version_1(charge_output=[1]),
+    "version 1: charges dict": _version_1(charges={}),
+    "version 1: unknown entry": _version_1(extra=1),
     "binary": lambda: b"\xff\xfe\x00garbage",
 }
+
+
+def test_the_valid_file_of_the_hostile_cases_loads(tmp_path):
+    path = tmp_path / "budget.json"
+    path.write_text(_text(_valid_lines()))
+    assert Budget.load(path).charges[0].output == "out.csv"
+    path.write_text(_version_1()())
+    with pytest.warns(UserWarning, match="version 1"):
+        assert Budget.load(path).spent == 0.25
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
@@ -273,7 +362,8 @@ def test_a_hostile_or_malformed_file_gives_one_clear_error(tmp_path, name):
     path = tmp_path / "budget.json"
     content = HOSTILE[name]()
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ValueError) as info, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # version 1 files are read with a warning
         Budget.load(path)
     assert str(path) in str(info.value) and "\n" not in str(info.value)
 
@@ -295,26 +385,25 @@ def test_charge_records_round_trip():
     assert Charge.from_dict(json.loads(json.dumps(c.to_dict()))) == c
 
 
-def test_two_writers_at_once_cannot_both_pass_the_check(tmp_path, monkeypatch):
-    # the first writer pauses just before renaming its file over the budget's; the second must wait for it
-    # (the directory lock), then find the file changed and refuse: without the lock both charges would be
-    # reported made and the second one lost from the file
+def test_two_writers_at_once_are_serialised_and_both_charged(tmp_path, monkeypatch):
+    # the first writer pauses inside the lock, just before its line reaches the disk; the second must wait
+    # for it (the directory lock), then read the first's charge and append its own after it
     import threading
 
-    import hdmm.budget as B
+    import hdmm.ledger as L
     path = tmp_path / "budget.json"
     Budget(PureDP(2.0)).save(path)
     first, second = Budget.load(path), Budget.load(path)
     inside, go_on = threading.Event(), threading.Event()
-    rename = os.replace
+    fsync = os.fsync
 
-    def paused_rename(src, dst):
+    def paused_fsync(descriptor):
         if threading.current_thread().name == "first":
             inside.set()
             assert go_on.wait(10)
-        rename(src, dst)
+        fsync(descriptor)
 
-    monkeypatch.setattr(B.os, "replace", paused_rename)
+    monkeypatch.setattr(L.os, "fsync", paused_fsync)
     outcome = {}
 
     def charge(budget, name):
@@ -333,17 +422,46 @@ def test_two_writers_at_once_cannot_both_pass_the_check(tmp_path, monkeypatch):
     go_on.set()
     for thread in threads.values():
         thread.join(10)
-    assert isinstance(outcome["second"], BudgetError) and "changed since it was read" in str(outcome["second"])
-    assert [c.workload for c in Budget.load(path).charges] == ["first"]
+    assert outcome["first"].number == 1 and outcome["second"].number == 2
+    assert [c.workload for c in Budget.load(path).charges] == ["first", "second"]
+
+
+def _charge_in_a_process(path: str, start: float) -> str:
+    import time
+
+    from hdmm.budget import Budget, BudgetExceeded
+    b = Budget.load(path)
+    time.sleep(max(0.0, start - time.time()))
+    try:
+        b.settle(b.charge(PureDP(1.0), workload="w"), output="o")
+        return "charged"
+    except BudgetExceeded:
+        return "refused"
+
+
+def test_concurrent_processes_that_fit_all_succeed(tmp_path):
+    # four processes with room for three: three charges, one refusal, nothing lost (before: 'changed since it
+    # was read' refused all but the first)
+    import concurrent.futures
+    import multiprocessing
+    import time
+    path = tmp_path / "budget.json"
+    Budget(PureDP(3.0)).save(path)
+    start = time.time() + 1.0
+    with concurrent.futures.ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("spawn")) as pool:
+        outcomes = list(pool.map(_charge_in_a_process, [str(path)] * 4, [start] * 4))
+    assert sorted(outcomes) == ["charged"] * 3 + ["refused"]
+    after = Budget.load(path)
+    assert after.spent == 3.0 and [c.status for c in after.charges] == ["released"] * 3
 
 
 def test_a_budget_write_waits_for_the_lock_only_so_long(tmp_path, monkeypatch):
     fcntl = pytest.importorskip("fcntl")
-    import hdmm.budget as B
+    import hdmm.ledger as L
     path = tmp_path / "budget.json"
     Budget(PureDP(2.0)).save(path)
     b = Budget.load(path)
-    monkeypatch.setattr(B, "LOCK_TIMEOUT", 0.05)
+    monkeypatch.setattr(L, "LOCK_TIMEOUT", 0.05)
     holder = os.open(tmp_path, os.O_RDONLY)
     try:
         fcntl.flock(holder, fcntl.LOCK_EX)
@@ -354,3 +472,77 @@ def test_a_budget_write_waits_for_the_lock_only_so_long(tmp_path, monkeypatch):
     assert Budget.load(path).charges == () and b.charges == ()
     b.charge(PureDP(0.5))
     assert len(Budget.load(path).charges) == 1
+
+
+# ---------------------------------------------------------------------------------- chain, keys, versions
+KEY = b"k" * 32
+
+
+def test_a_keyed_file_needs_its_key_and_cannot_be_rechained_without_it(tmp_path):
+    from hdmm.ledger import chain_hash
+    path = tmp_path / "budget.json"
+    b = Budget(PureDP(2.0))
+    b.save(path, key=KEY)
+    b.charge(PureDP(0.5), workload="w")
+    assert b.head.startswith("hmac-sha256:")
+    assert Budget.load(path, key=KEY).spent == 0.5
+    with pytest.raises(ValueError, match="saved with a key"):
+        Budget.load(path)
+    with pytest.raises(ValueError, match="chain of hashes breaks at line 1.*key is wrong"):
+        Budget.load(path, key=b"x" * 32)
+    # an unkeyed re-chain of an edited file (what anyone can compute) does not pass the keyed check
+    entries = [json.loads(line) for line in path.read_text().splitlines()]
+    entries[0]["total"] = {"type": "PureDP", "epsilon": 9.0}
+    head, lines = "", []
+    for entry in entries:
+        entry.pop("hash")
+        head = chain_hash(head, entry)
+        lines.append(json.dumps({**entry, "hash": head}))
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match="chain of hashes breaks at line 1"):
+        Budget.load(path, key=KEY)
+    Budget(PureDP(1.0)).save(tmp_path / "plain.json")
+    with pytest.raises(ValueError, match="saved without a key"):
+        Budget.load(tmp_path / "plain.json", key=KEY)
+    with pytest.raises(ValueError, match="at least 16"):
+        Budget(PureDP(1.0)).save(tmp_path / "short.json", key=b"short")
+
+
+def test_a_version_1_file_is_read_with_a_warning_and_rewritten_chained_at_its_next_charge(tmp_path):
+    path = tmp_path / "budget.json"
+    old = {"format": "hdmm-budget", "version": 1, "total": {"type": "PureDP", "epsilon": 2.0}, "delta": None,
+           "created": "2024-01-01T00:00:00+00:00",
+           "charges": [{"number": 1, "time": "t", "workload": "w", "privacy": {"type": "PureDP", "epsilon": 0.5},
+                        "charge": 0.5, "unit": "epsilon", "status": "released", "output": "o.csv"}]}
+    path.write_text(json.dumps(old, indent=2) + "\n")
+    with pytest.warns(UserWarning, match="version 1"):
+        b = Budget.load(path)
+    assert b.spent == 0.5 and b.head is None
+    b.charge(PureDP(1.0), workload="new")
+    after = Budget.load(path)  # no warning: version 2 now
+    assert [(c.workload, c.status) for c in after.charges] == [("w", "released"), ("new", "charged")]
+    assert after.charges[0].output == "o.csv" and after.head == b.head
+
+
+def test_marking_a_charge_released_reads_only_the_end_of_the_file(tmp_path, monkeypatch):
+    # O(1) per mark: the file is read from the last line this budget verified, not from its start
+    import hdmm.ledger as L
+    path = tmp_path / "budget.json"
+    b = Budget(PureDP(1e6))
+    b.save(path)
+    for _ in range(300):
+        b.charge(PureDP(1.0), workload="w")
+    size = path.stat().st_size
+    b = Budget.load(path)
+    read = []
+    parse = L.Ledger.parse
+
+    def counting(self, data, *args, **kwargs):
+        read.append(len(data))
+        return parse(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(L.Ledger, "parse", counting)
+    b.settle(b.charges[150], output="o.csv")
+    b.charge(PureDP(1.0))
+    assert max(read) < 1000 < size
+    assert Budget.load(path).charges[150].status == "released"

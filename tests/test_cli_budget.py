@@ -150,3 +150,30 @@ def test_a_budget_file_gone_after_the_charge_does_not_lose_the_release(tmp_path)
             release = hdmm.run(hdmm.Prefix(4), np.array([3.0, 1.0, 4.0, 1.0]), hdmm.privacy.PureDP(1.0),
                                strategy=hdmm.Identity(4), budget=budget)
     assert release.answers.shape == (4,) and release.charge.status == "charged"
+
+
+def test_show_refuses_a_delta_outside_0_1(files, capsys):
+    tmp, _, _ = files
+    budget = str(tmp / "budget.json")
+    assert main(["budget", "create", budget, "--epsilon", "2"]) == 0
+    capsys.readouterr()
+    for delta in ("2", "0", "-1e-6", "nan"):
+        assert "--delta must be a number in (0, 1)" in fails(["budget", "show", budget, f"--delta={delta}"], capsys)
+    assert main(["budget", "show", budget, "--delta", "1e-6"]) == 0
+    assert "latest hash: sha256:" in capsys.readouterr().out
+
+
+def test_a_keyed_budget_file_through_the_cli(files, no_work, capsys):
+    tmp, workload, data = files
+    budget, key = str(tmp / "budget.json"), tmp / "budget.key"
+    key.write_bytes(b"s" * 32)
+    assert main(["budget", "create", budget, "--epsilon", "2", "--budget-key", str(key)]) == 0
+    assert "signed with the key" in capsys.readouterr().out
+    assert main(["budget", "show", budget, "--budget-key", str(key)]) == 0
+    assert "latest hash: hmac-sha256:" in capsys.readouterr().out
+    out = ("--output", str(tmp / "r.csv"))
+    assert "(--budget-key FILE)" in fails(["budget", "show", budget], capsys)
+    assert "(--budget-key FILE)" in fails(release(workload, data, "--budget", budget, *out), capsys)
+    assert "give --budget FILE too" in fails(release(workload, data, "--budget-key", str(key), *out), capsys)
+    (tmp / "short.key").write_bytes(b"x")
+    assert "16 to 4096 bytes" in fails(["budget", "show", budget, "--budget-key", str(tmp / "short.key")], capsys)
