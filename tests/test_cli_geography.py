@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from cli_files import geography_release_args, write_geography_files
+from cli_files import fails, geography_release_args, write_geography_files
 
 from hdmm.cli import main
 
@@ -105,3 +106,57 @@ def test_a_strategy_file_serves_a_geography_release(files, capsys):
     code = main(_release(files, "--data", str(files / "people.csv"), "--strategy", str(strategy), "--output", str(out)))
     assert code == 0, capsys.readouterr()
     assert json.loads((out / "_provenance.json").read_text())["privacy"]["rho"] == 0.5
+
+
+def _budget(files, capsys):
+    budget = files / "budget.json"
+    assert main(["budget", "create", str(budget), "--rho", "0.8"]) == 0
+    capsys.readouterr()
+    return budget
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_records_without_the_level_columns_are_refused_before_any_charge(files, capsys, suffix):
+    # issue 22.1: a raw KeyError traceback from records.astype, after the budget was read
+    people = pd.read_csv(files / "people.csv")[["age", "sex"]]
+    data = files / f"agesex{suffix}"
+    people.to_csv(data, index=False) if suffix == ".csv" else people.to_parquet(data, index=False)
+    budget = _budget(files, capsys)
+    before = budget.read_bytes()
+    err = fails(_release(files, "--data", str(data), "--budget", str(budget), "--output", str(files / "o")), capsys)
+    assert "no column(s) ['state', 'county']" in err and "--geography" in err and "rename" in err
+    assert budget.read_bytes() == before and not (files / "o").exists() and not (files / "o.partial").exists()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")
+def test_an_output_that_cannot_be_created_is_refused_before_any_charge(files, capsys):
+    # issue 22.2: /proc passed the os.access check and failed after the noise, the charge left unfinished
+    budget = _budget(files, capsys)
+    before = budget.read_bytes()
+    err = fails(_release(files, "--data", str(files / "people.csv"), "--budget", str(budget), "--output",
+                         "/proc/hdmm-geo-out/"), capsys)
+    assert "--output /proc/hdmm-geo-out" in err and "cannot write in /proc" in err
+    assert budget.read_bytes() == before
+
+
+def test_empty_records_are_refused_on_the_geography_path(files, capsys):
+    pd.read_csv(files / "people.csv").head(0).to_csv(files / "empty.csv", index=False)
+    budget = _budget(files, capsys)
+    before = budget.read_bytes()
+    err = fails(_release(files, "--data", str(files / "empty.csv"), "--budget", str(budget), "--output",
+                         str(files / "o")), capsys)
+    assert "holds no records" in err and budget.read_bytes() == before and not (files / "o").exists()
+
+
+@pytest.mark.parametrize("extra", [["--invariants", "state"], ["--engine", "spark"], ["--engine", "local"],
+                                   ["--tree", "units.csv"], ["--levels", "state"]])
+def test_geography_options_without_geography_are_refused(files, capsys, extra):
+    err = fails(["release", "--workload", str(files / "w.json"), "--rho", "0.5", "--data", str(files / "people.csv"),
+                 *extra], capsys)
+    assert f"{extra[0]} only apply to a geography release" in err and "--geography" in err
+
+
+@pytest.mark.parametrize("name", ["x.csv", "x.json"])
+def test_a_file_name_is_refused_as_the_geography_output(files, capsys, name):
+    err = fails(_release(files, "--data", str(files / "people.csv"), "--output", str(files / name)), capsys)
+    assert "give a directory name" in err and not (files / name).exists()

@@ -65,7 +65,7 @@ from .plan import GeoPlan
 from .files import check_output, finish_output, start_output, write_units
 from .nonneg import TopDown, change_rmse, check_nonnegative
 from .steps import correct, invariant_multipliers, measure_top, progress_printer, provenance
-from .units import check_source, measure_partition
+from .units import check_record_columns, check_source, measure_partition
 
 __all__ = ["SparkGeoRelease", "release_spark", "require_spark", "spark_session", "leaf_totals", "LEAF", "PART"]
 
@@ -192,13 +192,7 @@ def _records_frame(spark, plan: GeoPlan, data, domain: Domain, leaf_column: str 
     """The records with their leaf and partition, checked on the driver (distinct values only)."""
     from pyspark.sql import functions as F
 
-    df, counts, leaf, totals = _leaf_counts(spark, plan.tree, data, leaf_column)
-    missing = [n for n in domain.names if n not in df.columns]
-    if missing:
-        raise ValueError(f"the records have no column for person attribute(s) {missing}; they have {df.columns}")
-    for name in domain.names:  # every distinct value must be readable (checked once, here)
-        values = df.select(name).distinct().toPandas()
-        domain.project([name]).cell_index(values, codes=codes)
+    df, counts, leaf, totals = _leaf_counts(spark, plan.tree, data, leaf_column, domain, codes)
     lookup = spark.createDataFrame(pd.DataFrame({
         "_hdmm_code": counts["_hdmm_code"].astype(str), LEAF: leaf.astype(np.int64),
         PART: _partition_of_leaves(plan)[leaf].astype(np.int64)}),
@@ -206,24 +200,20 @@ def _records_frame(spark, plan: GeoPlan, data, domain: Domain, leaf_column: str 
     return df.join(F.broadcast(lookup), on="_hdmm_code", how="inner").drop("_hdmm_code"), totals
 
 
-def _leaf_counts(spark, tree: GeographyTree, data, leaf_column: str | None):
+def _leaf_counts(spark, tree: GeographyTree, data, leaf_column: str | None, domain: Domain | None = None,
+                 codes: bool = False):
     """The records with a ``_hdmm_code`` column (their leaf's code), the records per code, each code's leaf and
-    the records per leaf."""
+    the records per leaf; records without a column the release reads (``domain``'s too, if given) are refused
+    first, then codes not in the tree and, with ``domain``, values no attribute has (distinct values only)."""
     from pyspark.sql import functions as F
 
     df = spark.read.parquet(os.fspath(data)) if isinstance(data, (str, os.PathLike)) else data
+    check_record_columns(df.columns, tree, domain, leaf_column)
     if leaf_column is None:
-        if tree.columns is None:
-            raise GeographyError("give leaf_column= (a column of leaf codes) for a tree not made by from_table")
-        missing = [c for c in tree.columns if c not in df.columns]
-        if missing:
-            raise GeographyError(f"the records have no column(s) {missing}; they have {df.columns}")
         parts = [F.col(c).cast("string") for c in tree.columns]
         # concat (not concat_ws) is null when any level's code is: a missing code must not make up another
         code = F.concat(*[p for c in parts for p in (c, F.lit(tree.separator))][:-1])
     else:
-        if leaf_column not in df.columns:
-            raise GeographyError(f"the records have no column {leaf_column!r}; they have {df.columns}")
         code = F.col(leaf_column).cast("string")
     df = df.withColumn("_hdmm_code", code)
     counts = df.groupBy("_hdmm_code").count().toPandas()
@@ -234,20 +224,27 @@ def _leaf_counts(spark, tree: GeographyTree, data, leaf_column: str | None):
     leaf = tree.leaf_index(counts["_hdmm_code"])  # unknown codes: one GeographyError, listing them
     totals = np.zeros(tree.leaves)
     np.add.at(totals, leaf, counts["count"].to_numpy(dtype=float))
+    for name in [] if domain is None else domain.names:  # every distinct value must be readable (checked once)
+        values = df.select(name).distinct().toPandas()
+        domain.project([name]).cell_index(values, codes=codes)
     return df, counts, leaf, totals
 
 
-def leaf_totals(tree: GeographyTree, data, *, leaf_column: str | None = None, spark=None) -> np.ndarray:
+def leaf_totals(tree: GeographyTree, data, *, leaf_column: str | None = None, spark=None,
+                domain: Domain | None = None, codes: bool = False) -> np.ndarray:
     """The number of records in every leaf of ``tree`` (leaf order), counted by Spark.
 
     ``data`` is a Spark DataFrame of records or a Parquet path; the leaf of a record is read from
-    ``leaf_column`` or, by default, the tree's level columns. Codes not in the tree are refused, all
-    named. For invariants declared from the data (``geo_plan(invariants=...)``): those totals are
-    then published exactly, not protected.
+    ``leaf_column`` or, by default, the tree's level columns. Records whose codes are not in the tree
+    are refused (counted, not listed: which codes the data hold is private); with ``domain`` (read
+    with ``codes`` as :func:`release_spark` reads it), so are records with a value no attribute has:
+    the checks of :func:`release_spark`, for refusing bad records before planning. For invariants
+    declared from the data (``geo_plan(invariants=...)``): those totals are then published exactly,
+    not protected.
     """
     require_spark()
     spark = spark_session() if spark is None else spark
-    return _leaf_counts(spark, tree, data, leaf_column)[3]
+    return _leaf_counts(spark, tree, data, leaf_column, domain, codes)[3]
 
 
 def _partition_of_leaves(plan: GeoPlan) -> np.ndarray:
