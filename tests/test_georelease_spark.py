@@ -278,3 +278,27 @@ def test_spark_refuses_records_without_a_code_and_releases_no_records(spark, cou
         empty = spark.createDataFrame(records.iloc[:0], schema=spark.createDataFrame(records).schema)
         result = release_geography(plan, empty, engine="spark", seed=3, domain=DOMAIN, output=str(tmp_path / "o"))
         assert result.dataframe.count() == sum(tree.sizes) * WP.shape[0]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("no levels", "no column(s) ['state', 'county']"),
+    ("empty parquet", "holds no records"),
+    ("empty csv", "holds no records"),
+    ("unknown county", "not leaves of the tree"),
+])
+def test_cli_spark_refuses_bad_records_before_the_plan_is_printed(spark, tmp_path, capsys, bad, message):
+    # issue 22 items 1, 3: a KeyError, Spark's CANNOT_INFER_EMPTY_SCHEMA, or the plan printed before the refusal
+    files = write_geography_files(tmp_path)
+    people = pd.read_parquet(files / "people.parquet")
+    if bad == "no levels":
+        people = people[["age", "sex"]]
+    elif bad == "unknown county":
+        people.loc[7, "county"] = "777"
+    elif bad.startswith("empty"):
+        people = people.head(0)
+    data = files / ("bad.csv" if bad == "empty csv" else "bad.parquet")
+    people.to_csv(data, index=False) if bad == "empty csv" else people.to_parquet(data, index=False)
+    code = main(geography_release_args(files, "--data", str(data), "--engine", "spark", "--output", str(files / "o")))
+    captured = capsys.readouterr()
+    assert code == 2 and message in captured.err and "Traceback" not in captured.err
+    assert "expected RMSE" not in captured.out and not (files / "o").exists()
