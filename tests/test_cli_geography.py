@@ -160,3 +160,11 @@ def test_geography_options_without_geography_are_refused(files, capsys, extra):
 def test_a_file_name_is_refused_as_the_geography_output(files, capsys, name):
     err = fails(_release(files, "--data", str(files / "people.csv"), "--output", str(files / name)), capsys)
     assert "give a directory name" in err and not (files / name).exists()
+
+
+def test_a_tree_of_finer_units_than_the_levels_is_explained(files, capsys):
+    # issue 22.3: --tree tracts.csv with --geography state,county said "duplicate codes"
+    pd.DataFrame({"state": ["01", "01", "01", "02"], "county": ["001", "001", "003", "001"],
+                  "tract": ["01", "02", "01", "01"]}).to_csv(files / "units.csv", index=False)
+    err = fails(_release(files, "--data", str(files / "people.csv"), "--output", str(files / "o")), capsys)
+    assert "--geography state,county,tract" in err and "one row per unit" in err and "duplicate" not in err

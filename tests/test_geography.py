@@ -92,6 +92,17 @@ def test_bad_trees_are_refused_with_a_clear_message(build, message):
         build()
 
 
+def test_a_table_of_finer_units_says_what_is_wrong():
+    # issue 22.3: a table of tracts read with the levels state, county said "duplicate codes"
+    table = pd.DataFrame({"state": ["01", "01", "01"], "county": ["001", "001", "003"], "tract": ["1", "2", "1"]})
+    with pytest.raises(GeographyError) as caught:
+        GeographyTree.from_table(table, ["state", "county"])
+    message = str(caught.value)
+    assert "county '01001' is in 2 rows" in message and "one row per unit of the finest level ('county')" in message
+    assert "other columns ['tract']" in message and "--geography state,county,tract" in message
+    assert "duplicate codes" not in message
+
+
 def test_codes_not_in_the_tree(tree):
     with pytest.raises(GeographyError, match="'99' is not in the tree at level 'state'"):
         tree.index("state", "99")

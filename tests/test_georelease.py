@@ -247,6 +247,8 @@ def test_plan_refusals():
         geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, invariants={"state": {"s9": 3}})
     with pytest.raises(GeographyError, match="finite count"):
         geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, invariants={"state": {"s0": -1}})
+    with pytest.raises(GeographyError, match=r"s0.* is 10.5: a total is a number of records, a whole"):
+        geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, invariants={"state": {"s0": 10.5}})  # issue 22.3
     with pytest.raises(GeographyError, match="no level"):
         geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, levels=["block"])
 

@@ -55,6 +55,22 @@ def _check_levels(levels: Sequence[str]) -> tuple[str, ...]:
     return levels
 
 
+def _repeated_leaf(table, columns: tuple[str, ...], raw: list[list[str]], path: tuple[str, ...], separator: str,
+                   names: Mapping[str, str]) -> str:
+    """What is wrong with a table of units in which a finest unit has several rows: most often a table of
+    finer units (tracts) given with fewer levels (state, county). The table is public: its codes may be shown."""
+    level, code = columns[-1], separator.join(path)
+    rows = sum(all(raw[d][r] == path[d] for d in range(len(path))) for r in range(len(table)))
+    finer = [str(c) for c in table.columns if str(c) not in columns and str(c) not in set(names.values())]
+    message = (f"{level} {code!r} is in {rows} rows of the table of units, which must have one row per unit of the "
+               f"finest level ({level!r})")
+    if finer:
+        return (message + f"; the table has other columns {finer}: if its rows are finer units, give their level "
+                f"too, e.g. levels {[*columns, finer[0]]} (hdmm release: --geography "
+                f"{','.join([*columns, finer[0]])}), or give a table with one row per {level}")
+    return message + f": its rows repeat (duplicate codes); list each {level} once"
+
+
 class GeographyTree:
     """A frozen tree of geographic units, built with :meth:`from_table` or :meth:`from_parents`.
 
@@ -225,10 +241,7 @@ class GeographyTree:
                 if known is None:
                     nodes[path] = (parent, separator.join(path), name)
                 elif depth == len(columns) - 1:
-                    raise GeographyError(
-                        f"duplicate codes: {c} {separator.join(path)!r} appears in more than one row; list each "
-                        "finest unit once"
-                    )
+                    raise GeographyError(_repeated_leaf(table, columns, raw, path, separator, names))
                 elif known[2] != name:
                     raise GeographyError(
                         f"{c} {separator.join(path)!r} is named both {known[2]!r} and {name!r}; give it one name"
