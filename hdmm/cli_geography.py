@@ -10,11 +10,19 @@ The geography tree must be public: by default the built-in SYNTHETIC United Stat
 (:mod:`census_workloads.geography`, which the built-in synthetic people live in, e.g. written to
 Parquet with ``census_workloads.geography.synthetic_persons_in``); for other data give ``--tree``
 (a CSV or Parquet table with one row per finest unit and the ``--geography`` columns, e.g. from
-the Census gazetteer). Records with codes not in the tree are refused, all named. The tree is
-never taken from the data: which units have people is private. ``--invariants state`` holds the data's state totals exact: they are then
-published without noise and are not protected. The output is a Parquet dataset partitioned by
-level (``out/level=state/...``) with the provenance in ``out/_provenance.json``. Everything is
-checked before any noise is drawn, and nothing is written unless the whole release succeeds.
+the Census gazetteer). The tree is never taken from the data: which units have people is private,
+so records with codes not in the tree are refused with their number and the tree's unit under
+which the first of them leaves the tree, never with their codes. ``--invariants state`` holds
+the data's state totals exact: they are then published without noise and are not protected.
+The output is a Parquet dataset partitioned by level (``out/level=state/...``, so ``--output``
+names a directory) with the provenance in ``out/_provenance.json``: the privacy spent, the plan,
+the workload (as typed and by fingerprint), the data source, the tree and the creation time.
+
+Everything is checked before any noise is drawn or any budget is charged, with the checks of
+plain releases (:mod:`hdmm.cli_inputs`): the output directory can be created, the records file
+has records and every column the release reads (the level columns and the person attributes);
+on Spark from Parquet the records' codes and values are checked by Spark before the plan is
+shown. Nothing is written unless the whole release succeeds.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from .geography import GeographyTree
 from .georelease import RecordHistograms, geo_plan, release_geography
 from .georelease.files import check_output
 from .georelease.units import check_record_columns
-from .io import load_strategy
+from .io import load_strategy, workload_fingerprint
 from .matrix import Identity
 from .privacy import Privacy
 
@@ -142,6 +150,24 @@ def _records(args: argparse.Namespace, tree: GeographyTree, named: NamedWorkload
     return records, args.data
 
 
+def _about(args: argparse.Namespace, named: NamedWorkload, synthetic: bool) -> dict:
+    """What a geography release's provenance records of the command's inputs: the workload (as typed and by
+    fingerprint, :func:`hdmm.workload_fingerprint`), the data source and the tree, as plain releases record them.
+    The number of records of a data file is private and not recorded."""
+    return {
+        "workload": {"name": args.workload, "description": named.description,
+                     "queries": int(named.workload.shape[0]), "cells": int(named.domain.size),
+                     "fingerprint": workload_fingerprint(named.workload),
+                     "fingerprint_with_domain": workload_fingerprint(named.workload, named.domain)},
+        "data": {"source": "synthetic", "records": args.people, "data_seed": args.data_seed} if synthetic else
+        {"source": os.path.abspath(args.data), "records": None},
+        "tree": "built-in synthetic United States (census_workloads.geography)" if args.tree is None else
+        os.path.abspath(args.tree),
+        "strategy": args.strategy if args.strategy in ("auto", "identity") else os.path.abspath(args.strategy),
+        "noise_seed": args.noise_seed,
+    }
+
+
 def _person_strategy(spec: str, named: NamedWorkload):
     """``--strategy``: ``auto`` (optimized), ``identity``, or a strategy file over the person domain."""
     if spec == "auto":
@@ -197,6 +223,7 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     if invariants is not None:
         print("  note: the invariant totals are published exactly, without noise: they are not protected")
     label = f"{args.workload} by {','.join(levels)}"
+    about = _about(args, named, synthetic)
     start = time.perf_counter()
     if engine == "spark":
         from .georelease.spark import spark_session
@@ -205,7 +232,7 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
         data = records if isinstance(records, str) else spark.createDataFrame(records)
         result = release_geography(plan, data, engine="spark", seed=args.noise_seed, output=args.output,
                                    domain=named.domain, codes=args.codes, progress=True, budget=budget,
-                                   label=label, postprocess=args.postprocess)
+                                   label=label, postprocess=args.postprocess, about=about)
     else:
         bars = {"measure": tqdm(total=tree.sizes[plan.partition_level], desc="release: measure", unit="partition",
                                 file=sys.stderr, leave=False)}
@@ -226,7 +253,7 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
 
         try:
             result = release_geography(plan, source, seed=args.noise_seed, postprocess=args.postprocess,
-                                       progress=show, budget=budget, label=label)
+                                       progress=show, budget=budget, label=label, about=about)
         finally:
             for bar in bars.values():
                 bar.close()

@@ -65,7 +65,9 @@ def test_records_outside_the_tree_are_refused_before_noise(files, capsys):
     people.loc[5, "county"] = "999"
     people.to_csv(files / "bad.csv", index=False)
     assert main(_release(files, "--data", str(files / "bad.csv"), "--output", str(files / "o"))) == 2
-    assert "not leaves of the tree" in capsys.readouterr().err and not (files / "o").exists()
+    err = capsys.readouterr().err
+    assert "1 record has geography codes that are not in the tree" in err and not (files / "o").exists()
+    assert "999" not in err  # issue 22.4: a code only the data hold is private
 
 
 def test_geography_output_must_be_new(tmp_path, capsys):
@@ -168,3 +170,28 @@ def test_a_tree_of_finer_units_than_the_levels_is_explained(files, capsys):
                   "tract": ["01", "02", "01", "01"]}).to_csv(files / "units.csv", index=False)
     err = fails(_release(files, "--data", str(files / "people.csv"), "--output", str(files / "o")), capsys)
     assert "--geography state,county,tract" in err and "one row per unit" in err and "duplicate" not in err
+
+
+def test_geography_provenance_records_the_workload_the_data_and_the_time(files, capsys):
+    # issue 22.12: _provenance.json recorded neither the workload nor the data source nor when it was made
+    import datetime
+
+    from hdmm.catalog import load_workload
+    from hdmm.io import workload_fingerprint
+
+    out = files / "out"
+    before = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    assert main(_release(files, "--data", str(files / "people.csv"), "--output", str(out))) == 0
+    meta = json.loads((out / "_provenance.json").read_text())
+    W, domain = load_workload(str(files / "w.json"))
+    assert meta["workload"]["name"] == str(files / "w.json")
+    assert meta["workload"]["fingerprint"] == workload_fingerprint(W) == meta["workload_fingerprint"]
+    assert meta["workload"]["fingerprint_with_domain"] == workload_fingerprint(W, domain)
+    assert meta["data"] == {"source": str(files / "people.csv"), "records": None}  # the count is private
+    assert meta["tree"] == str(files / "units.csv") and meta["noise_seed"] == 3
+    created = datetime.datetime.fromisoformat(meta["created"])
+    assert before <= created <= datetime.datetime.now(datetime.timezone.utc)
+    import pyarrow.parquet as pq
+
+    part = next((out / "level=county").glob("*.parquet"))
+    assert json.loads(pq.read_schema(part).metadata[b"hdmm"])["workload"] == meta["workload"]

@@ -64,7 +64,7 @@ from .passes import Partition, partition_down, partition_up, top_passes
 from .plan import GeoPlan
 from .files import check_output, finish_output, start_output, write_units
 from .nonneg import TopDown, change_rmse, check_nonnegative
-from .steps import correct, invariant_multipliers, measure_top, progress_printer, provenance
+from .steps import correct, created_now, invariant_multipliers, measure_top, progress_printer, provenance
 from .units import check_record_columns, check_source, measure_partition
 
 __all__ = ["SparkGeoRelease", "release_spark", "require_spark", "spark_session", "leaf_totals", "LEAF", "PART"]
@@ -123,6 +123,8 @@ class SparkGeoRelease:
         ``"nonnegative"`` for the top-down non-negative estimates (:mod:`hdmm.georelease.nonneg`).
     change : dict or None
         With ``postprocess``: per level, the RMSE of the answers' change from least squares.
+    about : dict
+        What the provenance records of the release's inputs (``release_geography(about=...)``).
     """
 
     plan: GeoPlan
@@ -133,10 +135,11 @@ class SparkGeoRelease:
     charge: object = None
     postprocess: str | None = None
     change: dict[int, float] | None = None
+    about: dict = field(default_factory=dict)
 
     def provenance(self) -> dict:
         """What the release's files record (privacy spent, sensitivity, levels, weights, charge)."""
-        return provenance(self.plan, self.seeded, self.charge, self.postprocess)
+        return provenance(self.plan, self.seeded, self.charge, self.postprocess, self.about)
 
 
 def _schema_units():
@@ -216,12 +219,15 @@ def _leaf_counts(spark, tree: GeographyTree, data, leaf_column: str | None, doma
     else:
         code = F.col(leaf_column).cast("string")
     df = df.withColumn("_hdmm_code", code)
-    counts = df.groupBy("_hdmm_code").count().toPandas()
-    if counts["_hdmm_code"].isna().any():
-        where = "the leaf column" if leaf_column is not None else f"the level columns {list(tree.columns)}"
-        raise GeographyError(f"some records have no code in {where} (missing values): every record needs the code "
-                             "of its unit at every level")
-    leaf = tree.leaf_index(counts["_hdmm_code"])  # unknown codes: one GeographyError, listing them
+    if leaf_column is None:  # each level's code too: the tree checks them one by one, as for local records
+        counts = df.groupBy("_hdmm_code", *[p.alias(c) for p, c in zip(parts, tree.columns)]).count().toPandas()
+        leaf = tree.locate(counts, weights=counts["count"])  # missing or unknown codes: counted, never listed
+    else:
+        counts = df.groupBy("_hdmm_code").count().toPandas()
+        if counts["_hdmm_code"].isna().any():
+            raise GeographyError("some records have no code in the leaf column (missing values): every record "
+                                 "needs the code of its leaf")
+        leaf = tree.leaf_index(counts["_hdmm_code"], weights=counts["count"])  # unknown codes: counted, not listed
     totals = np.zeros(tree.leaves)
     np.add.at(totals, leaf, counts["count"].to_numpy(dtype=float))
     for name in [] if domain is None else domain.names:  # every distinct value must be readable (checked once)
@@ -264,7 +270,8 @@ class _Totals:
 def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: bool | Callable[[str], None] = False,
                   spark=None, output: str | os.PathLike | None = None, domain: Domain | None = None,
                   leaf_column: str | None = None, codes: bool = False, work_dir: str | None = None,
-                  budget=None, label: str = "", postprocess: str | None = None) -> SparkGeoRelease:
+                  budget=None, label: str = "", postprocess: str | None = None,
+                  about: dict | None = None) -> SparkGeoRelease:
     """Run a geography release on Spark (module docstring).
 
     Parameters
@@ -295,6 +302,8 @@ def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: boo
         ``None`` (least squares) or ``"nonnegative"``: the top-down non-negative estimates of
         :mod:`hdmm.georelease.nonneg`, down to the partition level (at most) on the driver, then
         each partition's subtree in its task (the same answers as the local engine's).
+    about
+        What the provenance records of the release's inputs (see :func:`~hdmm.georelease.release_geography`).
     """
     with warnings.catch_warnings():
         # PySpark 4 warns on every pandas conversion that pandas 3 is not yet fully supported;
@@ -304,11 +313,12 @@ def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: boo
         output = (os.path.normpath(os.fspath(output)) if output is not None
                   else os.path.join(tempfile.mkdtemp(prefix="hdmm-"), "release"))
         check_output(output)
+        about = {"created": created_now(), **(about or {})}
         work = _work_directory(output, work_dir)  # before any charge: an existing one is refused
         try:
             return _run(plan, data, seed=seed, progress=progress, spark=spark, output=output, domain=domain,
                         leaf_column=leaf_column, codes=codes, work=work, budget=budget, label=label,
-                        postprocess=postprocess)
+                        postprocess=postprocess, about=about)
         finally:  # stage 1 holds exact partition totals: never left behind
             shutil.rmtree(work, ignore_errors=True)
 
@@ -329,7 +339,7 @@ def _work_directory(output: str, work_dir: str | os.PathLike | None) -> str:
 
 
 def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_column, codes, work, budget, label,
-         postprocess) -> SparkGeoRelease:
+         postprocess, about) -> SparkGeoRelease:
     require_spark()
     from pyspark.sql import functions as F
 
@@ -461,7 +471,8 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
         estimates[d] = np.add.reduceat(estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
     if space == "measurements":
         timings["invariants"] = time.perf_counter() - start
-        return _nonnegative(plan, plan_b, spark, estimates, estimates_df, seed, output, charge, timings, say, work)
+        return _nonnegative(plan, plan_b, spark, estimates, estimates_df, seed, output, charge, timings, say, work,
+                            about)
     coarse = {d: estimates[d].copy() for d in range(P)}
     lam = invariant_multipliers(plan, estimates)
     if lam is None:
@@ -474,7 +485,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     # (through Spark's row conversion the strings cost as much time as measuring)
     start = time.perf_counter()
     released = list(plan.levels)
-    meta = provenance(plan, seed is not None, charge)
+    meta = provenance(plan, seed is not None, charge, about=about)
     partial = start_output(output)
     aux_b = sc.broadcast((lam, inv is not None, meta, partial))
 
@@ -508,11 +519,11 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     timings["stage 3 (answers)"] = time.perf_counter() - start
     say(f"  stage 3: wrote {rows:,} answers in {timings['stage 3 (answers)']:.1f} s")
     return SparkGeoRelease(plan, output, spark.read.parquet(output), seeded=seed is not None, timings=timings,
-                           charge=charge)
+                           charge=charge, about=about)
 
 
 def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray], estimates_df, seed, output: str,
-                 charge, timings: dict[str, float], say, work: str) -> SparkGeoRelease:
+                 charge, timings: dict[str, float], say, work: str, about: dict) -> SparkGeoRelease:
     """Non-negative estimates: the top-down walk on the driver to the partition level (or the deepest
     released level, if coarser), then one task per partition for its subtree, which writes its units'
     answers (least-squares standard errors) in files of at most ``UNITS_PER_FILE`` units."""
@@ -521,7 +532,7 @@ def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray],
     P = plan.partition_level
     start = time.perf_counter()
     lam = invariant_multipliers(plan, estimates, "measurements")
-    meta = provenance(plan, seed is not None, charge, "nonnegative")
+    meta = provenance(plan, seed is not None, charge, "nonnegative", about)
     partial = start_output(output)
     written = []
 
@@ -576,4 +587,4 @@ def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray],
     timings["stage 3 (non-negative answers)"] = time.perf_counter() - start
     say(f"  stage 3: wrote {rows:,} non-negative answers in {timings['stage 3 (non-negative answers)']:.1f} s")
     return SparkGeoRelease(plan, output, spark.read.parquet(output), seeded=seed is not None, timings=timings,
-                           charge=charge, postprocess="nonnegative", change=change_rmse(plan, squared))
+                           charge=charge, postprocess="nonnegative", change=change_rmse(plan, squared), about=about)
