@@ -55,7 +55,6 @@ import math
 import os
 import re
 import sys
-import tempfile
 import time
 from typing import Any, Sequence
 
@@ -68,7 +67,9 @@ from .budget import Budget, settle_quietly
 from .validation import is_finite_real
 from .error import per_query_variance
 from .catalog import NamedWorkload, load_workload, named_workload
-from .cli_geography import add_geography_options, geography_release
+from .cli_geography import add_geography_options, check_geography_options, geography_release
+from .cli_inputs import UsageError, read_records
+from .cli_inputs import need_pyarrow as _need_pyarrow, probe_directory as _probe_directory
 from .io import load_strategy, save_strategy, workload_fingerprint
 from .matrix import Identity, Matrix
 from .optimizers import optimize
@@ -93,10 +94,6 @@ MAX_NOISE_SCALE = 1e100
 
 #: Peak memory per synthetic person while generating and counting them (bytes, measured).
 BYTES_PER_PERSON = 48
-
-
-class UsageError(ValueError):
-    """A problem with the command line's arguments."""
 
 
 def hdmm_version() -> str:
@@ -185,31 +182,9 @@ def _data_source(args: argparse.Namespace, named: NamedWorkload) -> str:
     return source
 
 
-def _need_pyarrow(doing: str, option: str) -> None:
-    try:
-        import pyarrow.parquet  # noqa: F401
-    except ImportError:
-        raise UsageError(f"{option}: {doing} Parquet needs pyarrow: pip install 'hdmm[parquet]' (or use a .csv "
-                         "file)") from None
-
-
 def _read_records(path: str, named: NamedWorkload, labels: bool) -> pd.DataFrame:
     """The records of a CSV or Parquet file; with ``labels``, labelled attributes' columns as text."""
-    labelled = [name for name in named.domain.names if named.domain.has_labels(name)] if labels else []
-    if path.endswith(".parquet"):
-        records = pd.read_parquet(path)
-        present = [name for name in labelled if name in records.columns]
-        records = records.astype({name: str for name in present}) if present else records
-    else:
-        header = pd.read_csv(path, header=None, nrows=1, dtype=str).iloc[0].tolist() if os.path.getsize(path) else []
-        repeated = sorted({str(c) for c in header if header.count(c) > 1})
-        if repeated:  # pandas would rename the second "sex" to "sex.1" and release the first
-            raise UsageError(f"--data {path} names column(s) {repeated} more than once: keep one column per attribute")
-        records = pd.read_csv(path, dtype={name: str for name in labelled} or None)
-    if len(records) == 0:
-        raise UsageError(f"--data {path} holds no records (a header only?); a release of no data would publish "
-                         "noise only, so nothing was measured")
-    return records
+    return read_records(path, [name for name in named.domain.names if named.domain.has_labels(name)] if labels else [])
 
 
 def _records(args: argparse.Namespace, named: NamedWorkload, source: str) -> tuple[pd.DataFrame, bool]:
@@ -284,19 +259,6 @@ def _per_table_rmse(W: Matrix, variance: np.ndarray) -> pd.DataFrame:
     frame = pd.DataFrame({"table": "workload" if tables is None else tables, "variance": variance})
     grouped = frame.groupby("table", sort=False)["variance"]
     return pd.DataFrame({"queries": grouped.size(), "rmse": np.sqrt(grouped.mean())}).reset_index()
-
-
-def _probe_directory(path: str, option: str) -> None:
-    """Raise unless a new file can be created in the directory of ``path`` (tries one)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise UsageError(f"{option} {path}: the directory {directory} does not exist; create it first")
-    try:
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".hdmm-write-check-"):
-            pass
-    except OSError as exc:
-        raise UsageError(f"{option} {path}: cannot write in {directory} ({exc.strerror or exc}); choose a writable "
-                         "place") from None
 
 
 def _check_output(path: str, option: str, suffixes: Sequence[str], overwrite: bool | None = None) -> None:
@@ -461,6 +423,7 @@ def release(args: argparse.Namespace) -> None:
     Everything that can fail on the user's input is checked before the data is measured.
     """
     privacy = _privacy(args)
+    check_geography_options(args)
     if args.budget is not None and args.output is None:
         raise UsageError("--budget charges the whole release: give --output FILE to keep it (without --output only "
                          "10 rows are shown and the rest would be lost, its budget with it)")

@@ -10,11 +10,19 @@ The geography tree must be public: by default the built-in SYNTHETIC United Stat
 (:mod:`census_workloads.geography`, which the built-in synthetic people live in, e.g. written to
 Parquet with ``census_workloads.geography.synthetic_persons_in``); for other data give ``--tree``
 (a CSV or Parquet table with one row per finest unit and the ``--geography`` columns, e.g. from
-the Census gazetteer). Records with codes not in the tree are refused, all named. The tree is
-never taken from the data: which units have people is private. ``--invariants state`` holds the data's state totals exact: they are then
-published without noise and are not protected. The output is a Parquet dataset partitioned by
-level (``out/level=state/...``) with the provenance in ``out/_provenance.json``. Everything is
-checked before any noise is drawn, and nothing is written unless the whole release succeeds.
+the Census gazetteer). The tree is never taken from the data: which units have people is private,
+so records with codes not in the tree are refused with their number and the tree's unit under
+which the first of them leaves the tree, never with their codes. ``--invariants state`` holds
+the data's state totals exact: they are then published without noise and are not protected.
+The output is a Parquet dataset partitioned by level (``out/level=state/...``, so ``--output``
+names a directory) with the provenance in ``out/_provenance.json``: the privacy spent, the plan,
+the workload (as typed and by fingerprint), the data source, the tree and the creation time.
+
+Everything is checked before any noise is drawn or any budget is charged, with the checks of
+plain releases (:mod:`hdmm.cli_inputs`): the output directory can be created, the records file
+has records and every column the release reads (the level columns and the person attributes);
+on Spark from Parquet the records' codes and values are checked by Spark before the plan is
+shown. Nothing is written unless the whole release succeeds.
 """
 
 from __future__ import annotations
@@ -29,14 +37,30 @@ from tqdm import tqdm
 
 from .budget import Budget, settle_quietly
 from .catalog import NamedWorkload
+from .cli_inputs import UsageError, check_records_count, need_pyarrow, probe_directory, read_records
 from .geography import GeographyTree
 from .georelease import RecordHistograms, geo_plan, release_geography
 from .georelease.files import check_output
-from .io import load_strategy
+from .georelease.units import check_record_columns
+from .io import load_strategy, workload_fingerprint
 from .matrix import Identity
 from .privacy import Privacy
 
-__all__ = ["geography_release", "add_geography_options"]
+__all__ = ["geography_release", "add_geography_options", "check_geography_options"]
+
+
+#: The options that only a geography release reads (refused without ``--geography``).
+GEOGRAPHY_ONLY = ("tree", "levels", "engine", "invariants")
+
+
+def check_geography_options(args: argparse.Namespace) -> None:
+    """Refuse the geography options given without ``--geography`` (a plain release would ignore them)."""
+    if args.geography is not None:
+        return
+    given = [f"--{name}" for name in GEOGRAPHY_ONLY if getattr(args, name, None) is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)} only apply to a geography release: add --geography LEVELS (e.g. "
+                         f"--geography state,county) or leave out {', '.join(given)}")
 
 
 def add_geography_options(p: argparse.ArgumentParser) -> None:
@@ -48,7 +72,7 @@ def add_geography_options(p: argparse.ArgumentParser) -> None:
                    "finest unit and the --geography columns (default: the built-in synthetic United States of "
                    "census_workloads.geography; never taken from the data)")
     g.add_argument("--levels", help="the released levels (default: nation and every --geography level)")
-    g.add_argument("--engine", choices=["local", "spark"], default="local", help="one process (default) or Apache "
+    g.add_argument("--engine", choices=["local", "spark"], help="one process (default) or Apache "
                    "Spark (pip install 'hdmm[spark]', Java 17+; local[2] unless a Spark session is active)")
     g.add_argument("--invariants", help="levels whose totals are held exact from the data, e.g. state (those "
                    "totals are published without noise: they are NOT protected)")
@@ -77,24 +101,71 @@ def _tree(args: argparse.Namespace, levels: list[str]) -> GeographyTree:
 
 
 def _check_output(path: str | None, engine: str) -> None:
+    """``--output`` of a geography release: a new directory that can be created, checked before any charge."""
     if path is None:
-        raise ValueError("--geography writes a Parquet dataset: give --output DIRECTORY (a new one)")
+        raise UsageError("--geography writes a Parquet dataset: give --output DIRECTORY (a new one)")
+    if os.path.splitext(os.path.normpath(path))[1].lower() in (".csv", ".tsv", ".txt", ".json", ".npz"):
+        raise UsageError(f"--output {path}: --geography writes a Parquet dataset, a directory of files partitioned "
+                         "by level: give a directory name, e.g. --output release/")
+    need_pyarrow("writing", "--output")
     try:  # the engines' own check (a leftover partial directory too), before any noise
         check_output(path)
     except FileExistsError as exc:
-        raise ValueError(f"--output: {exc}") from None
-    except ImportError:
-        raise ValueError("--geography writes Parquet, which needs pyarrow: pip install 'hdmm[parquet]'") from None
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-        raise ValueError(f"--output {path}: cannot create it in {parent} (no such directory, or not writable)")
+        raise UsageError(f"--output: {exc}") from None
+    probe_directory(os.path.normpath(path), "--output")  # the directory that will hold it, as for plain releases
     if engine == "spark":
         from .georelease.spark import require_spark
 
         try:
             require_spark()
         except (ImportError, RuntimeError) as exc:
-            raise ValueError(str(exc)) from None
+            raise UsageError(str(exc)) from None
+
+
+def _records(args: argparse.Namespace, tree: GeographyTree, named: NamedWorkload, levels: list[str],
+             synthetic: bool) -> tuple[pd.DataFrame | str, str]:
+    """The records (a DataFrame, or a Parquet path that Spark reads) and how the output names them.
+
+    A file is read as a plain release reads it (:func:`hdmm.cli_inputs.read_records`: no repeated
+    column, at least one record), with the level columns as text (codes keep their leading zeros);
+    a Parquet path for Spark is checked the same way from its schema and row count.
+    """
+    if synthetic:
+        from census_workloads.geography import synthetic_persons_in
+
+        return (synthetic_persons_in(args.people, tuple(levels), seed=args.data_seed),
+                f"{args.people:,} built-in SYNTHETIC people")
+    if not args.data.endswith((".csv", ".parquet")):
+        raise UsageError(f"--data {args.data}: expected a .csv or .parquet file of records")
+    if args.engine == "spark" and args.data.endswith(".parquet"):
+        need_pyarrow("reading", "--data")
+        import pyarrow.dataset as ds
+
+        dataset = ds.dataset(args.data, format="parquet")
+        check_records_count(args.data, dataset.count_rows())
+        check_record_columns(dataset.schema.names, tree, named.domain)
+        return args.data, args.data
+    records = read_records(args.data, levels)
+    check_record_columns(records.columns, tree, named.domain)
+    return records, args.data
+
+
+def _about(args: argparse.Namespace, named: NamedWorkload, synthetic: bool) -> dict:
+    """What a geography release's provenance records of the command's inputs: the workload (as typed and by
+    fingerprint, :func:`hdmm.workload_fingerprint`), the data source and the tree, as plain releases record them.
+    The number of records of a data file is private and not recorded."""
+    return {
+        "workload": {"name": args.workload, "description": named.description,
+                     "queries": int(named.workload.shape[0]), "cells": int(named.domain.size),
+                     "fingerprint": workload_fingerprint(named.workload),
+                     "fingerprint_with_domain": workload_fingerprint(named.workload, named.domain)},
+        "data": {"source": "synthetic", "records": args.people, "data_seed": args.data_seed} if synthetic else
+        {"source": os.path.abspath(args.data), "records": None},
+        "tree": "built-in synthetic United States (census_workloads.geography)" if args.tree is None else
+        os.path.abspath(args.tree),
+        "strategy": args.strategy if args.strategy in ("auto", "identity") else os.path.abspath(args.strategy),
+        "noise_seed": args.noise_seed,
+    }
 
 
 def _person_strategy(spec: str, named: NamedWorkload):
@@ -114,7 +185,8 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
                       budget: Budget | None = None) -> None:
     """Run ``hdmm release --geography`` (module docstring); ``budget`` (``--budget``) is charged once."""
     levels = _levels(args.geography)
-    _check_output(args.output, args.engine)
+    engine = args.engine or "local"
+    _check_output(args.output, engine)
     if args.postprocess not in (None, "nonnegative"):
         raise ValueError("--geography releases least squares or --postprocess nonnegative (top down), not integer")
     if any(level in named.domain.names for level in levels):
@@ -126,31 +198,17 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     tree = _tree(args, levels)
     released = None if args.levels is None else _levels(args.levels)
     start = time.perf_counter()
-    if synthetic:
-        from census_workloads.geography import synthetic_persons_in
-
-        records = synthetic_persons_in(args.people, tuple(levels), seed=args.data_seed)
-        data_note = f"{args.people:,} built-in SYNTHETIC people"
-    elif args.engine == "spark" and args.data.endswith(".parquet"):
-        records, data_note = args.data, args.data
-    else:
-        if not args.data.endswith((".csv", ".parquet")):
-            raise ValueError(f"--data {args.data}: expected a .csv or .parquet file of records")
-        records = pd.read_parquet(args.data) if args.data.endswith(".parquet") else pd.read_csv(
-            args.data, dtype={c: str for c in levels})
-        data_note = args.data
+    records, data_note = _records(args, tree, named, levels, synthetic)
     source = None
-    if not isinstance(records, str):
-        records = records.astype({c: str for c in levels})
+    if isinstance(records, str):  # a Parquet path for Spark: read and checked by Spark, before the plan is shown
+        from .georelease.spark import leaf_totals
+
+        totals = leaf_totals(tree, records, domain=named.domain, codes=args.codes)
+    else:
         source = RecordHistograms.of(tree, named.domain, records, codes=args.codes)
+        totals = source.leaf_totals()
     invariants = None
     if args.invariants:
-        if source is None:  # a Parquet path for Spark: counted by Spark
-            from .georelease.spark import leaf_totals
-
-            totals = leaf_totals(tree, records)
-        else:
-            totals = source.leaf_totals()
         invariants = {level: dict(zip(tree.codes(level), tree.aggregate(level, totals).tolist()))
                       for level in _levels(args.invariants)}
     read_seconds = time.perf_counter() - start
@@ -165,15 +223,16 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     if invariants is not None:
         print("  note: the invariant totals are published exactly, without noise: they are not protected")
     label = f"{args.workload} by {','.join(levels)}"
+    about = _about(args, named, synthetic)
     start = time.perf_counter()
-    if args.engine == "spark":
+    if engine == "spark":
         from .georelease.spark import spark_session
 
         spark = spark_session()
         data = records if isinstance(records, str) else spark.createDataFrame(records)
         result = release_geography(plan, data, engine="spark", seed=args.noise_seed, output=args.output,
                                    domain=named.domain, codes=args.codes, progress=True, budget=budget,
-                                   label=label, postprocess=args.postprocess)
+                                   label=label, postprocess=args.postprocess, about=about)
     else:
         bars = {"measure": tqdm(total=tree.sizes[plan.partition_level], desc="release: measure", unit="partition",
                                 file=sys.stderr, leave=False)}
@@ -194,7 +253,7 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
 
         try:
             result = release_geography(plan, source, seed=args.noise_seed, postprocess=args.postprocess,
-                                       progress=show, budget=budget, label=label)
+                                       progress=show, budget=budget, label=label, about=about)
         finally:
             for bar in bars.values():
                 bar.close()

@@ -25,6 +25,7 @@ LAYERS = [
     {"hdmm.kernel", "hdmm.postprocess"},
     {"hdmm.release"},
     {"hdmm.georelease"},
+    {"hdmm.cli_inputs"},
     {"hdmm.cli_geography"},
     {"hdmm.cli"},
 ]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from cli_files import geography_release_args, write_geography_files
+from cli_files import fails, geography_release_args, write_geography_files
 
 from hdmm.cli import main
 
@@ -64,7 +65,9 @@ def test_records_outside_the_tree_are_refused_before_noise(files, capsys):
     people.loc[5, "county"] = "999"
     people.to_csv(files / "bad.csv", index=False)
     assert main(_release(files, "--data", str(files / "bad.csv"), "--output", str(files / "o"))) == 2
-    assert "not leaves of the tree" in capsys.readouterr().err and not (files / "o").exists()
+    err = capsys.readouterr().err
+    assert "1 record has geography codes that are not in the tree" in err and not (files / "o").exists()
+    assert "999" not in err  # issue 22.4: a code only the data hold is private
 
 
 def test_geography_output_must_be_new(tmp_path, capsys):
@@ -105,3 +108,90 @@ def test_a_strategy_file_serves_a_geography_release(files, capsys):
     code = main(_release(files, "--data", str(files / "people.csv"), "--strategy", str(strategy), "--output", str(out)))
     assert code == 0, capsys.readouterr()
     assert json.loads((out / "_provenance.json").read_text())["privacy"]["rho"] == 0.5
+
+
+def _budget(files, capsys):
+    budget = files / "budget.json"
+    assert main(["budget", "create", str(budget), "--rho", "0.8"]) == 0
+    capsys.readouterr()
+    return budget
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_records_without_the_level_columns_are_refused_before_any_charge(files, capsys, suffix):
+    # issue 22.1: a raw KeyError traceback from records.astype, after the budget was read
+    people = pd.read_csv(files / "people.csv")[["age", "sex"]]
+    data = files / f"agesex{suffix}"
+    people.to_csv(data, index=False) if suffix == ".csv" else people.to_parquet(data, index=False)
+    budget = _budget(files, capsys)
+    before = budget.read_bytes()
+    err = fails(_release(files, "--data", str(data), "--budget", str(budget), "--output", str(files / "o")), capsys)
+    assert "no column(s) ['state', 'county']" in err and "--geography" in err and "rename" in err
+    assert budget.read_bytes() == before and not (files / "o").exists() and not (files / "o.partial").exists()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")
+def test_an_output_that_cannot_be_created_is_refused_before_any_charge(files, capsys):
+    # issue 22.2: /proc passed the os.access check and failed after the noise, the charge left unfinished
+    budget = _budget(files, capsys)
+    before = budget.read_bytes()
+    err = fails(_release(files, "--data", str(files / "people.csv"), "--budget", str(budget), "--output",
+                         "/proc/hdmm-geo-out/"), capsys)
+    assert "--output /proc/hdmm-geo-out" in err and "cannot write in /proc" in err
+    assert budget.read_bytes() == before
+
+
+def test_empty_records_are_refused_on_the_geography_path(files, capsys):
+    pd.read_csv(files / "people.csv").head(0).to_csv(files / "empty.csv", index=False)
+    budget = _budget(files, capsys)
+    before = budget.read_bytes()
+    err = fails(_release(files, "--data", str(files / "empty.csv"), "--budget", str(budget), "--output",
+                         str(files / "o")), capsys)
+    assert "holds no records" in err and budget.read_bytes() == before and not (files / "o").exists()
+
+
+@pytest.mark.parametrize("extra", [["--invariants", "state"], ["--engine", "spark"], ["--engine", "local"],
+                                   ["--tree", "units.csv"], ["--levels", "state"]])
+def test_geography_options_without_geography_are_refused(files, capsys, extra):
+    err = fails(["release", "--workload", str(files / "w.json"), "--rho", "0.5", "--data", str(files / "people.csv"),
+                 *extra], capsys)
+    assert f"{extra[0]} only apply to a geography release" in err and "--geography" in err
+
+
+@pytest.mark.parametrize("name", ["x.csv", "x.json"])
+def test_a_file_name_is_refused_as_the_geography_output(files, capsys, name):
+    err = fails(_release(files, "--data", str(files / "people.csv"), "--output", str(files / name)), capsys)
+    assert "give a directory name" in err and not (files / name).exists()
+
+
+def test_a_tree_of_finer_units_than_the_levels_is_explained(files, capsys):
+    # issue 22.3: --tree tracts.csv with --geography state,county said "duplicate codes"
+    pd.DataFrame({"state": ["01", "01", "01", "02"], "county": ["001", "001", "003", "001"],
+                  "tract": ["01", "02", "01", "01"]}).to_csv(files / "units.csv", index=False)
+    err = fails(_release(files, "--data", str(files / "people.csv"), "--output", str(files / "o")), capsys)
+    assert "--geography state,county,tract" in err and "one row per unit" in err and "duplicate" not in err
+
+
+def test_geography_provenance_records_the_workload_the_data_and_the_time(files, capsys):
+    # issue 22.12: _provenance.json recorded neither the workload nor the data source nor when it was made
+    import datetime
+
+    from hdmm.catalog import load_workload
+    from hdmm.io import workload_fingerprint
+
+    out = files / "out"
+    before = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    assert main(_release(files, "--data", str(files / "people.csv"), "--output", str(out))) == 0
+    meta = json.loads((out / "_provenance.json").read_text())
+    W, domain = load_workload(str(files / "w.json"))
+    assert meta["workload"]["name"] == str(files / "w.json")
+    assert meta["workload"]["fingerprint"] == workload_fingerprint(W) == meta["workload_fingerprint"]
+    assert meta["workload"]["fingerprint_with_domain"] == workload_fingerprint(W, domain)
+    assert meta["data"] == {"source": str(files / "people.csv"), "records": None}  # the count is private
+    assert meta["tree"] == str(files / "units.csv") and meta["noise_seed"] == 3
+    created = datetime.datetime.fromisoformat(meta["created"])
+    assert before <= created <= datetime.datetime.now(datetime.timezone.utc)
+    import pyarrow.parquet as pq
+
+    part = next((out / "level=county").glob("*.parquet"))
+    assert json.loads(pq.read_schema(part).metadata[b"hdmm"])["workload"] == meta["workload"]

@@ -92,12 +92,52 @@ def test_bad_trees_are_refused_with_a_clear_message(build, message):
         build()
 
 
+def test_records_outside_the_tree_are_counted_never_listed():
+    # issue 22.4: the message listed the records' codes; it counts them and names the tree's unit involved
+    tree = GeographyTree.from_table(pd.DataFrame({"state": ["01", "01", "02"], "county": ["001", "003", "001"]}),
+                                    ["state", "county"])
+    records = pd.DataFrame({"state": ["02", "01", "01", "99", "02"], "county": ["001", "777", "778", "001", "001"]})
+    with pytest.raises(GeographyError) as caught:
+        tree.locate(records)
+    message = str(caught.value)
+    assert "3 records have geography codes that are not in the tree" in message
+    assert "a county code that is not in the tree under state=01" in message
+    for private in ("777", "778", "99"):
+        assert private not in message
+    with pytest.raises(GeographyError, match="5 records have") as caught:  # distinct rows, weighted by records
+        tree.locate(records.iloc[[1, 3]], weights=[2, 3])
+    assert "777" not in str(caught.value)
+    with pytest.raises(GeographyError, match="1 record has geography codes"):
+        tree.locate(pd.DataFrame({"state": ["99"], "county": ["001"]}))
+
+
+def test_codes_joined_without_a_separator_are_read_level_by_level():
+    # ("010", "01") joined is "01001", the code of county 001 of state 01: it is no unit of the tree
+    tree = GeographyTree.from_table(pd.DataFrame({"state": ["01", "02"], "county": ["001", "001"]}),
+                                    ["state", "county"])
+    assert tree.locate(pd.DataFrame({"state": ["02", "01"], "county": ["001", "001"]})).tolist() == [1, 0]
+    with pytest.raises(GeographyError, match="1 record has geography codes that are not in the tree"):
+        tree.locate(pd.DataFrame({"state": ["010"], "county": ["01"]}))
+
+
+def test_a_table_of_finer_units_says_what_is_wrong():
+    # issue 22.3: a table of tracts read with the levels state, county said "duplicate codes"
+    table = pd.DataFrame({"state": ["01", "01", "01"], "county": ["001", "001", "003"], "tract": ["1", "2", "1"]})
+    with pytest.raises(GeographyError) as caught:
+        GeographyTree.from_table(table, ["state", "county"])
+    message = str(caught.value)
+    assert "county '01001' is in 2 rows" in message and "one row per unit of the finest level ('county')" in message
+    assert "other columns ['tract']" in message and "--geography state,county,tract" in message
+    assert "duplicate codes" not in message
+
+
 def test_codes_not_in_the_tree(tree):
     with pytest.raises(GeographyError, match="'99' is not in the tree at level 'state'"):
         tree.index("state", "99")
-    with pytest.raises(GeographyError, match="1 codes are not leaves of the tree.*'x'"):
-        tree.leaf_index(["0100101", "x"])
-    with pytest.raises(GeographyError, match="not leaves"):
+    with pytest.raises(GeographyError, match="1 record has leaf codes that are not leaves of the tree") as caught:
+        tree.leaf_index(["0100101", "x-data-only"])
+    assert "x-data-only" not in str(caught.value)  # issue 22.4: which codes the data hold is private
+    with pytest.raises(GeographyError, match="a state code that is not in the tree"):
         tree.locate(pd.DataFrame({"state": ["09"], "county": ["001"], "tract": ["01"]}))
     with pytest.raises(GeographyError, match="no level 'block'"):
         LevelTotals(tree, ["block"])

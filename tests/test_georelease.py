@@ -247,6 +247,8 @@ def test_plan_refusals():
         geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, invariants={"state": {"s9": 3}})
     with pytest.raises(GeographyError, match="finite count"):
         geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, invariants={"state": {"s0": -1}})
+    with pytest.raises(GeographyError, match=r"s0.* is 10.5: a total is a number of records, a whole"):
+        geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, invariants={"state": {"s0": 10.5}})  # issue 22.3
     with pytest.raises(GeographyError, match="no level"):
         geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, levels=["block"])
 
@@ -260,8 +262,9 @@ def test_data_refusals_come_before_any_noise(monkeypatch):
     with pytest.raises(GeographyError, match="not the number of records"):
         release_geography(plan, ArrayHistograms(H), seed=0)
     records = pd.DataFrame({"leaf": ["s0c0t0", "nowhere"], "a": [0, 1], "b": [0, 2]})
-    with pytest.raises(GeographyError, match="not leaves of the tree"):
+    with pytest.raises(GeographyError, match="1 record has leaf codes that are not leaves of the tree") as caught:
         RecordHistograms.of(tree, DOMAIN, records, leaf_column="leaf")
+    assert "nowhere" not in str(caught.value)  # issue 22.4: a code only the data hold is private
     with pytest.raises(ValueError, match="unknown engine"):
         release_geography(geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP), ArrayHistograms(H), engine="dask")
     assert calls == []

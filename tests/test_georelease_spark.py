@@ -101,8 +101,9 @@ def test_spark_refuses_bad_records_before_noise_and_writes_nothing(spark, countr
     out = tmp_path / "never"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        with pytest.raises(GeographyError, match="not leaves of the tree"):
+        with pytest.raises(GeographyError, match="1 record has geography codes that are not in the tree") as caught:
             release_geography(plan, spark.createDataFrame(bad), engine="spark", domain=DOMAIN, output=str(out))
+        assert "999" not in str(caught.value)  # issue 22.4: a code only the data hold is private
         bad = records.copy()
         bad.loc[0, "b"] = 7
         with pytest.raises(ValueError, match="b"):
@@ -138,6 +139,9 @@ def test_cli_spark_engine_reads_a_parquet_of_people(spark, tmp_path, capsys):
     out = files / "out"
     code = main(_release(files, "--data", str(files / "people.parquet"), "--engine", "spark", "--output", str(out)))
     assert code == 0, capsys.readouterr().err
+    meta = json.loads((out / "_provenance.json").read_text())  # issue 22.12: workload, data source, time
+    assert meta["workload"]["name"] == str(files / "w.json") and meta["workload"]["fingerprint"].startswith("sha256:")
+    assert meta["data"]["source"] == str(files / "people.parquet") and meta["created"].endswith("+00:00")
     local = files / "local"
     assert main(_release(files, "--data", str(files / "people.parquet"), "--output", str(local))) == 0
     a = pd.read_parquet(out / "level=county").sort_values(["code", "query"])
@@ -271,10 +275,36 @@ def test_spark_refuses_records_without_a_code_and_releases_no_records(spark, cou
     bad.loc[0, "county"] = None                     # concat_ws would have made up the code of another unit
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        with pytest.raises(GeographyError, match="no code in the level columns"):
+        with pytest.raises(GeographyError, match="no code in column"):
             release_geography(plan, spark.createDataFrame(bad), engine="spark", domain=DOMAIN,
                               output=str(tmp_path / "never"))
         # no records at all: pure noise, like the local engine
         empty = spark.createDataFrame(records.iloc[:0], schema=spark.createDataFrame(records).schema)
         result = release_geography(plan, empty, engine="spark", seed=3, domain=DOMAIN, output=str(tmp_path / "o"))
         assert result.dataframe.count() == sum(tree.sizes) * WP.shape[0]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("no levels", "no column(s) ['state', 'county']"),
+    ("empty parquet", "holds no records"),
+    ("empty csv", "holds no records"),
+    ("unknown county", "1 record has geography codes that are not in the tree: the first, in the tree's order, has "
+                       "a county code that is not in the tree under state=01"),
+])
+def test_cli_spark_refuses_bad_records_before_the_plan_is_printed(spark, tmp_path, capsys, bad, message):
+    # issue 22 items 1, 3: a KeyError, Spark's CANNOT_INFER_EMPTY_SCHEMA, or the plan printed before the refusal
+    files = write_geography_files(tmp_path)
+    people = pd.read_parquet(files / "people.parquet")
+    if bad == "no levels":
+        people = people[["age", "sex"]]
+    elif bad == "unknown county":
+        people.loc[7, "county"] = "777"
+    elif bad.startswith("empty"):
+        people = people.head(0)
+    data = files / ("bad.csv" if bad == "empty csv" else "bad.parquet")
+    people.to_csv(data, index=False) if bad == "empty csv" else people.to_parquet(data, index=False)
+    code = main(geography_release_args(files, "--data", str(data), "--engine", "spark", "--output", str(files / "o")))
+    captured = capsys.readouterr()
+    assert code == 2 and message in captured.err and "Traceback" not in captured.err
+    assert "expected RMSE" not in captured.out and not (files / "o").exists()
+    assert "777" not in captured.err  # issue 22.4: a code only the data hold is private

@@ -45,6 +45,12 @@ def _preview(items: Iterable) -> str:
     return f"[{shown}{', ...' if len(items) > _SHOW else ''}]"
 
 
+def _records(bad: np.ndarray, weights: Iterable[float] | None) -> str:
+    """``"3 records have"``: the number of records flagged ``bad`` (``weights`` records per entry, when given)."""
+    n = int(bad.sum()) if weights is None else int(np.asarray(list(weights), dtype=float)[bad].sum())
+    return "1 record has" if n == 1 else f"{n:,} records have"
+
+
 def _check_levels(levels: Sequence[str]) -> tuple[str, ...]:
     levels = tuple(str(name) for name in levels)
     seen: set[str] = set()
@@ -53,6 +59,22 @@ def _check_levels(levels: Sequence[str]) -> tuple[str, ...]:
             raise GeographyError(f"level {name!r} is named twice in {list(levels)}: give every level its own name")
         seen.add(name)
     return levels
+
+
+def _repeated_leaf(table, columns: tuple[str, ...], raw: list[list[str]], path: tuple[str, ...], separator: str,
+                   names: Mapping[str, str]) -> str:
+    """What is wrong with a table of units in which a finest unit has several rows: most often a table of
+    finer units (tracts) given with fewer levels (state, county). The table is public: its codes may be shown."""
+    level, code = columns[-1], separator.join(path)
+    rows = sum(all(raw[d][r] == path[d] for d in range(len(path))) for r in range(len(table)))
+    finer = [str(c) for c in table.columns if str(c) not in columns and str(c) not in set(names.values())]
+    message = (f"{level} {code!r} is in {rows} rows of the table of units, which must have one row per unit of the "
+               f"finest level ({level!r})")
+    if finer:
+        return (message + f"; the table has other columns {finer}: if its rows are finer units, give their level "
+                f"too, e.g. levels {[*columns, finer[0]]} (hdmm release: --geography "
+                f"{','.join([*columns, finer[0]])}), or give a table with one row per {level}")
+    return message + f": its rows repeat (duplicate codes); list each {level} once"
 
 
 class GeographyTree:
@@ -225,10 +247,7 @@ class GeographyTree:
                 if known is None:
                     nodes[path] = (parent, separator.join(path), name)
                 elif depth == len(columns) - 1:
-                    raise GeographyError(
-                        f"duplicate codes: {c} {separator.join(path)!r} appears in more than one row; list each "
-                        "finest unit once"
-                    )
+                    raise GeographyError(_repeated_leaf(table, columns, raw, path, separator, names))
                 elif known[2] != name:
                     raise GeographyError(
                         f"{c} {separator.join(path)!r} is named both {known[2]!r} and {name!r}; give it one name"
@@ -304,16 +323,22 @@ class GeographyTree:
                 f"{_preview(self._codes[d][:3])}); use a code of the tree or add the unit"
             ) from None
 
-    def leaf_index(self, codes: Iterable[object]) -> np.ndarray:
-        """Leaf positions of leaf codes (e.g. a records column); unknown codes are refused, all listed."""
+    def leaf_index(self, codes: Iterable[object], weights: Iterable[float] | None = None) -> np.ndarray:
+        """Leaf positions of leaf codes (e.g. a records column); unknown codes are refused.
+
+        The message counts the records with unknown codes (``weights``: records per code, when
+        ``codes`` are distinct codes) and shows a few of the tree's leaf codes, never a code of
+        ``codes``: which codes the data hold is private.
+        """
         lookup = self._lookup[-1]
         codes = [str(c) for c in codes]
         out = np.fromiter((lookup.get(c, -1) for c in codes), dtype=np.intp, count=len(codes))
         if np.any(out < 0):
-            bad = sorted({c for c, i in zip(codes, out) if i < 0})
             raise GeographyError(
-                f"{len(bad)} codes are not leaves of the tree (level {self.levels[-1]!r}): {_preview(bad)}; "
-                "use codes of the finest units or add them to the tree"
+                f"{_records(out < 0, weights)} leaf codes that are not leaves of the tree (level "
+                f"{self.levels[-1]!r}, whose codes look like {_preview(self._codes[-1][:3])}; the records' codes are "
+                "not shown: which codes the data hold is private); use codes of the finest units or add them to the "
+                "tree"
             )
         return out
 
@@ -327,8 +352,13 @@ class GeographyTree:
         """What joins the level codes into a unit's code (``""`` or ``"/"``, see :meth:`from_table`)."""
         return self._separator
 
-    def locate(self, table) -> np.ndarray:
-        """Leaf positions of the rows of a table with the level columns of :meth:`from_table`."""
+    def locate(self, table, weights: Iterable[float] | None = None) -> np.ndarray:
+        """Leaf positions of the rows of a table with the level columns of :meth:`from_table`.
+
+        Rows not in the tree are refused: the message counts them (``weights``: records per row, when
+        the rows are distinct combinations of codes) and names the tree's unit under which the first
+        of them leaves the tree, never a code of the rows (which codes the data hold is private).
+        """
         if self._columns is None:
             raise GeographyError("locate needs a tree built with from_table; use leaf_index with leaf codes")
         missing = [c for c in self._columns if c not in table.columns]
@@ -339,7 +369,40 @@ class GeographyTree:
             raise GeographyError(f"some records have no code in column(s) {empty} (missing values): every record "
                                  "needs the code of its unit at every level")
         raw = [table[c].astype(str).tolist() for c in self._columns]
-        return self.leaf_index(self._separator.join(parts) for parts in zip(*raw))
+        lookup = self._lookup[-1]
+        out = np.fromiter((lookup.get(self._separator.join(parts), -1) for parts in zip(*raw)), dtype=np.intp,
+                          count=len(table))
+        if not self._separator:  # codes joined without a separator: ("010", "01") must not read as ("01", "001")
+            ends = [len(self._codes[d][0]) for d in range(1, len(self.levels))]
+            for d, values in enumerate(raw):
+                width = ends[d] - (ends[d - 1] if d else 0)
+                out[np.fromiter(map(len, values), dtype=np.intp, count=len(values)) != width] = -1
+        if np.any(out < 0):
+            raise GeographyError(self._outside(raw, out < 0, weights))
+        return out
+
+    def _outside(self, raw: list[list[str]], bad: np.ndarray, weights: Iterable[float] | None) -> str:
+        """Why records (level codes ``raw``) are not in the tree: their count, and the tree's unit under which
+        the first of them (in the tree's order) leaves it. No code of the records is shown (it is private)."""
+        first = None
+        for row in np.flatnonzero(bad).tolist():
+            parts = [raw[d][row] for d in range(len(raw))]
+            depth, unit = 0, 0  # the deepest unit of the tree on the record's path
+            for d in range(1, len(parts)):
+                found = self._lookup[d].get(self._separator.join(parts[:d]))
+                if found is None:
+                    break
+                depth, unit = d, found
+            key = (self._leaf_bounds[depth][unit], -depth)
+            if first is None or key < first[0]:
+                first = (key, depth, unit)
+        _, depth, unit = first
+        level = self.levels[depth + 1]
+        where = "the tree" if depth == 0 else f"the tree under {self.label(depth, unit)}"
+        return (f"{_records(bad, weights)} geography codes that are not in the tree: the first, in the tree's "
+                f"order, has a {level} code that is not in {where} (the records' codes are not shown: which codes "
+                "the data hold is private); fix those records' codes (column(s) "
+                f"{list(self._columns)}) or add their units to the tree")
 
     def aggregate(self, level: str | int, X: np.ndarray) -> np.ndarray:
         """Totals of the rows of ``X`` (``leaves x k``) over each unit of ``level``: ``O(leaves k)``."""

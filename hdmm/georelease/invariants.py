@@ -79,8 +79,8 @@ class Invariants:
         Raises
         ------
         GeographyError
-            For an unknown level or code, a level named twice, a total that is not a finite
-            count >= 0, or totals that do not add up over the tree (a unit's declared total
+            For an unknown level or code, a level named twice, a total that is not a whole
+            finite count >= 0 (10.5 is no number of records), or totals that do not add up over the tree (a unit's declared total
             against the sum of its declared descendants when all of them at a level are declared).
         """
         if not isinstance(totals, Mapping) or not totals:
@@ -100,8 +100,9 @@ class Invariants:
                     v = float(value)
                 except (TypeError, ValueError):
                     raise GeographyError(f"invariant of {tree.label(d, unit)} is {value!r}, not a number") from None
-                if not (np.isfinite(v) and v >= 0):
-                    raise GeographyError(f"invariant of {tree.label(d, unit)} is {v!r}: a total is a finite count >= 0")
+                if not (np.isfinite(v) and v >= 0 and v == np.floor(v)):
+                    raise GeographyError(f"invariant of {tree.label(d, unit)} is {v!r}: a total is a number of "
+                                         "records, a whole finite count >= 0")
                 values[unit] = v
             if not values:
                 raise GeographyError(f"no invariants given for level {tree.levels[d]!r}")

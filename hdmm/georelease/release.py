@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -34,7 +34,7 @@ from .passes import Partition, TreePasses, partition_down, partition_up, top_pas
 from .plan import GeoPlan
 from .files import finish_output, start_output, write_units
 from .nonneg import check_nonnegative, nonnegative_estimates
-from .steps import apply_invariants, invariant_multipliers, measure_top, progress_printer, provenance
+from .steps import apply_invariants, created_now, invariant_multipliers, measure_top, progress_printer, provenance
 from .units import HistogramSource, check_source, measure_partition
 
 __all__ = ["GeoRelease", "release_geography", "ENGINES"]
@@ -62,6 +62,9 @@ class GeoRelease:
         error the post-processing may add; the standard errors are those of least squares).
     charge : Charge or None
         What the release was charged to a :class:`~hdmm.Budget` (once for the whole release).
+    about : dict
+        What the provenance records of the release's inputs: ``created`` (UTC) and what the caller
+        gave (``release_geography(about=...)``, e.g. the workload and the data source).
     """
 
     plan: GeoPlan
@@ -71,6 +74,7 @@ class GeoRelease:
     postprocess: str | None = None
     change: dict[int, float] | None = None
     charge: Charge | None = None
+    about: dict = field(default_factory=dict)
 
     def answers(self, level: str | int) -> np.ndarray:
         """``units x queries`` answers of a released level."""
@@ -99,7 +103,7 @@ class GeoRelease:
 
     def provenance(self) -> dict:
         """What a file of this release records: privacy spent, sensitivity, levels, weights, invariants, charge."""
-        return provenance(self.plan, self.seeded, self.charge, self.postprocess)
+        return provenance(self.plan, self.seeded, self.charge, self.postprocess, self.about)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write a Parquet dataset partitioned by level (``path/level=<name>/...``) with the provenance
@@ -135,7 +139,7 @@ def _level_table(plan: GeoPlan, d: int, answers: np.ndarray, std_errors: np.ndar
 
 def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "local", seed: int | None = None,
                       postprocess: str | None = None, budget: Budget | None = None, label: str | None = None,
-                      progress: bool | Callable[[str], None] = False, **engine_options):
+                      progress: bool | Callable[[str], None] = False, about: dict | None = None, **engine_options):
     """Release ``plan`` on ``data`` (module docstring).
 
     Parameters
@@ -158,6 +162,11 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
         A :class:`~hdmm.Budget` to charge (once: the whole release spends ``plan.privacy``, every
         unit's noise being calibrated to the geography strategy's sensitivity), after the data are
         checked and before any noise is drawn; ``label`` names the release in the budget.
+    about
+        What the provenance (every file's, and :meth:`GeoRelease.provenance`) records of the
+        release's inputs besides the plan: JSON-able, e.g. ``{"workload": {...}, "data": {...}}``
+        (the command line records the workload's name and fingerprint and the data source). The
+        time the release was made is recorded as ``created``.
 
     Returns
     -------
@@ -176,16 +185,17 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
             raise TypeError(f"budget must be an hdmm.Budget, got {type(budget).__name__}")
         budget.check(plan.privacy)  # refused before any work; charged after the data checks
     label = label or f"geography release of {[plan.tree.levels[d] for d in plan.levels]}"
+    about = {"created": created_now(), **(about or {})}
     if engine == "spark":
         from .spark import release_spark
         return release_spark(plan, data, seed=seed, progress=progress, budget=budget, label=label,
-                             postprocess=postprocess, **engine_options)
+                             postprocess=postprocess, about=about, **engine_options)
     if engine_options:
         raise TypeError(f"the local engine takes no options {sorted(engine_options)}")
     if postprocess == "nonnegative":
         check_nonnegative(plan)
-    return _release_local(plan, data, seed=seed, progress=progress, postprocess=postprocess, budget=budget,
-                          label=label)
+    return replace(_release_local(plan, data, seed=seed, progress=progress, postprocess=postprocess, budget=budget,
+                                  label=label), about=about)
 
 
 def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, progress,

@@ -64,8 +64,8 @@ from .passes import Partition, partition_down, partition_up, top_passes
 from .plan import GeoPlan
 from .files import check_output, finish_output, start_output, write_units
 from .nonneg import TopDown, change_rmse, check_nonnegative
-from .steps import correct, invariant_multipliers, measure_top, progress_printer, provenance
-from .units import check_source, measure_partition
+from .steps import correct, created_now, invariant_multipliers, measure_top, progress_printer, provenance
+from .units import check_record_columns, check_source, measure_partition
 
 __all__ = ["SparkGeoRelease", "release_spark", "require_spark", "spark_session", "leaf_totals", "LEAF", "PART"]
 
@@ -123,6 +123,8 @@ class SparkGeoRelease:
         ``"nonnegative"`` for the top-down non-negative estimates (:mod:`hdmm.georelease.nonneg`).
     change : dict or None
         With ``postprocess``: per level, the RMSE of the answers' change from least squares.
+    about : dict
+        What the provenance records of the release's inputs (``release_geography(about=...)``).
     """
 
     plan: GeoPlan
@@ -133,10 +135,11 @@ class SparkGeoRelease:
     charge: object = None
     postprocess: str | None = None
     change: dict[int, float] | None = None
+    about: dict = field(default_factory=dict)
 
     def provenance(self) -> dict:
         """What the release's files record (privacy spent, sensitivity, levels, weights, charge)."""
-        return provenance(self.plan, self.seeded, self.charge, self.postprocess)
+        return provenance(self.plan, self.seeded, self.charge, self.postprocess, self.about)
 
 
 def _schema_units():
@@ -192,13 +195,7 @@ def _records_frame(spark, plan: GeoPlan, data, domain: Domain, leaf_column: str 
     """The records with their leaf and partition, checked on the driver (distinct values only)."""
     from pyspark.sql import functions as F
 
-    df, counts, leaf, totals = _leaf_counts(spark, plan.tree, data, leaf_column)
-    missing = [n for n in domain.names if n not in df.columns]
-    if missing:
-        raise ValueError(f"the records have no column for person attribute(s) {missing}; they have {df.columns}")
-    for name in domain.names:  # every distinct value must be readable (checked once, here)
-        values = df.select(name).distinct().toPandas()
-        domain.project([name]).cell_index(values, codes=codes)
+    df, counts, leaf, totals = _leaf_counts(spark, plan.tree, data, leaf_column, domain, codes)
     lookup = spark.createDataFrame(pd.DataFrame({
         "_hdmm_code": counts["_hdmm_code"].astype(str), LEAF: leaf.astype(np.int64),
         PART: _partition_of_leaves(plan)[leaf].astype(np.int64)}),
@@ -206,48 +203,54 @@ def _records_frame(spark, plan: GeoPlan, data, domain: Domain, leaf_column: str 
     return df.join(F.broadcast(lookup), on="_hdmm_code", how="inner").drop("_hdmm_code"), totals
 
 
-def _leaf_counts(spark, tree: GeographyTree, data, leaf_column: str | None):
+def _leaf_counts(spark, tree: GeographyTree, data, leaf_column: str | None, domain: Domain | None = None,
+                 codes: bool = False):
     """The records with a ``_hdmm_code`` column (their leaf's code), the records per code, each code's leaf and
-    the records per leaf."""
+    the records per leaf; records without a column the release reads (``domain``'s too, if given) are refused
+    first, then codes not in the tree and, with ``domain``, values no attribute has (distinct values only)."""
     from pyspark.sql import functions as F
 
     df = spark.read.parquet(os.fspath(data)) if isinstance(data, (str, os.PathLike)) else data
+    check_record_columns(df.columns, tree, domain, leaf_column)
     if leaf_column is None:
-        if tree.columns is None:
-            raise GeographyError("give leaf_column= (a column of leaf codes) for a tree not made by from_table")
-        missing = [c for c in tree.columns if c not in df.columns]
-        if missing:
-            raise GeographyError(f"the records have no column(s) {missing}; they have {df.columns}")
         parts = [F.col(c).cast("string") for c in tree.columns]
         # concat (not concat_ws) is null when any level's code is: a missing code must not make up another
         code = F.concat(*[p for c in parts for p in (c, F.lit(tree.separator))][:-1])
     else:
-        if leaf_column not in df.columns:
-            raise GeographyError(f"the records have no column {leaf_column!r}; they have {df.columns}")
         code = F.col(leaf_column).cast("string")
     df = df.withColumn("_hdmm_code", code)
-    counts = df.groupBy("_hdmm_code").count().toPandas()
-    if counts["_hdmm_code"].isna().any():
-        where = "the leaf column" if leaf_column is not None else f"the level columns {list(tree.columns)}"
-        raise GeographyError(f"some records have no code in {where} (missing values): every record needs the code "
-                             "of its unit at every level")
-    leaf = tree.leaf_index(counts["_hdmm_code"])  # unknown codes: one GeographyError, listing them
+    if leaf_column is None:  # each level's code too: the tree checks them one by one, as for local records
+        counts = df.groupBy("_hdmm_code", *[p.alias(c) for p, c in zip(parts, tree.columns)]).count().toPandas()
+        leaf = tree.locate(counts, weights=counts["count"])  # missing or unknown codes: counted, never listed
+    else:
+        counts = df.groupBy("_hdmm_code").count().toPandas()
+        if counts["_hdmm_code"].isna().any():
+            raise GeographyError("some records have no code in the leaf column (missing values): every record "
+                                 "needs the code of its leaf")
+        leaf = tree.leaf_index(counts["_hdmm_code"], weights=counts["count"])  # unknown codes: counted, not listed
     totals = np.zeros(tree.leaves)
     np.add.at(totals, leaf, counts["count"].to_numpy(dtype=float))
+    for name in [] if domain is None else domain.names:  # every distinct value must be readable (checked once)
+        values = df.select(name).distinct().toPandas()
+        domain.project([name]).cell_index(values, codes=codes)
     return df, counts, leaf, totals
 
 
-def leaf_totals(tree: GeographyTree, data, *, leaf_column: str | None = None, spark=None) -> np.ndarray:
+def leaf_totals(tree: GeographyTree, data, *, leaf_column: str | None = None, spark=None,
+                domain: Domain | None = None, codes: bool = False) -> np.ndarray:
     """The number of records in every leaf of ``tree`` (leaf order), counted by Spark.
 
     ``data`` is a Spark DataFrame of records or a Parquet path; the leaf of a record is read from
-    ``leaf_column`` or, by default, the tree's level columns. Codes not in the tree are refused, all
-    named. For invariants declared from the data (``geo_plan(invariants=...)``): those totals are
-    then published exactly, not protected.
+    ``leaf_column`` or, by default, the tree's level columns. Records whose codes are not in the tree
+    are refused (counted, not listed: which codes the data hold is private); with ``domain`` (read
+    with ``codes`` as :func:`release_spark` reads it), so are records with a value no attribute has:
+    the checks of :func:`release_spark`, for refusing bad records before planning. For invariants
+    declared from the data (``geo_plan(invariants=...)``): those totals are then published exactly,
+    not protected.
     """
     require_spark()
     spark = spark_session() if spark is None else spark
-    return _leaf_counts(spark, tree, data, leaf_column)[3]
+    return _leaf_counts(spark, tree, data, leaf_column, domain, codes)[3]
 
 
 def _partition_of_leaves(plan: GeoPlan) -> np.ndarray:
@@ -267,7 +270,8 @@ class _Totals:
 def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: bool | Callable[[str], None] = False,
                   spark=None, output: str | os.PathLike | None = None, domain: Domain | None = None,
                   leaf_column: str | None = None, codes: bool = False, work_dir: str | None = None,
-                  budget=None, label: str = "", postprocess: str | None = None) -> SparkGeoRelease:
+                  budget=None, label: str = "", postprocess: str | None = None,
+                  about: dict | None = None) -> SparkGeoRelease:
     """Run a geography release on Spark (module docstring).
 
     Parameters
@@ -298,6 +302,8 @@ def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: boo
         ``None`` (least squares) or ``"nonnegative"``: the top-down non-negative estimates of
         :mod:`hdmm.georelease.nonneg`, down to the partition level (at most) on the driver, then
         each partition's subtree in its task (the same answers as the local engine's).
+    about
+        What the provenance records of the release's inputs (see :func:`~hdmm.georelease.release_geography`).
     """
     with warnings.catch_warnings():
         # PySpark 4 warns on every pandas conversion that pandas 3 is not yet fully supported;
@@ -307,11 +313,12 @@ def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: boo
         output = (os.path.normpath(os.fspath(output)) if output is not None
                   else os.path.join(tempfile.mkdtemp(prefix="hdmm-"), "release"))
         check_output(output)
+        about = {"created": created_now(), **(about or {})}
         work = _work_directory(output, work_dir)  # before any charge: an existing one is refused
         try:
             return _run(plan, data, seed=seed, progress=progress, spark=spark, output=output, domain=domain,
                         leaf_column=leaf_column, codes=codes, work=work, budget=budget, label=label,
-                        postprocess=postprocess)
+                        postprocess=postprocess, about=about)
         finally:  # stage 1 holds exact partition totals: never left behind
             shutil.rmtree(work, ignore_errors=True)
 
@@ -332,7 +339,7 @@ def _work_directory(output: str, work_dir: str | os.PathLike | None) -> str:
 
 
 def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_column, codes, work, budget, label,
-         postprocess) -> SparkGeoRelease:
+         postprocess, about) -> SparkGeoRelease:
     require_spark()
     from pyspark.sql import functions as F
 
@@ -464,7 +471,8 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
         estimates[d] = np.add.reduceat(estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
     if space == "measurements":
         timings["invariants"] = time.perf_counter() - start
-        return _nonnegative(plan, plan_b, spark, estimates, estimates_df, seed, output, charge, timings, say, work)
+        return _nonnegative(plan, plan_b, spark, estimates, estimates_df, seed, output, charge, timings, say, work,
+                            about)
     coarse = {d: estimates[d].copy() for d in range(P)}
     lam = invariant_multipliers(plan, estimates)
     if lam is None:
@@ -477,7 +485,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     # (through Spark's row conversion the strings cost as much time as measuring)
     start = time.perf_counter()
     released = list(plan.levels)
-    meta = provenance(plan, seed is not None, charge)
+    meta = provenance(plan, seed is not None, charge, about=about)
     partial = start_output(output)
     aux_b = sc.broadcast((lam, inv is not None, meta, partial))
 
@@ -511,11 +519,11 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     timings["stage 3 (answers)"] = time.perf_counter() - start
     say(f"  stage 3: wrote {rows:,} answers in {timings['stage 3 (answers)']:.1f} s")
     return SparkGeoRelease(plan, output, spark.read.parquet(output), seeded=seed is not None, timings=timings,
-                           charge=charge)
+                           charge=charge, about=about)
 
 
 def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray], estimates_df, seed, output: str,
-                 charge, timings: dict[str, float], say, work: str) -> SparkGeoRelease:
+                 charge, timings: dict[str, float], say, work: str, about: dict) -> SparkGeoRelease:
     """Non-negative estimates: the top-down walk on the driver to the partition level (or the deepest
     released level, if coarser), then one task per partition for its subtree, which writes its units'
     answers (least-squares standard errors) in files of at most ``UNITS_PER_FILE`` units."""
@@ -524,7 +532,7 @@ def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray],
     P = plan.partition_level
     start = time.perf_counter()
     lam = invariant_multipliers(plan, estimates, "measurements")
-    meta = provenance(plan, seed is not None, charge, "nonnegative")
+    meta = provenance(plan, seed is not None, charge, "nonnegative", about)
     partial = start_output(output)
     written = []
 
@@ -579,4 +587,4 @@ def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray],
     timings["stage 3 (non-negative answers)"] = time.perf_counter() - start
     say(f"  stage 3: wrote {rows:,} non-negative answers in {timings['stage 3 (non-negative answers)']:.1f} s")
     return SparkGeoRelease(plan, output, spark.read.parquet(output), seeded=seed is not None, timings=timings,
-                           charge=charge, postprocess="nonnegative", change=change_rmse(plan, squared))
+                           charge=charge, postprocess="nonnegative", change=change_rmse(plan, squared), about=about)

@@ -5,6 +5,8 @@ See :mod:`hdmm.georelease.release` for the order of the steps.
 
 from __future__ import annotations
 
+import datetime
+
 from collections.abc import Callable
 
 import numpy as np
@@ -63,12 +65,16 @@ def correct(plan: GeoPlan, estimates: dict[int, np.ndarray], lam: dict[int, np.n
         estimates[d] -= np.outer(lam[d], direction)
 
 
-def provenance(plan: GeoPlan, seeded: bool, charge=None, postprocess: str | None = None) -> dict:
-    """The release's record of what it spent and how (JSON-able), with its budget charge if any and its
-    post-processing (``None``: least squares)."""
+def provenance(plan: GeoPlan, seeded: bool, charge=None, postprocess: str | None = None,
+               about: dict | None = None) -> dict:
+    """The release's record of what it spent and how (JSON-able), with its budget charge if any, its
+    post-processing (``None``: least squares), the fingerprint of the person workload it answers
+    (:func:`hdmm.workload_fingerprint`, weights included) and ``about`` (what the caller records of
+    the release's inputs, e.g. the creation time, the workload's name and the data source)."""
     tree = plan.tree
     return {
         "hdmm_version": HDMM_VERSION,
+        "workload_fingerprint": plan.person.fingerprint,
         "privacy": plan.privacy.to_dict(),
         "privacy_description": plan.privacy.description,
         "sensitivity": plan.sensitivity,
@@ -87,7 +93,13 @@ def provenance(plan: GeoPlan, seeded: bool, charge=None, postprocess: str | None
         "variance_exact": plan.variance_exact,
         "estimates": "least squares" if postprocess is None else f"{postprocess} (top down; std_error: least squares)",
         "charge": None if charge is None else charge.to_dict(),
+        **(about or {}),
     }
+
+
+def created_now() -> str:
+    """The time a release is made, as its provenance records it (UTC, ISO 8601, to the second)."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def progress_printer(progress) -> Callable[[str], None]:

@@ -39,7 +39,7 @@ from .plan import GeoPlan
 
 __all__ = [
     "HistogramSource", "RecordHistograms", "ArrayHistograms", "unit_seed", "measure_units", "measure_partition",
-    "unit_histograms",
+    "unit_histograms", "check_record_columns",
 ]
 
 
@@ -61,6 +61,32 @@ def unit_seed(seed: int, level: str, code: str) -> int:
     """The seed of one unit's noise stream: 64 bits of SHA-256 of ``seed``, the level and the code."""
     digest = hashlib.sha256(f"hdmm-geography/{int(seed)}/{level}/{code}".encode()).digest()
     return int.from_bytes(digest[:8], "little")
+
+
+def check_record_columns(columns, tree: GeographyTree, domain: Domain | None, leaf_column: str | None = None) -> None:
+    """Refuse records (of column names ``columns``) that lack a column the release reads, all named at once.
+
+    A record needs its leaf's code (``leaf_column``, or else the tree's level columns, see
+    :meth:`GeographyTree.from_table`) and a value of every attribute of ``domain`` (if given).
+    Only column names are shown, never values: which codes the data hold is private.
+    """
+    columns = [str(c) for c in columns]
+    if leaf_column is not None:
+        levels, what = [leaf_column], "the column of leaf codes"
+    elif tree.columns is None:
+        raise GeographyError("give leaf_column= (a column of leaf codes) for a tree not made by from_table")
+    else:
+        levels, what = list(tree.columns), "the geography's level columns"
+    no_level = [c for c in levels if c not in columns]
+    no_attribute = [] if domain is None else [n for n in domain.names if n not in columns]
+    if not no_level and not no_attribute:
+        return
+    parts = ([f"{no_level} ({what})"] if no_level else []) + (
+        [f"{no_attribute} (person attributes)"] if no_attribute else [])
+    raise GeographyError(
+        f"the records have no column(s) {' and no column(s) '.join(parts)}; they have {columns}: every record needs "
+        "the code of its unit at every level and a value of every person attribute; add or rename those columns "
+        "(hdmm release: --geography names the level columns, e.g. state,county)")
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,9 +116,8 @@ class RecordHistograms:
         """Read and check every record (before any noise): unknown codes and values are refused."""
         if not isinstance(records, pd.DataFrame):
             raise TypeError(f"records must be a pandas DataFrame, got {type(records).__name__}")
+        check_record_columns(records.columns, tree, domain, leaf_column)
         if leaf_column is not None:
-            if leaf_column not in records.columns:
-                raise GeographyError(f"the records have no column {leaf_column!r}; they have {list(records.columns)}")
             if records[leaf_column].isna().any():
                 raise GeographyError(f"some records have no code in {leaf_column!r} (missing values): every record "
                                      "needs the code of its leaf")
