@@ -634,8 +634,14 @@ class Domain:
             )
         return np.bincount(self.cell_index(df, codes=codes), minlength=self.size).astype(np.float64)
 
-    def cell_index(self, df: pd.DataFrame, *, codes: bool = False) -> np.ndarray:
+    def cell_index(self, df: pd.DataFrame, *, codes: bool = False, private: bool = False,
+                   counts: Any = None) -> np.ndarray:
         """The flat cell of each record (C order), read as :meth:`vectorize` reads the columns.
+
+        ``private=True``: an error names how many records hold a bad value, never the values or
+        the rows (for data whose values must not reach a log, e.g. a geography release). With
+        ``counts`` (one per row) each row stands for that many records (distinct values and their
+        counts), for those messages.
 
         What :meth:`vectorize` counts: ``np.bincount(dom.cell_index(df), minlength=dom.size)``.
         Used to split records by another column (e.g. a geography unit) before counting.
@@ -654,7 +660,7 @@ class Domain:
         flat = np.zeros(len(df), dtype=np.intp)
         for name, n in zip(self._names, self._shape):
             flat *= n
-            flat += self._column_codes(df, name, bool(codes))
+            flat += self._column_codes(df, name, bool(codes), _Private(len(df), counts) if private else None)
         return flat
 
     def records(self, x: Any, *, codes: bool = False) -> pd.DataFrame:
@@ -710,7 +716,7 @@ class Domain:
                 columns[name] = np.repeat(c.astype(np.min_scalar_type(n - 1)), repeats)
         return pd.DataFrame(columns, index=pd.RangeIndex(int(repeats.sum())))
 
-    def _column_codes(self, df: pd.DataFrame, name: str, codes: bool) -> np.ndarray:
+    def _column_codes(self, df: pd.DataFrame, name: str, codes: bool, private: _Private | None = None) -> np.ndarray:
         """Codes of the values in ``df[name]``, validated (any integer dtype)."""
         column = df[name]
         if isinstance(column, pd.DataFrame):
@@ -720,26 +726,27 @@ class Domain:
         labels_like = isinstance(dtype, (pd.CategoricalDtype, pd.StringDtype))
         numeric = dtype.kind in "iufb" and not labels_like
         if numeric and (codes or self.reads_numbers_as_codes(name)):
-            return self._numeric_codes(column, name, n, codes)
+            return self._numeric_codes(column, name, n, codes, private)
         if numeric and all(isinstance(v, str) for v in self._labels[name]):
-            return self._spelled_codes(column, name, n)
+            return self._spelled_codes(column, name, n, private)
         if numeric or labels_like or dtype.kind == "O":
-            return self._label_codes(column, name, codes)
+            return self._label_codes(column, name, codes, private)
         raise ValueError(
             f"column {name!r} has dtype {dtype}, which is neither numeric codes "
             "nor labels; convert it to int codes 0..n-1 or to object/string/category labels"
         )
 
-    def _numeric_codes(self, column: pd.Series, name: str, n: int, codes: bool) -> np.ndarray:
+    def _numeric_codes(self, column: pd.Series, name: str, n: int, codes: bool, private: _Private | None = None
+                       ) -> np.ndarray:
         """Validate a numeric column of codes in ``[0, n)``."""
         if column.hasnans:
-            _raise_missing(column, name)
+            _raise_missing(column, name, private)
         values = column.to_numpy(dtype=getattr(column.dtype, "numpy_dtype", column.dtype))
         if values.dtype.kind == "f":
             fractional = values != np.floor(values)
             if fractional.any():
                 raise ValueError(
-                    f"column {name!r} holds non-integer numbers {_preview(values[fractional])}; "
+                    f"column {name!r} holds non-integer numbers {_shown(values, fractional, private)}; "
                     f"codes must be whole numbers in [0, {n})"
                 )
         if values.size and (values.min() < 0 or values.max() >= n):
@@ -752,14 +759,14 @@ class Domain:
             else:
                 fix = "; recode or drop those rows"
             raise ValueError(
-                f"column {name!r} holds codes {_preview(np.unique(values[bad]))} outside "
+                f"column {name!r} holds codes {_shown(values, bad, private)} outside "
                 f"[0, {n}) (attribute {name!r} has size {n}){fix}"
             )
         if values.dtype.kind == "f" or not np.can_cast(values.dtype, np.intp, "safe"):
             return values.astype(np.intp)
         return values
 
-    def _spelled_codes(self, column: pd.Series, name: str, n: int) -> np.ndarray:
+    def _spelled_codes(self, column: pd.Series, name: str, n: int, private: _Private | None = None) -> np.ndarray:
         """Codes of a numeric column whose attribute has string labels spelling numbers.
 
         The rule is in :meth:`vectorize` (``codes``): each distinct value is looked up
@@ -767,7 +774,7 @@ class Domain:
         one way that fits, or refused.
         """
         if column.hasnans:
-            _raise_missing(column, name)
+            _raise_missing(column, name, private)
         values = column.to_numpy(dtype=getattr(column.dtype, "numpy_dtype", column.dtype))
         if values.dtype.kind == "b":
             values = values.astype(np.intp)
@@ -796,6 +803,8 @@ class Domain:
             return as_code[record_codes]
 
         def show(k: int) -> str:
+            if private:
+                return _shown(None, record_codes == k, private)
             number = distinct[k]
             return str(int(number)) if whole[k] else repr(float(number))
 
@@ -807,31 +816,39 @@ class Domain:
         )
         if doubled.any():
             k = int(np.flatnonzero(doubled)[0])
+            spelling = "" if private else f" ({_preview(v for v in labels if _spelled_number(v) == distinct[k])})"
             raise ValueError(
                 f"column {name!r} holds the number {show(k)}, which several labels of attribute "
-                f"{name!r} spell ({_preview(v for v in labels if _spelled_number(v) == distinct[k])}); "
+                f"{name!r} spell{spelling}; "
                 f"read the column as text (pd.read_csv(..., dtype={{{name!r}: str}})) so that each value "
                 "is matched to one label exactly"
             )
         neither = ~label_ok & ~code_ok
         if neither.any():
             bad = [show(k) for k in np.flatnonzero(neither)]
+            listed = f"[{', '.join(bad[:_SHOW])}{', ...' if len(bad) > _SHOW else ''}]"
+            if private:
+                listed = _shown(None, neither[record_codes], private)
             raise ValueError(
-                f"column {name!r} holds values [{', '.join(bad[:_SHOW])}{', ...' if len(bad) > _SHOW else ''}] "
+                f"column {name!r} holds values {listed} "
                 f"that are neither labels of attribute {name!r} ({_preview(labels)}) nor codes 0..{n - 1}; "
                 "recode or drop those rows"
             )
         if clash.any():
             k = int(np.flatnonzero(clash)[0])
+            example = "" if private else (f" (the value {show(k)} is the label {labels[as_label[k]]!r}, and also "
+                                          f"code {as_code[k]}, the label {labels[as_code[k]]!r})")
             raise AmbiguousColumnError(
                 f"column {name!r} is ambiguous: the attribute's labels spell numbers "
                 f"({_preview(labels)}), and its values read both as labels and as codes but count "
-                f"different cells (the value {show(k)} is the label {labels[as_label[k]]!r}, and also "
-                f"code {as_code[k]}, the label {labels[as_code[k]]!r}); {fix}",
+                f"different cells{example}; {fix}",
                 name,
             )
         only_label = [show(k) for k in np.flatnonzero(~code_ok)]
         only_code = [show(k) for k in np.flatnonzero(~label_ok)]
+        if private:
+            only_label = [_shown(None, ~code_ok[record_codes], private)[1:-1]]
+            only_code = [_shown(None, ~label_ok[record_codes], private)[1:-1]]
         raise ValueError(
             f"column {name!r} mixes values that are only labels of attribute {name!r} "
             f"([{', '.join(only_label[:_SHOW])}], not codes 0..{n - 1}) with values that are only codes "
@@ -839,7 +856,7 @@ class Domain:
             "recode the column to one of the two"
         )
 
-    def _label_codes(self, column: pd.Series, name: str, codes: bool) -> np.ndarray:
+    def _label_codes(self, column: pd.Series, name: str, codes: bool, private: _Private | None = None) -> np.ndarray:
         """Map a column of value labels (or, with ``codes``, of codes) to codes.
 
         Only the column's distinct values are looked up: a category column's
@@ -852,7 +869,7 @@ class Domain:
         else:
             record_codes, distinct = pd.factorize(column, use_na_sentinel=True)
         if record_codes.size and record_codes.min() < 0:
-            _raise_missing(column, name)
+            _raise_missing(column, name, private)
         n = self._shape[self._position[name]]
         wanted = range(n) if codes else self.values(name)
         distinct = np.asarray(distinct, dtype=object)
@@ -862,7 +879,8 @@ class Domain:
             unknown &= np.bincount(record_codes, minlength=mapping.size) > 0
         if unknown.any():
             raise ValueError(
-                f"column {name!r} holds unknown values {_preview(distinct[unknown])} for "
+                f"column {name!r} holds unknown values "
+                f"{_shown(None, unknown[record_codes], private) if private else _preview(distinct[unknown])} for "
                 f"attribute {name!r}; {self._expected_values(name, codes, distinct[unknown])}"
             )
         if np.array_equal(mapping, np.arange(mapping.size)):
@@ -888,13 +906,33 @@ class Domain:
         )
 
 
-def _raise_missing(column: pd.Series, name: str) -> None:
-    """Raise the error for a column with missing values."""
+def _raise_missing(column: pd.Series, name: str, private: _Private | None = None) -> None:
+    """Raise the error for a column with missing values (``private``: without the rows)."""
     na = column.isna().to_numpy()
+    count = private.records(na) if private else int(na.sum())
+    rows = "" if private else f", e.g. in rows {_preview(column.index[na])}"
     raise ValueError(
-        f"column {name!r} has {int(na.sum())} missing value(s) (NaN/None), e.g. in "
-        f"rows {_preview(column.index[na])}; drop or impute them first"
+        f"column {name!r} has {count} missing value(s) (NaN/None){rows}; drop or impute them first"
     )
+
+
+class _Private:
+    """How :meth:`Domain.cell_index` reports bad values with ``private=True``: the number of records only."""
+
+    def __init__(self, rows: int, counts: Any = None) -> None:
+        self.counts = None if counts is None else np.asarray(counts, dtype=float).reshape(rows)
+
+    def records(self, mask: np.ndarray) -> int:
+        """The number of records of the rows in ``mask``."""
+        return int(mask.sum()) if self.counts is None else int(self.counts[mask].sum())
+
+
+def _shown(values: np.ndarray | None, mask: np.ndarray, private: _Private | None) -> str:
+    """Bad values of a column for an error message: a preview of the distinct ``values[mask]``, or with
+    ``private`` only how many records hold them (the values come from the data)."""
+    if private:
+        return f"<{private.records(mask):,} records; values not shown: private>"
+    return _preview(np.unique(values[mask]))
 
 
 def _rename_hint(missing: Sequence[str], columns: pd.Index) -> str:

@@ -195,3 +195,18 @@ def test_geography_provenance_records_the_workload_the_data_and_the_time(files, 
 
     part = next((out / "level=county").glob("*.parquet"))
     assert json.loads(pq.read_schema(part).metadata[b"hdmm"])["workload"] == meta["workload"]
+
+
+@pytest.mark.parametrize("column, values, message", [
+    ("sex", ["Femle", "mael"], "column 'sex' holds unknown values <2 records; values not shown: private>"),
+    ("age", ["99", "-4"], "column 'age' holds codes <2 records; values not shown: private> outside [0, 8)"),
+    ("age", ["2.5", "3.5"], "column 'age' holds non-integer numbers <2 records; values not shown: private>"),
+    ("age", [None, None], "column 'age' has 2 missing value(s) (NaN/None); drop"),
+])
+def test_person_values_from_the_data_are_never_shown(files, capsys, column, values, message):
+    people = pd.read_csv(files / "people.csv", dtype=str)
+    people.loc[[4, 7], column] = values
+    people.to_csv(files / "bad.csv", index=False)
+    err = fails(_release(files, "--data", str(files / "bad.csv"), "--output", str(files / "o")), capsys)
+    assert message in err and not (files / "o").exists()
+    assert not any(str(v) in err for v in values if v is not None) and "rows [" not in err, err

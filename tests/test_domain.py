@@ -654,3 +654,20 @@ def test_numbers_that_fit_neither_reading_are_refused() -> None:
     with pytest.raises(ValueError, match=r"the number 1, which several labels .* dtype=\{'a': str\}"):
         twice.vectorize(pd.DataFrame({"a": [1]}))
     np.testing.assert_array_equal(twice.vectorize(pd.DataFrame({"a": ["01"]})), [0, 1])
+
+
+def test_cell_index_private_counts_records_and_never_shows_values():
+    dom = Domain(["sex", "age"], [2, 4], {"sex": ["F", "M"]})
+    df = pd.DataFrame({"sex": ["F", "Mx", "Mx"], "age": [1, 2, 3]})
+    with pytest.raises(ValueError, match=r"unknown values \['Mx'\]"):
+        dom.cell_index(df)
+    with pytest.raises(ValueError, match=r"unknown values <2 records; values not shown: private>") as info:
+        dom.cell_index(df, private=True)
+    assert "Mx" not in str(info.value)
+    distinct = pd.DataFrame({"sex": ["F", "Mx"], "age": [1, 9]})       # distinct values with their record counts
+    with pytest.raises(ValueError, match=r"unknown values <40 records") as info:
+        dom.cell_index(distinct, private=True, counts=[7, 40])
+    with pytest.raises(ValueError, match=r"codes <3 records; values not shown: private> outside \[0, 4\)") as info:
+        dom.project(["age"]).cell_index(distinct[["age"]], private=True, counts=[7, 3])
+    assert "9" not in str(info.value)
+    assert dom.cell_index(pd.DataFrame({"sex": ["M"], "age": [3]}), private=True).tolist() == [7]

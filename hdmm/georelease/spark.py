@@ -230,9 +230,9 @@ def _leaf_counts(spark, tree: GeographyTree, data, leaf_column: str | None, doma
         leaf = tree.leaf_index(counts["_hdmm_code"], weights=counts["count"])  # unknown codes: counted, not listed
     totals = np.zeros(tree.leaves)
     np.add.at(totals, leaf, counts["count"].to_numpy(dtype=float))
-    for name in [] if domain is None else domain.names:  # every distinct value must be readable (checked once)
-        values = df.select(name).distinct().toPandas()
-        domain.project([name]).cell_index(values, codes=codes)
+    for name in [] if domain is None else domain.names:  # every distinct value must be readable (checked once);
+        values = df.groupBy(name).count().toPandas()       # errors count the records, never show the values
+        domain.project([name]).cell_index(values[[name]], codes=codes, private=True, counts=values["count"])
     return df, counts, leaf, totals
 
 
@@ -395,7 +395,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
             unit = int(pdf[PART].iloc[0])
             part = Partition.of(p.tree, p.partition_level, unit)
             lo, hi = part.leaves()
-            cells = domain.cell_index(pdf[names], codes=codes)
+            cells = domain.cell_index(pdf[names], codes=codes, private=True)
             H = sp.csr_matrix((np.ones(len(pdf)), (pdf[LEAF].to_numpy() - lo, cells)), shape=(hi - lo, domain.size))
             H.sum_duplicates()
             return _stage1(p, unit, H, seed, space)

@@ -124,7 +124,7 @@ class RecordHistograms:
             leaves = tree.leaf_index(records[leaf_column].astype(str))
         else:
             leaves = tree.locate(records)
-        cells = domain.cell_index(records, codes=codes)
+        cells = domain.cell_index(records, codes=codes, private=True)  # errors count records, never show values
         order = np.argsort(leaves, kind="stable")
         leaves, cells = leaves[order], cells[order]
         starts = np.searchsorted(leaves, np.arange(tree.leaves + 1))
