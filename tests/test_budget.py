@@ -551,3 +551,39 @@ def test_marking_a_charge_released_reads_only_the_end_of_the_file(tmp_path, monk
     b.charge(PureDP(1.0))
     assert max(read) < 1000 < size
     assert Budget.load(path).charges[150].status == "released"
+
+
+def test_two_releases_on_a_version_1_file_both_charge_while_one_of_them_upgrades_it(tmp_path):
+    # both read the version-1 file; the first charge rewrites it chained; the second then finds the file changed:
+    # it reads the upgraded file (which must still hold its charges) and appends (before: refused, 'changed since
+    # it was read', although the budget could pay)
+    path = tmp_path / "budget.json"
+    old = {"format": "hdmm-budget", "version": 1, "total": {"type": "PureDP", "epsilon": 2.0}, "delta": None,
+           "created": "2024-01-01T00:00:00+00:00",
+           "charges": [{"number": 1, "time": "t", "workload": "w", "privacy": {"type": "PureDP", "epsilon": 0.5},
+                        "charge": 0.5, "unit": "epsilon", "status": "charged"}]}
+    path.write_text(json.dumps(old, indent=2) + "\n")
+    with pytest.warns(UserWarning, match="version 1"):
+        first, second = Budget.load(path), Budget.load(path)
+    first.charge(PureDP(1.0), workload="first")
+    second.settle(second.charge(PureDP(0.5), workload="second"), output="o.csv")
+    assert [c.workload for c in second.charges] == ["w", "first", "second"] and second.head is not None
+    with pytest.raises(BudgetExceeded):
+        first.charge(PureDP(0.5))
+    after = Budget.load(path)
+    assert after.spent == 2.0 and [c.status for c in after.charges] == ["charged", "charged", "released"]
+
+
+def test_a_version_1_file_replaced_by_another_budget_meanwhile_is_not_written(tmp_path):
+    path = tmp_path / "budget.json"
+    old = {"format": "hdmm-budget", "version": 1, "total": {"type": "PureDP", "epsilon": 2.0}, "delta": None,
+           "created": "t", "charges": [{"number": 1, "time": "t", "workload": "w", "privacy": {"type": "PureDP",
+                                        "epsilon": 0.5}, "charge": 0.5, "unit": "epsilon", "status": "charged"}]}
+    path.write_text(json.dumps(old) + "\n")
+    with pytest.warns(UserWarning, match="version 1"):
+        b = Budget.load(path)
+    path.unlink()
+    Budget(PureDP(9.0)).save(path)  # another budget, chained, without the charge b read
+    with pytest.raises(BudgetError, match="changed since it was read"):
+        b.charge(PureDP(0.5))
+    assert Budget.load(path).charges == ()
