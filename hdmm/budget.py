@@ -578,10 +578,13 @@ class Budget:
         Parameters
         ----------
         delta
-            Defaults to the budget's :attr:`delta` (zCDP budgets made by :meth:`from_approx_dp`).
+            Defaults to the budget's :attr:`delta` (zCDP budgets made by :meth:`from_approx_dp`);
+            a number in (0, 1) for every budget (:class:`BudgetError` otherwise).
         total
             State the total instead of what has been spent.
         """
+        if delta is not None and not (is_finite_real(delta) and 0 < delta < 1):
+            raise BudgetError(f"delta must be a number in (0, 1), got {delta!r}")
         amount = _amount(self._total) if total else self.spent
         if isinstance(self._total, PureDP):
             return amount

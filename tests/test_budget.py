@@ -94,6 +94,14 @@ def test_epsilon_delta_reports_by_the_standard_conversion():
         Budget(ZCDP(1.0)).epsilon_at()
 
 
+@pytest.mark.parametrize("delta", [2.0, 0.0, -1e-6, 1.0, float("nan"), float("inf"), True, "1e-6"])
+@pytest.mark.parametrize("total", [PureDP(3.0), ZCDP(1.0)])
+def test_epsilon_at_refuses_a_delta_outside_0_1_for_every_budget(total, delta):
+    # a pure-DP budget returned its epsilon for any delta, 2 included (a zCDP budget refused it)
+    with pytest.raises(BudgetError, match=r"delta must be a number in \(0, 1\)"):
+        Budget(total).epsilon_at(delta)
+
+
 @pytest.mark.parametrize("rho, delta", [(1e-4, 1e-9), (0.01, 1e-6), (0.5, 1e-6), (3.0, 1e-3), (50.0, 1e-10)])
 def test_zcdp_epsilon_inverts_the_conversion(rho, delta):
     eps = zcdp_epsilon(rho, delta)
