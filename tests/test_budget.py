@@ -595,3 +595,17 @@ def test_a_version_1_file_replaced_by_another_budget_meanwhile_is_not_written(tm
     with pytest.raises(BudgetError, match="changed since it was read"):
         b.charge(PureDP(0.5))
     assert Budget.load(path).charges == ()
+
+
+def test_an_earlier_line_edited_in_place_while_a_release_runs_is_found_by_the_next_load(tmp_path):
+    # what docs/privacy.md states: an append checks only what was appended since its budget read the file
+    path = tmp_path / "budget.json"
+    b = Budget(PureDP(3.0))
+    b.save(path)
+    b.charge(PureDP(1.0), workload="aaaa")
+    b.charge(PureDP(0.5), workload="last")  # the line the running release compares before it appends
+    running = Budget.load(path)
+    path.write_text(path.read_text().replace('"aaaa"', '"bbbb"'))  # same length: the offsets do not move
+    running.charge(PureDP(1.0))
+    with pytest.raises(ValueError, match="chain of hashes breaks at line 2"):
+        Budget.load(path)
