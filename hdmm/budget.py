@@ -412,8 +412,11 @@ class Budget:
     def charge(self, privacy: Privacy, workload: str = "") -> Charge:
         """Record a release under ``privacy`` (of ``workload``, a name or description): call it before measuring.
 
-        A budget kept in a file writes the file (atomically) before returning, so the charge is
-        on disk before any noise is drawn.
+        A budget kept in a file appends the charge to it and flushes it to disk (``fsync``) before
+        returning, so the charge is on disk before any noise is drawn. Under the file's lock, the
+        charges other releases appended since this budget read the file are read first, and the
+        charge is checked again with them: it is refused only if the budget, as it is now, cannot
+        pay.
 
         Returns
         -------
@@ -424,10 +427,11 @@ class Budget:
         BudgetExceeded
             If the charge does not fit (:meth:`check`); nothing is recorded.
         BudgetError
-            If the release does not compose with the budget, or the budget's file changed since
-            it was read.
+            If the release does not compose with the budget, or the budget's file was replaced or
+            cut since it was read (not only appended to), or the lines appended meanwhile break
+            its chain, or another process held the lock for over ``hdmm.ledger.LOCK_TIMEOUT``.
         OSError
-            If the file cannot be written (nothing is recorded).
+            If the file cannot be written (nothing is recorded: a partly written line is cut off).
         """
         self.check(privacy)
         if not isinstance(workload, str):
@@ -482,18 +486,45 @@ class Budget:
                 return self._entries() + written
             return written
 
+        def catch_up(data: bytes, base: int) -> None:
+            self._ledger.parse(data, lambda entry, line: self._apply(entry, line, self._path), self._path, base)
+
         try:
             if self._legacy is not None:
-                self._ledger.replace(self._legacy, entries())
-                self._legacy = None
-            else:
-                def catch_up(data: bytes, base: int) -> None:
-                    self._ledger.parse(data, lambda entry, line: self._apply(entry, line, self._path), self._path, base)
-
+                try:
+                    self._ledger.replace(self._legacy, entries())
+                    self._legacy = None
+                except LedgerError:  # changed since read: upgraded by another release meanwhile? then append to it
+                    if not self._adopt_upgrade():
+                        raise
+                    written.clear()
+            if not written:
                 self._ledger.append(catch_up, entries)
         except LedgerError as exc:
             raise BudgetError(f"{exc}; nothing was charged or marked") from None
         self._apply(written[0], self._ledger.lines, self._path)
+
+    def _adopt_upgrade(self) -> bool:
+        """Whether this budget's version-1 file, changed since it was read, is now its chained version.
+
+        That is the file another release wrote when it upgraded the file at its own charge: the
+        same total and creation time, this budget's charges first. If so, this budget takes the
+        file's state (its charges, its chain) and appends to it like to any file; if not (another
+        budget, or charges missing), ``False``: nothing is written.
+        """
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                fresh = Budget.load(self._path)
+        except (ValueError, OSError):
+            return False
+        mine, theirs = self._charges, fresh._charges
+        if (fresh._legacy is not None or (fresh._total, fresh._delta, fresh._created) !=
+                (self._total, self._delta, self._created) or len(theirs) < len(mine)
+                or not all(_same_charge(a, b) for a, b in zip(mine, theirs))):
+            return False
+        self._charges, self._spent, self._ledger, self._legacy = theirs, fresh._spent, fresh._ledger, None
+        return True
 
     def _apply(self, entry: Mapping[str, Any], line: int, source: str) -> None:
         """Check one record of a budget file (line ``line`` of ``source``) and apply it to the charges."""
@@ -547,10 +578,13 @@ class Budget:
         Parameters
         ----------
         delta
-            Defaults to the budget's :attr:`delta` (zCDP budgets made by :meth:`from_approx_dp`).
+            Defaults to the budget's :attr:`delta` (zCDP budgets made by :meth:`from_approx_dp`);
+            a number in (0, 1) for every budget (:class:`BudgetError` otherwise).
         total
             State the total instead of what has been spent.
         """
+        if delta is not None and not (is_finite_real(delta) and 0 < delta < 1):
+            raise BudgetError(f"delta must be a number in (0, 1), got {delta!r}")
         amount = _amount(self._total) if total else self.spent
         if isinstance(self._total, PureDP):
             return amount
@@ -655,11 +689,16 @@ class Budget:
         charge's fields, their numbering, each charge's cost against its privacy definition,
         and each mark. Any problem raises one ``ValueError`` naming the file and line.
 
-        What this cannot detect without ``key``: a file rewritten with its chain recomputed, or
-        charges cut from its end (compare :attr:`head` with a copy kept elsewhere). A file saved
-        with a ``key`` must be loaded with it. A file written by hdmm before budget files were
-        chained (version 1) is read with a warning, checked as before (fields, numbering, costs)
-        but without a chain, and rewritten in this version at its next charge or mark.
+        What this cannot detect: without ``key``, a file rewritten with its chain recomputed
+        (anyone can compute SHA-256); with or without ``key``, charges cut from its end (what is
+        left is a valid shorter chain: compare :attr:`head` with a copy kept elsewhere). A file
+        saved with a ``key`` must be loaded with it, and a ``key`` given for a file saved without
+        one is refused, so a keyed file rewritten as unkeyed is caught as long as the key is
+        always given. A file written by hdmm before budget files were chained (version 1) is read
+        with a warning, checked as before (fields, numbering, costs) but without a chain, and
+        rewritten in this version (unkeyed) at its next charge or mark; a release that read it
+        before another one rewrote it appends to the rewritten file if it still holds the charges
+        it read.
         """
         path = os.path.abspath(os.fspath(path))
         data = _read_file(path, max_bytes)

@@ -35,7 +35,7 @@ are ratios of RMSEs (root mean squared error per query), as labelled.
 ``hdmm budget create FILE --epsilon E`` or ``--rho R``, or ``--epsilon E --delta D`` for a zCDP
 budget that implies (E, D)-DP). The file is read and the charge checked before anything else,
 so an exhausted budget refuses the release before the data is read; the charge is written to
-the file (atomically) after the data is checked and before any noise is drawn, so a release
+the file (appended, fsync'd) after the data is checked and before any noise is drawn, so a release
 that fails after that point still counts; once the release is written the charge is marked
 ``released`` with the output's name. The provenance records the charge and the budget after it.
 ``--budget`` needs ``--output``: a preview shows 10 rows, and the budget would pay for all of them.

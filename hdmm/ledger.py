@@ -23,9 +23,11 @@ real protection of a budget file; the chain makes an accident or a naive edit vi
 under an exclusive advisory lock (``flock``) on the file's directory: O(1) in the size of the
 ledger. Before appending, the writer reads whatever other processes appended since it last read
 the file (and checks their chain), so concurrent writers all succeed, one after the other, each
-seeing the others' records. A line without its final newline is an append that did not finish
-(a crash during the write): readers ignore it, and the next writer removes it before appending.
-Its record never took effect: an append returns only after its line is on disk.
+seeing the others' records. (Only those are checked, and the last line it had read, which must
+still be there: a line before it edited in place meanwhile is found by the next full read.) A
+line without its final newline is an append that did not finish (a crash during the write):
+readers ignore it, and the next writer removes it before appending. Its record never took
+effect: an append returns only after its line is on disk.
 """
 
 from __future__ import annotations

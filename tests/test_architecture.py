@@ -15,7 +15,7 @@ LAYERS = [
     {"hdmm.version", "hdmm.validation", "hdmm.labels", "hdmm.spectral", "hdmm.slq", "hdmm.domain", "hdmm.noise"},
     {"hdmm.matrix", "hdmm.kron_union", "hdmm.marginals", "hdmm.workload", "hdmm.block_diagonal"},
     {"hdmm.privacy", "hdmm.structure"},
-    {"hdmm.budget"},
+    {"hdmm.budget", "hdmm.ledger"},
     {"hdmm.traces"},
     {"hdmm.geography"},
     {"hdmm.error", "hdmm.bound", "hdmm.mechanism"},

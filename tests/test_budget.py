@@ -94,6 +94,14 @@ def test_epsilon_delta_reports_by_the_standard_conversion():
         Budget(ZCDP(1.0)).epsilon_at()
 
 
+@pytest.mark.parametrize("delta", [2.0, 0.0, -1e-6, 1.0, float("nan"), float("inf"), True, "1e-6"])
+@pytest.mark.parametrize("total", [PureDP(3.0), ZCDP(1.0)])
+def test_epsilon_at_refuses_a_delta_outside_0_1_for_every_budget(total, delta):
+    # a pure-DP budget returned its epsilon for any delta, 2 included (a zCDP budget refused it)
+    with pytest.raises(BudgetError, match=r"delta must be a number in \(0, 1\)"):
+        Budget(total).epsilon_at(delta)
+
+
 @pytest.mark.parametrize("rho, delta", [(1e-4, 1e-9), (0.01, 1e-6), (0.5, 1e-6), (3.0, 1e-3), (50.0, 1e-10)])
 def test_zcdp_epsilon_inverts_the_conversion(rho, delta):
     eps = zcdp_epsilon(rho, delta)
@@ -426,31 +434,36 @@ def test_two_writers_at_once_are_serialised_and_both_charged(tmp_path, monkeypat
     assert [c.workload for c in Budget.load(path).charges] == ["first", "second"]
 
 
-def _charge_in_a_process(path: str, start: float) -> str:
-    import time
-
-    from hdmm.budget import Budget, BudgetExceeded
-    b = Budget.load(path)
-    time.sleep(max(0.0, start - time.time()))
+def _charge_in_a_process(path: str, ready, outcomes) -> None:
+    b = Budget.load(path)  # every process reads the budget before any of them charges it
+    ready.wait(20)
     try:
         b.settle(b.charge(PureDP(1.0), workload="w"), output="o")
-        return "charged"
+        outcomes.put("charged")
     except BudgetExceeded:
-        return "refused"
+        outcomes.put("refused")
+    except BudgetError as exc:
+        outcomes.put(f"error: {exc}")
 
 
 def test_concurrent_processes_that_fit_all_succeed(tmp_path):
-    # four processes with room for three: three charges, one refusal, nothing lost (before: 'changed since it
-    # was read' refused all but the first)
-    import concurrent.futures
+    # four processes with room for three, all having read the budget before any charges: three charges, one
+    # refusal, nothing lost (before: 'changed since it was read' refused all but the first). The processes are
+    # forked (hdmm is imported already), so the test takes well under a second even on a loaded machine.
     import multiprocessing
-    import time
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("needs fork (POSIX) to start processes quickly")
+    context = multiprocessing.get_context("fork")
     path = tmp_path / "budget.json"
     Budget(PureDP(3.0)).save(path)
-    start = time.time() + 1.0
-    with concurrent.futures.ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("spawn")) as pool:
-        outcomes = list(pool.map(_charge_in_a_process, [str(path)] * 4, [start] * 4))
-    assert sorted(outcomes) == ["charged"] * 3 + ["refused"]
+    ready, outcomes = context.Barrier(4), context.Queue()
+    processes = [context.Process(target=_charge_in_a_process, args=(str(path), ready, outcomes)) for _ in range(4)]
+    for process in processes:
+        process.start()
+    results = sorted(outcomes.get(timeout=30) for _ in processes)
+    for process in processes:
+        process.join(10)
+    assert results == ["charged"] * 3 + ["refused"]
     after = Budget.load(path)
     assert after.spent == 3.0 and [c.status for c in after.charges] == ["released"] * 3
 
@@ -529,9 +542,9 @@ def test_marking_a_charge_released_reads_only_the_end_of_the_file(tmp_path, monk
     import hdmm.ledger as L
     path = tmp_path / "budget.json"
     b = Budget(PureDP(1e6))
-    b.save(path)
-    for _ in range(300):
+    for _ in range(300):  # in memory, then saved at once (one fsync, not 300)
         b.charge(PureDP(1.0), workload="w")
+    b.save(path)
     size = path.stat().st_size
     b = Budget.load(path)
     read = []
@@ -546,3 +559,53 @@ def test_marking_a_charge_released_reads_only_the_end_of_the_file(tmp_path, monk
     b.charge(PureDP(1.0))
     assert max(read) < 1000 < size
     assert Budget.load(path).charges[150].status == "released"
+
+
+def test_two_releases_on_a_version_1_file_both_charge_while_one_of_them_upgrades_it(tmp_path):
+    # both read the version-1 file; the first charge rewrites it chained; the second then finds the file changed:
+    # it reads the upgraded file (which must still hold its charges) and appends (before: refused, 'changed since
+    # it was read', although the budget could pay)
+    path = tmp_path / "budget.json"
+    old = {"format": "hdmm-budget", "version": 1, "total": {"type": "PureDP", "epsilon": 2.0}, "delta": None,
+           "created": "2024-01-01T00:00:00+00:00",
+           "charges": [{"number": 1, "time": "t", "workload": "w", "privacy": {"type": "PureDP", "epsilon": 0.5},
+                        "charge": 0.5, "unit": "epsilon", "status": "charged"}]}
+    path.write_text(json.dumps(old, indent=2) + "\n")
+    with pytest.warns(UserWarning, match="version 1"):
+        first, second = Budget.load(path), Budget.load(path)
+    first.charge(PureDP(1.0), workload="first")
+    second.settle(second.charge(PureDP(0.5), workload="second"), output="o.csv")
+    assert [c.workload for c in second.charges] == ["w", "first", "second"] and second.head is not None
+    with pytest.raises(BudgetExceeded):
+        first.charge(PureDP(0.5))
+    after = Budget.load(path)
+    assert after.spent == 2.0 and [c.status for c in after.charges] == ["charged", "charged", "released"]
+
+
+def test_a_version_1_file_replaced_by_another_budget_meanwhile_is_not_written(tmp_path):
+    path = tmp_path / "budget.json"
+    old = {"format": "hdmm-budget", "version": 1, "total": {"type": "PureDP", "epsilon": 2.0}, "delta": None,
+           "created": "t", "charges": [{"number": 1, "time": "t", "workload": "w", "privacy": {"type": "PureDP",
+                                        "epsilon": 0.5}, "charge": 0.5, "unit": "epsilon", "status": "charged"}]}
+    path.write_text(json.dumps(old) + "\n")
+    with pytest.warns(UserWarning, match="version 1"):
+        b = Budget.load(path)
+    path.unlink()
+    Budget(PureDP(9.0)).save(path)  # another budget, chained, without the charge b read
+    with pytest.raises(BudgetError, match="changed since it was read"):
+        b.charge(PureDP(0.5))
+    assert Budget.load(path).charges == ()
+
+
+def test_an_earlier_line_edited_in_place_while_a_release_runs_is_found_by_the_next_load(tmp_path):
+    # what docs/privacy.md states: an append checks only what was appended since its budget read the file
+    path = tmp_path / "budget.json"
+    b = Budget(PureDP(3.0))
+    b.save(path)
+    b.charge(PureDP(1.0), workload="aaaa")
+    b.charge(PureDP(0.5), workload="last")  # the line the running release compares before it appends
+    running = Budget.load(path)
+    path.write_text(path.read_text().replace('"aaaa"', '"bbbb"'))  # same length: the offsets do not move
+    running.charge(PureDP(1.0))
+    with pytest.raises(ValueError, match="chain of hashes breaks at line 2"):
+        Budget.load(path)

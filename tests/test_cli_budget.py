@@ -177,3 +177,46 @@ def test_a_keyed_budget_file_through_the_cli(files, no_work, capsys):
     assert "give --budget FILE too" in fails(release(workload, data, "--budget-key", str(key), *out), capsys)
     (tmp / "short.key").write_bytes(b"x")
     assert "16 to 4096 bytes" in fails(["budget", "show", budget, "--budget-key", str(tmp / "short.key")], capsys)
+
+
+def _release_in_a_process(args, ready, outcomes) -> None:
+    import contextlib
+    import io
+    charge = Budget.charge
+
+    def charge_together(self, *a, **k):  # every release has read the budget file before any of them charges it
+        ready.wait(20)
+        return charge(self, *a, **k)
+
+    Budget.charge = charge_together
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(args)
+        except SystemExit as exc:
+            code = exc.code
+    outcomes.put((code, err.getvalue().strip()[-300:]))
+
+
+def test_four_concurrent_releases_with_room_for_four_all_succeed(files):
+    # 'hdmm release --budget' in 4 processes at once, each having read the budget before any charges it: all four
+    # are charged and marked released (before: 1 succeeded, 3 were refused, 'changed since it was read')
+    import multiprocessing
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("needs fork (POSIX) to start processes quickly")
+    context = multiprocessing.get_context("fork")
+    tmp, workload, data = files
+    budget = str(tmp / "budget.json")
+    Budget(hdmm.privacy.PureDP(4.0)).save(budget)
+    ready, outcomes = context.Barrier(4), context.Queue()
+    runs = [release(workload, data, "--budget", budget, "--output", str(tmp / f"r{i}.csv")) for i in range(4)]
+    processes = [context.Process(target=_release_in_a_process, args=(args, ready, outcomes)) for args in runs]
+    for process in processes:
+        process.start()
+    results = [outcomes.get(timeout=60) for _ in processes]
+    for process in processes:
+        process.join(10)
+    assert [code for code, _ in results] == [0] * 4, results
+    after = Budget.load(budget)
+    assert after.spent == 4.0 and [c.status for c in after.charges] == ["released"] * 4
+    assert sorted(c.output for c in after.charges) == [str(tmp / f"r{i}.csv") for i in range(4)]
