@@ -748,7 +748,9 @@ class _Reader:
             bad = int(indices[(indices < 0) | (indices >= n)][0])
             raise self.fail(where, f"column index {bad:,} is outside the matrix's {n:,} columns")
         matrix = sp.csr_array((data, indices, indptr), shape=(m, n))
-        matrix.sum_duplicates()  # repeated (row, column) entries add up: column norms must see their sum
+        if not matrix.has_canonical_format:  # sorted in place: on copies, not on the file's arrays (its checksum)
+            matrix = sp.csr_array((data.copy(), indices.copy(), indptr.copy()), shape=(m, n))
+            matrix.sum_duplicates()  # repeated (row, column) entries add up: column norms must see their sum
         return Explicit(matrix)
 
     def read_Explicit(self, node, where, depth):
