@@ -364,8 +364,9 @@ def read_archive(path, *, max_bytes: int = MAX_BYTES) -> tuple[dict[str, Any], d
     """Read an hdmm archive: ``(header, arrays)``, after checking its format and version.
 
     Nothing is unpickled, and nothing larger than ``max_bytes`` is read: the archive's total
-    uncompressed size (from the zip directory) and each array's size (from its ``.npy`` header,
-    read before the array) must fit, which bounds the memory a hostile file (a zip bomb, a
+    uncompressed size (from the zip directory) and the memory all its arrays take once loaded
+    (from their ``.npy`` headers, every one read before any array is allocated) must fit, and
+    loading peaks at about that total, which bounds the memory a hostile file (a zip bomb, a
     header declaring terabytes) can claim. Raise ``max_bytes`` to read a larger file you trust.
 
     Raises
