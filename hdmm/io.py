@@ -725,7 +725,9 @@ class _Reader:
         if not isinstance(domain, dict):
             raise self.fail(where, f"domain must be a JSON object, got {_brief(domain)}")
         weights = self.array(node, "weights", where, "float", 1)
-        return cls.from_members(Domain.from_dict(domain), members, weights)
+        domain = Domain.from_dict(domain)
+        self.columns(sum(domain.shape), where, count=False)  # one vector per attribute, made when it is built
+        return cls.from_members(domain, members, weights)
 
     read_Residuals = read_Marginals
 

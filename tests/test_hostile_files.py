@@ -431,9 +431,12 @@ _HUGE = 2**40
     {"type": "SparseExplicit", "shape": [1, _HUGE], "data": "d", "indices": "i", "indptr": "p"},
     {"type": "BlockDiagonal", "copies": _HUGE, "tail": 1, "block": {"type": "Identity", "n": 1}},
     {"type": "VStack", "blocks": [{"type": "Identity", "n": 2**24}] * 40},
+    {"type": "Marginals", "domain": {"a": _HUGE, "b": 2}, "members": "m", "weights": "w"},
+    {"type": "Residuals", "domain": {"a": _HUGE, "b": 2}, "members": "m", "weights": "w"},
 ])
 def test_an_implicit_node_over_a_huge_domain_is_refused_by_the_memory_budget(tmp_path, node):
-    arrays = {"d": np.ones(1), "i": np.zeros(1, dtype=np.int64), "p": np.array([0, 1])}
+    arrays = {"d": np.ones(1), "i": np.zeros(1, dtype=np.int64), "p": np.array([0, 1]), "m": np.array([[1, 0], [1, 1]]),
+              "w": np.ones(2)}
     path = _write(tmp_path / "s.npz", {"format": "hdmm-strategy", "version": 2, "tree": node}, arrays)
     message = _refused(path, "more than the limit of")
     assert str(path) in message and "columns" in message and "max_bytes" in message
