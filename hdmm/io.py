@@ -58,10 +58,19 @@ FORMAT = "hdmm-strategy"
 #: version 1 files (strategies only) are read as before.
 VERSION = 2
 
-#: Largest file :func:`read_archive` reads by default, in bytes (2 GiB): the archive's total
-#: uncompressed size and each array's declared size must fit. Raise it per call
-#: (``load_strategy(path, max_bytes=...)``) to read a larger file you trust.
-MAX_BYTES = 2 * 1024**3
+#: Memory budget for reading one file, in bytes (1 GiB by default): the archive's total
+#: uncompressed size and the memory its arrays take once loaded (declared in their ``.npy``
+#: headers, added up before any array is allocated) must fit, and so must the vectors that
+#: checking its matrices needs (:data:`CHECK_BYTES_PER_CELL` per column of each node).
+#: Raise it per call (``load_strategy(path, max_bytes=...)``) to read a larger file you trust.
+MAX_BYTES = 1024**3
+
+#: Bytes per column of a matrix node that checking a loaded matrix may need: its column norms
+#: (the sensitivity) are computed as vectors of one entry per column of each node (a
+#: Kronecker product's per factor), and a few such float64 vectors are alive at once.
+#: :func:`decode_matrix` counts this for every node against ``max_bytes`` before any is made,
+#: so that a file declaring ``Identity(2**40)`` is refused, not a ``MemoryError``.
+CHECK_BYTES_PER_CELL = 32
 
 #: Deepest matrix tree a file may hold (levels below the root).
 MAX_DEPTH = 64
@@ -139,7 +148,8 @@ def encode_matrix(M: Matrix, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
     return _Writer(arrays).node(M)
 
 
-def decode_matrix(node: dict, arrays: dict[str, np.ndarray], source: str = "the file") -> Matrix:
+def decode_matrix(node: dict, arrays: dict[str, np.ndarray], source: str = "the file", *,
+                  max_bytes: int = MAX_BYTES) -> Matrix:
     """The matrix of a tree written by :func:`encode_matrix`, with its ``arrays``.
 
     Every node and array is checked before a matrix is built: node types and parameters,
@@ -147,8 +157,14 @@ def decode_matrix(node: dict, arrays: dict[str, np.ndarray], source: str = "the 
     declared shape, sparse index structure, the tree's depth (``MAX_DEPTH``) and node count
     (``MAX_NODES``). A file that fails any check raises one ``ValueError`` naming ``source``,
     the node and the problem.
+
+    The memory that checking the matrix later needs must fit ``max_bytes`` too: vectors of one
+    entry per column of each node (``CHECK_BYTES_PER_CELL`` bytes per column, added up over
+    the tree; a Kronecker product counts its factors' columns, not their product). An implicit
+    node declaring a huge domain (``Identity(2**40)``, a sparse matrix of ``2**40`` columns) is
+    refused here with a ``ValueError``, before anything of its size is made.
     """
-    return _Reader(arrays, source).node(node, "tree", 0)
+    return _Reader(arrays, source, _check_limit(max_bytes)).node(node, "tree", 0)
 
 
 #: What :func:`workload_fingerprint` hashes is described by this scheme name (hashed too): a new scheme
@@ -175,9 +191,9 @@ class _FingerprintWriter(_Writer):
     def array(self, a: np.ndarray) -> str:
         a = np.asarray(a)
         if a.dtype.kind in "biu":
-            a = a.astype("<i8")
+            a = a.astype("<i8", copy=False)
         elif a.dtype.kind == "f":
-            a = a.astype("<f8")
+            a = a.astype("<f8", copy=False)
         return super().array(a)
 
     def node(self, M: Matrix) -> dict[str, Any]:
@@ -348,8 +364,9 @@ def read_archive(path, *, max_bytes: int = MAX_BYTES) -> tuple[dict[str, Any], d
     """Read an hdmm archive: ``(header, arrays)``, after checking its format and version.
 
     Nothing is unpickled, and nothing larger than ``max_bytes`` is read: the archive's total
-    uncompressed size (from the zip directory) and each array's size (from its ``.npy`` header,
-    read before the array) must fit, which bounds the memory a hostile file (a zip bomb, a
+    uncompressed size (from the zip directory) and the memory all its arrays take once loaded
+    (from their ``.npy`` headers, every one read before any array is allocated) must fit, and
+    loading peaks at about that total, which bounds the memory a hostile file (a zip bomb, a
     header declaring terabytes) can claim. Raise ``max_bytes`` to read a larger file you trust.
 
     Raises
@@ -400,7 +417,13 @@ def _check_limit(max_bytes) -> int:
 
 
 def _read_members(archive: zipfile.ZipFile, path, limit: int) -> dict[str, np.ndarray]:
-    """Every ``.npy`` member of ``archive``, each checked against ``limit`` before it is read."""
+    """Every ``.npy`` member of ``archive``, all their sizes checked against ``limit`` before any is read.
+
+    Two passes: the first reads only each member's ``.npy`` header and adds up the memory its
+    array will take once loaded (:func:`_held_bytes`); the second, run only if the total fits,
+    reads the arrays in chunks straight into their buffers, so that loading peaks at that total
+    (not at twice it, as one ``read`` of a whole member would).
+    """
     members = archive.infolist()
     if len(members) > MAX_NODES:
         raise ValueError(f"{path} is not a valid hdmm strategy file ({len(members):,} arrays, more than {MAX_NODES:,})")
@@ -410,18 +433,40 @@ def _read_members(archive: zipfile.ZipFile, path, limit: int) -> dict[str, np.nd
             f"{path} holds {total:,} bytes uncompressed, more than the limit of {limit:,}: refused unread; if you "
             "trust the file, raise the limit (max_bytes=...)"
         )
-    arrays: dict[str, np.ndarray] = {}
+    names: set[str] = set()
+    declared = []
+    held = 0
     for info in members:
-        if not info.filename.endswith(".npy") or info.filename[:-4] in arrays:
+        name = info.filename[:-4]
+        if not info.filename.endswith(".npy") or name in names:
             raise ValueError(f"{path} is not a valid hdmm strategy file (unexpected member {info.filename!r})")
+        names.add(name)
+        where = f"{path}: array {name!r}"
         with archive.open(info) as member:
-            arrays[info.filename[:-4]] = _read_npy(member, info.file_size, f"{path}: array {info.filename[:-4]!r}",
-                                                   limit)
+            shape, fortran, dtype = _npy_header(member, where)
+        size = math.prod(shape) * dtype.itemsize
+        held += _held_bytes(shape, dtype)
+        if held > limit:
+            raise ValueError(
+                f"{where} declares {size:,} bytes (shape {shape}, {dtype}); with the arrays before it, loading the "
+                f"file would take {held:,} bytes of memory, more than the limit of {limit:,}: refused unread; if you "
+                "trust the file, raise the limit (max_bytes=...)"
+            )
+        if size > info.file_size:
+            raise ValueError(f"{where} declares {size:,} bytes (shape {shape}) but the archive holds only "
+                             f"{info.file_size:,}")
+        declared.append((info, name, where, shape, fortran, dtype))
+    arrays: dict[str, np.ndarray] = {}
+    for info, name, where, shape, fortran, dtype in declared:
+        with archive.open(info) as member:
+            if _npy_header(member, where) != (shape, fortran, dtype):
+                raise ValueError(f"{where} changed while it was read")
+            arrays[name] = _read_data(member, where, shape, fortran, dtype)
     return arrays
 
 
-def _read_npy(member, stored: int, where: str, limit: int) -> np.ndarray:
-    """One ``.npy`` array, its header read and checked (dtype, declared size) before any data."""
+def _npy_header(member, where: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """``(shape, fortran_order, dtype)`` of one ``.npy`` member, checked; nothing after its header is read."""
     try:
         version = npformat.read_magic(member)
         if version == (1, 0):
@@ -432,22 +477,40 @@ def _read_npy(member, stored: int, where: str, limit: int) -> np.ndarray:
             raise ValueError(f"unsupported .npy version {version}")
     except ValueError as exc:
         raise ValueError(f"{where} has an invalid .npy header ({exc})") from None
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise ValueError(f"{where} has an invalid .npy header: shape {shape} must hold whole numbers >= 0")
     if dtype.kind not in "biufU" or dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
         raise ValueError(f"{where} has dtype {dtype}: hdmm files hold only numbers and text (no objects)")
+    return shape, fortran, dtype
+
+
+def _held_bytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """The memory an array of ``shape`` and ``dtype`` takes once loaded and checked.
+
+    Its own bytes, plus, for numbers not stored as 64-bit, the float64 or int64 copy the checks
+    of :func:`decode_matrix` make of it (both are kept: the archive's arrays and the matrix).
+    """
+    count = math.prod(shape)
+    own = count * dtype.itemsize
+    if dtype.kind in "biuf" and dtype not in (np.dtype(np.float64), np.dtype(np.int64)):
+        own += 8 * count
+    return own
+
+
+#: Bytes :func:`_read_data` reads at a time: a whole member in one ``read`` would first be a
+#: second copy of the array.
+READ_CHUNK = 2**20
+
+
+def _read_data(member, where: str, shape: tuple[int, ...], fortran: bool, dtype: np.dtype) -> np.ndarray:
+    """The data after a ``.npy`` header, read in chunks of ``READ_CHUNK`` into one array of ``shape``."""
     count = math.prod(shape)
     size = count * dtype.itemsize
-    if size > limit:
-        raise ValueError(
-            f"{where} declares {size:,} bytes (shape {shape}), more than the limit of {limit:,}: refused unread; "
-            "if you trust the file, raise the limit (max_bytes=...)"
-        )
-    if size > stored:
-        raise ValueError(f"{where} declares {size:,} bytes (shape {shape}) but the archive holds only {stored:,}")
     out = np.empty(count, dtype=dtype)
     view = memoryview(out.view(np.uint8))
     filled = 0
     while filled < size:
-        got = member.readinto(view[filled:])
+        got = member.readinto(view[filled:filled + READ_CHUNK])
         if not got:
             raise ValueError(f"{where} is truncated ({filled:,} of {size:,} bytes)")
         filled += got
@@ -484,8 +547,28 @@ class _FileError(ValueError):
 class _Reader:
     """Builds a matrix tree from its JSON nodes and arrays, checking each before use."""
 
-    def __init__(self, arrays: dict[str, np.ndarray], source: str):
+    def __init__(self, arrays: dict[str, np.ndarray], source: str, limit: int = MAX_BYTES):
         self.arrays, self.source, self.count = arrays, source, 0
+        self.limit, self.cells = limit, 0
+
+    def columns(self, cells: int, where: str, count: bool = True) -> int:
+        """Count ``cells`` columns against the memory budget of the checks (``CHECK_BYTES_PER_CELL`` each).
+
+        With ``count=False`` only check that they would fit: for a node whose own construction
+        takes memory in proportion to its declared columns (``Prefix``), before it is built.
+        """
+        need = (self.cells + cells) * CHECK_BYTES_PER_CELL
+        if count:
+            self.cells += cells
+        if need > self.limit:
+            raise self.budget(where, f"{cells:,} columns: checking the matrix (its column norms, for the "
+                                     f"sensitivity) would take {need:,} bytes of memory, more than the limit of "
+                                     f"{self.limit:,}")
+        return cells
+
+    def budget(self, where: str, problem: str) -> ValueError:
+        return _FileError(f"{self.source}: {where}: {problem}: refused before any of it is made; if you trust the "
+                          "file, raise the limit (max_bytes=...)")
 
     def fail(self, where: str, problem: str) -> ValueError:
         return _FileError(
@@ -533,9 +616,10 @@ class _Reader:
         if a.ndim != ndim:
             raise self.fail(where, f"{key} has shape {a.shape}, expected a {ndim}-D array")
         if kind == "int":
-            return a.astype(np.int64)
-        a = a.astype(np.float64)
-        if not np.all(np.isfinite(a)):
+            return a.astype(np.int64, copy=False)
+        a = a.astype(np.float64, copy=False)
+        # min and max see a NaN or an infinity without a temporary array of the array's size
+        if a.size and not (math.isfinite(a.min()) and math.isfinite(a.max())):
             raise self.fail(where, f"{key} holds NaN or infinite entries")
         return a
 
@@ -553,7 +637,9 @@ class _Reader:
             raise self.fail(where, f"unknown matrix type {_brief(kind)}")
         where = f"{where} ({kind})"
         try:
-            return getattr(self, f"read_{kind}")(node, where, depth)
+            M = getattr(self, f"read_{kind}")(node, where, depth)
+            self.columns(_own_columns(M), where)
+            return M
         except _FileError:
             raise
         except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError,
@@ -566,27 +652,31 @@ class _Reader:
             raise self.fail(where, f"{key} must be a non-empty list of matrix nodes, got {_brief(items)}")
         return [self.node(item, f"{where}.{key}[{i}]", depth + 1) for i, item in enumerate(items)]
 
+    def declared(self, node: dict, key: str, where: str) -> int:
+        """``integer(node, key)``, a number of columns checked against the budget before the node is built."""
+        return self.columns(self.integer(node, key, where), where, count=False)
+
     def read_Identity(self, node, where, depth):
-        return Identity(self.integer(node, "n", where))
+        return Identity(self.declared(node, "n", where))
 
     def read_Ones(self, node, where, depth):
         shape = self.field(node, "shape", where)
         if not isinstance(shape, list) or len(shape) != 2:
             raise self.fail(where, f"shape must be [rows, columns], got {_brief(shape)}")
         sizes = {"shape": None, "m": shape[0], "n": shape[1]}
-        return Ones(self.integer(sizes, "m", where), self.integer(sizes, "n", where))
+        return Ones(self.integer(sizes, "m", where), self.declared(sizes, "n", where))
 
     def read_Diagonal(self, node, where, depth):
         return Diagonal(self.array(node, "d", where, "float", 1))
 
     def read_Prefix(self, node, where, depth):
-        return Prefix(self.integer(node, "n", where))
+        return Prefix(self.declared(node, "n", where))
 
     def read_AllRange(self, node, where, depth):
-        return AllRange(self.integer(node, "n", where))
+        return AllRange(self.declared(node, "n", where))
 
     def read_Ranges(self, node, where, depth):
-        n = self.integer(node, "n", where)
+        n = self.declared(node, "n", where)
         lo, hi = self.array(node, "lo", where, "int", 1), self.array(node, "hi", where, "int", 1)
         if lo.shape != hi.shape:
             raise self.fail(where, f"lo and hi have {lo.size:,} and {hi.size:,} entries")
@@ -635,7 +725,9 @@ class _Reader:
         if not isinstance(domain, dict):
             raise self.fail(where, f"domain must be a JSON object, got {_brief(domain)}")
         weights = self.array(node, "weights", where, "float", 1)
-        return cls.from_members(Domain.from_dict(domain), members, weights)
+        domain = Domain.from_dict(domain)
+        self.columns(sum(domain.shape), where, count=False)  # one vector per attribute, made when it is built
+        return cls.from_members(domain, members, weights)
 
     read_Residuals = read_Marginals
 
@@ -644,7 +736,7 @@ class _Reader:
         if not isinstance(shape, list) or len(shape) != 2:
             raise self.fail(where, f"shape must be [rows, columns], got {_brief(shape)}")
         sizes = {"m": shape[0], "n": shape[1]}
-        m, n = self.integer(sizes, "m", where), self.integer(sizes, "n", where)
+        m, n = self.integer(sizes, "m", where), self.declared(sizes, "n", where)
         data = self.array(node, "data", where, "float", 1)
         indices = self.array(node, "indices", where, "int", 1)
         indptr = self.array(node, "indptr", where, "int", 1)
@@ -659,7 +751,9 @@ class _Reader:
             bad = int(indices[(indices < 0) | (indices >= n)][0])
             raise self.fail(where, f"column index {bad:,} is outside the matrix's {n:,} columns")
         matrix = sp.csr_array((data, indices, indptr), shape=(m, n))
-        matrix.sum_duplicates()  # repeated (row, column) entries add up: column norms must see their sum
+        if not matrix.has_canonical_format:  # sorted in place: on copies, not on the file's arrays (its checksum)
+            matrix = sp.csr_array((data.copy(), indices.copy(), indptr.copy()), shape=(m, n))
+            matrix.sum_duplicates()  # repeated (row, column) entries add up: column norms must see their sum
         return Explicit(matrix)
 
     def read_Explicit(self, node, where, depth):
@@ -705,6 +799,22 @@ class _Reader:
 _NODE_TYPES = frozenset(name[len("read_"):] for name in vars(_Reader) if name.startswith("read_"))
 
 
+def _own_columns(M: Matrix) -> int:
+    """The length of the vectors a node's own column norms take (its children's are counted with them).
+
+    Composite nodes combine their children's vectors (a Kronecker product keeps them factored);
+    a block diagonal with a tail writes out its full columns; marginals hold one vector per
+    attribute; every other node one entry per column.
+    """
+    if isinstance(M, (Kronecker, VStack, Sum, Weighted)):
+        return 0
+    if isinstance(M, BlockDiagonal):
+        return M.shape[1] if M.tail else 0
+    if isinstance(M, (Marginals, Residuals)):
+        return sum(M.domain.shape)
+    return M.shape[1]
+
+
 def _brief(value) -> str:
     """A short repr of a JSON value for an error message."""
     text = repr(value)
@@ -716,7 +826,8 @@ def load_strategy(path: str | os.PathLike, *, max_bytes: int = MAX_BYTES) -> tup
 
     A plan file (:meth:`hdmm.Plan.save`) holds a strategy too, and is read the same way.
     Nothing is unpickled; the file is read only if it fits in ``max_bytes`` (default
-    ``MAX_BYTES``), and every node and array is checked (:func:`decode_matrix`).
+    ``MAX_BYTES``, a memory budget: its arrays as loaded, and the vectors that checking its
+    matrix needs), and every node and array is checked (:func:`decode_matrix`).
 
     Raises
     ------
@@ -729,4 +840,4 @@ def load_strategy(path: str | os.PathLike, *, max_bytes: int = MAX_BYTES) -> tup
     metadata = header.get("metadata", {})
     if not isinstance(metadata, dict):
         raise ValueError(f"{path} is not a valid hdmm strategy file (its metadata is not a JSON object)")
-    return decode_matrix(header["tree"], arrays, source=str(path)), metadata
+    return decode_matrix(header["tree"], arrays, source=str(path), max_bytes=max_bytes), metadata

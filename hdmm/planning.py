@@ -205,7 +205,7 @@ class Plan:
         header, arrays = read_archive(path, max_bytes=max_bytes)
         if header.get("kind") != "plan":
             raise ValueError(f"{path} holds a strategy, not a plan: make one with hdmm.plan(W, strategy, privacy)")
-        p = plan_from_json(header, arrays, source=str(path))
+        p = plan_from_json(header, arrays, source=str(path), max_bytes=max_bytes)
         check_checksum(header, arrays, path, "plan")
         return p
 
@@ -514,13 +514,14 @@ def plan_to_json(p: Plan, arrays: dict[str, np.ndarray]) -> dict:
     }
 
 
-def plan_from_json(header: dict, arrays: dict[str, np.ndarray], source: str = "the file") -> Plan:
-    """The plan written by :func:`plan_to_json`, validated against its own strategy."""
+def plan_from_json(header: dict, arrays: dict[str, np.ndarray], source: str = "the file", *,
+                   max_bytes: int = MAX_BYTES) -> Plan:
+    """The plan written by :func:`plan_to_json`, validated against its own strategy (within ``max_bytes`` of memory)."""
     missing = [key for key in ("plan", "tree", "workload") if key not in header]
     if missing:
         raise ValueError(f"{source} is not a valid hdmm plan file: no {missing[0]!r} entry")
-    A = decode_matrix(header["tree"], arrays, source=source)
-    W = decode_matrix(header["workload"], arrays, source=source)
+    A = decode_matrix(header["tree"], arrays, source=source, max_bytes=max_bytes)
+    W = decode_matrix(header["workload"], arrays, source=source, max_bytes=max_bytes)
     try:
         info = header["plan"]
         privacy = Privacy.from_dict(info["privacy"])

@@ -597,7 +597,7 @@ class Release:
         header, arrays = read_archive(path, max_bytes=max_bytes)
         if header.get("kind") != "release":
             raise ValueError(f"{path} is not an hdmm release file (it holds a {header.get('kind', 'strategy')})")
-        p = plan_from_json(header, arrays, source=str(path))
+        p = plan_from_json(header, arrays, source=str(path), max_bytes=max_bytes)
         try:
             info = header["release"]
             postprocess, timings = info["postprocess"], {str(k): float(v) for k, v in info["timings"].items()}
@@ -620,7 +620,7 @@ class Release:
                                   p.spacing, charge, seeded)
         combined = None
         if info.get("prior") is not None:
-            earlier, provenance = _read_prior(info["prior"], arrays, str(path), p.cells)
+            earlier, provenance = _read_prior(info["prior"], arrays, str(path), p.cells, max_bytes)
             combined = combine(earlier + (measurement,), p.workload, prior=provenance, known=p.variances)
         check_checksum(header, arrays, path, "release")
         for answers, estimate in (("answers", "estimate"), ("unprocessed_answers", "unprocessed_estimate")):
@@ -773,7 +773,8 @@ class Release:
         )
 
 
-def _read_prior(info: Any, arrays: dict[str, np.ndarray], source: str, cells: int) -> tuple[tuple[Measurement, ...], dict]:
+def _read_prior(info: Any, arrays: dict[str, np.ndarray], source: str, cells: int,
+                max_bytes: int = MAX_BYTES) -> tuple[tuple[Measurement, ...], dict]:
     """The earlier measurements and the prior's provenance a release file holds (see :meth:`Release.save`)."""
     try:
         entries, provenance = info["measurements"], info["provenance"]
@@ -786,7 +787,7 @@ def _read_prior(info: Any, arrays: dict[str, np.ndarray], source: str, cells: in
     for i, entry in enumerate(entries):
         where = f"{source}: earlier measurement {i + 1}"
         try:
-            A = decode_matrix(entry["tree"], arrays, source=where)
+            A = decode_matrix(entry["tree"], arrays, source=where, max_bytes=max_bytes)
             privacy = Privacy.from_dict(entry["privacy"])
             stored = float(entry["sensitivity"])
             answers = np.asarray(arrays[f"prior_answers_{i}"], dtype=float)

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from strategies import matrices
 
 import hdmm
-from hdmm.io import MAX_DEPTH, encode_matrix, load_strategy, save_strategy, write_archive
+from hdmm.io import MAX_BYTES, MAX_DEPTH, encode_matrix, load_strategy, save_strategy, write_archive
 from hdmm.matrix import Explicit, Identity, Kronecker
 from hdmm.optimizers.root import SquareRootStrategy
 from hdmm.planning import Plan
@@ -194,18 +194,18 @@ def test_an_array_header_declaring_terabytes_is_refused_unread(tmp_path):
 
 
 def test_a_zip_bomb_is_refused_from_the_zip_directory(tmp_path):
-    # 1 GiB of zeros, about 1 MB on disk: refused from the zip directory, before any of it is inflated
+    # 128 MiB of zeros, about 128 KB on disk: refused from the zip directory, before any of it is inflated
     tree = {"type": "Diagonal", "d": "a0"}
     path = tmp_path / "bomb.npz"
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as z:
         z.writestr("header.npy", _header_npy({"format": "hdmm-strategy", "version": 2, "tree": tree}))
         with z.open("a0.npy", "w", force_zip64=True) as member:
-            member.write(_declared((2**27,)))
+            member.write(_declared((2**24,)))
             chunk = bytes(2**24)
-            for _ in range(64):
+            for _ in range(8):
                 member.write(chunk)
     assert path.stat().st_size < 4 * 2**20
-    message = _refused_with(path, 2**28, "holds 1,073,74")
+    message = _refused_with(path, 2**26, "holds 134,21")
     assert "refused unread" in message and "max_bytes" in message
     with pytest.raises(ValueError, match="max_bytes must be a positive integer"):
         load_strategy(path, max_bytes=-1)
@@ -220,7 +220,7 @@ def test_an_archive_directory_declaring_more_than_the_default_cap_is_refused(tmp
     central = raw.rfind(b"PK\x01\x02")  # the last member's central directory entry
     raw[central + 24:central + 28] = (3 * 2**30).to_bytes(4, "little")  # its uncompressed size
     path.write_bytes(bytes(raw))
-    _refused(path, "more than the limit of 2,147,483,648")
+    _refused(path, f"more than the limit of {MAX_BYTES:,}")
 
 
 def _refused_with(path, max_bytes, match):
@@ -365,3 +365,147 @@ def test_every_saveable_matrix_passes_the_checks_and_round_trips(tmp_path, pair)
     loaded, _ = load_strategy(buffer)
     assert loaded.shape == pair.ref.shape
     assert np.allclose(loaded.dense(), pair.ref, atol=1e-9)
+
+
+# ---------------------------------------------------------------- memory budget (issue 22 item 6)
+def _diagonal_archive(path, npy: bytes, compression=zipfile.ZIP_STORED):
+    header = _header_npy({"format": "hdmm-strategy", "version": 2, "tree": {"type": "Diagonal", "d": "a0"}})
+    return _raw_archive(path, {"header.npy": header, "a0.npy": npy}, compression)
+
+
+def test_a_member_declaring_more_than_the_memory_budget_is_refused_before_anything_is_allocated(tmp_path):
+    # the audit's (28,000,000, 8) float64 member: 1.8 GB declared by a header of 128 bytes
+    import tracemalloc
+
+    path = _diagonal_archive(tmp_path / "big.npz", _declared((28_000_000, 8)) + bytes(64))
+    tracemalloc.start()
+    try:
+        message = _refused(path, "more than the limit of")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20
+    assert str(path) in message and "array 'a0'" in message and "declares 1,792,000,000 bytes" in message
+    assert f"limit of {MAX_BYTES:,}" in message and "max_bytes" in message
+
+
+def test_the_budget_counts_the_float64_copy_of_a_narrower_array(tmp_path):
+    # 1,000 float32 are 4,000 bytes in the file and 12,000 in memory once converted for the checks
+    path = _diagonal_archive(tmp_path / "f32.npz", _npy(np.ones(1000, dtype=np.float32)))
+    message = _refused_with(path, 10_000, r"would take 12,\d{3} bytes of memory")
+    assert "array 'a0'" in message and "max_bytes" in message
+    assert load_strategy(path, max_bytes=64_000)[0].shape == (1000, 1000)
+
+
+def test_loading_an_array_peaks_at_its_own_size(tmp_path):
+    # 8 MB of zeros, a few KB compressed: reading it in one call held it twice, and the checks copied it again
+    import tracemalloc
+
+    path = _diagonal_archive(tmp_path / "zeros.npz", _npy(np.zeros(10**6)), zipfile.ZIP_DEFLATED)
+    assert path.stat().st_size < 64 * 1024
+    tracemalloc.start()
+    try:
+        loaded, _ = load_strategy(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert loaded.shape == (10**6, 10**6)
+    assert peak < 1.3 * 8 * 10**6
+
+
+@pytest.mark.parametrize("shape", [(-2, -3), (-1,), (3, -1)])
+def test_a_negative_shape_in_an_array_header_names_the_file_and_the_member(tmp_path, shape):
+    path = _diagonal_archive(tmp_path / "neg.npz", _declared(shape) + bytes(64))
+    message = _refused(path, "invalid .npy header")
+    assert str(path) in message and "array 'a0'" in message and str(shape) in message
+
+
+_HUGE = 2**40
+
+
+@pytest.mark.parametrize("node", [
+    {"type": "Identity", "n": _HUGE},
+    {"type": "Weighted", "weight": 0.0, "base": {"type": "Identity", "n": _HUGE}},
+    {"type": "Ones", "shape": [1, _HUGE]},
+    {"type": "Prefix", "n": 2**28},
+    {"type": "SparseExplicit", "shape": [1, _HUGE], "data": "d", "indices": "i", "indptr": "p"},
+    {"type": "BlockDiagonal", "copies": _HUGE, "tail": 1, "block": {"type": "Identity", "n": 1}},
+    {"type": "VStack", "blocks": [{"type": "Identity", "n": 2**24}] * 40},
+    {"type": "Marginals", "domain": {"a": _HUGE, "b": 2}, "members": "m", "weights": "w"},
+    {"type": "Residuals", "domain": {"a": _HUGE, "b": 2}, "members": "m", "weights": "w"},
+])
+def test_an_implicit_node_over_a_huge_domain_is_refused_by_the_memory_budget(tmp_path, node):
+    arrays = {"d": np.ones(1), "i": np.zeros(1, dtype=np.int64), "p": np.array([0, 1]), "m": np.array([[1, 0], [1, 1]]),
+              "w": np.ones(2)}
+    path = _write(tmp_path / "s.npz", {"format": "hdmm-strategy", "version": 2, "tree": node}, arrays)
+    message = _refused(path, "more than the limit of")
+    assert str(path) in message and "columns" in message and "max_bytes" in message
+
+
+def test_a_kronecker_product_over_a_huge_domain_counts_its_factors_only(tmp_path):
+    path = tmp_path / "k.npz"
+    save_strategy(Kronecker([Identity(2**10), Prefix(2**10), Identity(2**10), Identity(2**10)]), path)
+    assert load_strategy(path)[0].shape == (_HUGE, _HUGE)
+    save_strategy(Identity(2**26), path)
+    _refused(path, "2,147,483,648 bytes of memory")
+    assert load_strategy(path, max_bytes=2**32)[0].shape == (2**26, 2**26)
+
+
+def _patched_plan(tmp_path, p, n0, n, name="plan.npz"):
+    """``p`` saved, then its domain of ``n0`` cells declared as ``n`` (fingerprint and checksum dropped)."""
+    def patch(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "n" and value == n0:
+                    node[key] = n
+                elif key == "shape":
+                    node[key] = [n if size == n0 else size for size in value]
+                else:
+                    patch(value)
+        elif isinstance(node, list):
+            for value in node:
+                patch(value)
+
+    path = tmp_path / name
+    p.save(path)
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {k: archive[k] for k in archive.files if k != "header"}
+        header = json.loads(str(archive["header"]))
+    patch(header["tree"])
+    patch(header["workload"])
+    header["plan"].pop("fingerprint")
+    header.pop("checksum")
+    return _write(path, header, arrays)
+
+
+@pytest.mark.parametrize("n", [2**28, _HUGE])
+@pytest.mark.parametrize("kind", ["sparse", "weighted", "zero"])
+def test_a_plan_over_a_huge_declared_domain_is_one_clear_value_error(tmp_path, n, kind):
+    # the audit's plan headers: a MemoryError at 2**40, 4.5 GB and minutes at 2**28; now refused before any is made
+    from hdmm.matrix import Weighted
+    from hdmm.planning import strategy_plan
+
+    n0 = 16
+    if kind == "sparse":
+        S = Explicit(sp.csr_array(([1.0], ([0], [0])), shape=(1, n0)))
+        p = hdmm.plan(S, S, hdmm.PureDP(1.0))
+    else:
+        p = strategy_plan(Weighted(Identity(n0), 0.5 if kind == "weighted" else 0.0), hdmm.PureDP(1.0))
+    path = _patched_plan(tmp_path, p, n0, n)
+    with pytest.raises(ValueError, match="more than the limit of") as info:
+        Plan.load(path)
+    assert str(path) in str(info.value) and "max_bytes" in str(info.value)
+
+
+def test_a_release_over_a_huge_declared_domain_is_one_clear_value_error(tmp_path):
+    release = hdmm.run(Prefix(16), np.arange(16.0), hdmm.PureDP(1.0), strategy=Identity(16), rng=0)
+    path = tmp_path / "r.npz"
+    release.save(path)
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {k: archive[k] for k in archive.files if k != "header"}
+        header = json.loads(str(archive["header"]))
+    header["tree"] = {"type": "Weighted", "weight": 1.0, "base": {"type": "Identity", "n": _HUGE}}
+    _write(path, header, arrays)
+    with pytest.raises(ValueError, match="more than the limit of") as info:
+        hdmm.Release.load(path)
+    assert str(path) in str(info.value)
