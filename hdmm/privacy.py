@@ -272,7 +272,10 @@ def _zcdp_rho(epsilon: float, delta: float) -> float:
     def excess(log_rho: float) -> float:
         return _log_zcdp_delta(math.exp(log_rho), epsilon) - log_target
 
-    lo = hi = math.log(epsilon * epsilon / (8.0 * (1.0 - math.log(delta))))
+    # in logarithms: epsilon**2 overflows for epsilon above 1e154 (and the search below never ended)
+    lo = hi = 2.0 * math.log(epsilon) - math.log(8.0 * (1.0 - math.log(delta)))
+    if hi > 700.0:  # rho beyond double precision (epsilon above about 1e150)
+        raise _uncomputable(epsilon, delta)
     while not excess(lo) < 0.0:
         lo -= 1.0
         if lo < -1400.0:
