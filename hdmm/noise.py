@@ -7,7 +7,8 @@ A release adds noise to the strategy answers :math:`a = Ax` as
 with :math:`Z` i.i.d. integers from the **discrete Laplace** distribution,
 :math:`P(Z = z) \propto e^{-|z|/t}`, or the **discrete Gaussian**,
 :math:`P(Z = z) \propto e^{-z^2/(2\sigma^2)}` (Canonne, Kamath & Steinke 2020, "The Discrete
-Gaussian for Differential Privacy", arXiv:2004.00010), with :math:`t` and :math:`\sigma` given in
+Gaussian for Differential Privacy", NeurIPS 2020; theorem, corollary and algorithm numbers
+below are those of arXiv:2004.00010v5), with :math:`t` and :math:`\sigma` given in
 grid steps. Nothing random ever passes through floating point: :math:`Z` is drawn exactly
 (below), :math:`\operatorname{round}(a/s)` is a deterministic function of the computed answers,
 and the release is exactly :math:`s\,(\operatorname{round}(a/s) + Z)`: the float sum is the
