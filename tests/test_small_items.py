@@ -1,16 +1,21 @@
-"""Issue 22, item 11: direct Counts are checked, the exact-probability search ends, absurd privacy is refused."""
+"""Issue 22, items 11 and 13: direct Counts are checked, the exact-probability search ends, absurd privacy is
+refused, and the command line speaks in flags."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import hdmm
 from hdmm import kernel
 from hdmm.kernel import Counts
+from hdmm.cli import in_cli_words
 from hdmm.noise import _Probability
+from cli_files import fails
 
 
 # ------------------------------------------------------------------ Counts built directly
@@ -92,3 +97,31 @@ def test_approx_dp_with_a_huge_epsilon_ends():
 def test_large_but_meaningful_parameters_still_release():
     release = hdmm.run(hdmm.Prefix(4), np.array([3.0, 1, 4, 1]), hdmm.ZCDP(1e8), strategy=hdmm.Identity(4), rng=0)
     np.testing.assert_allclose(release.answers, [3, 4, 8, 9], atol=0.01)
+
+
+# ------------------------------------------------------------------ the command line's words
+REGIONS = {"domain": {"region": [str(k) for k in range(1, 10)], "sex": ["f", "m"]},
+           "queries": [{"name": "region by sex", "region": "identity", "sex": "identity"}]}
+
+
+def test_the_python_api_speaks_python_and_the_cli_speaks_flags(tmp_path, capsys):
+    domain = hdmm.Domain.from_dict(REGIONS["domain"])
+    ambiguous = pd.DataFrame({"region": [1, 2, 8], "sex": ["f", "m", "f"]})
+    with pytest.raises(ValueError) as api:
+        domain.vectorize(ambiguous)
+    assert "codes=True" in str(api.value) and "--codes" not in str(api.value) and "--labels" not in str(api.value)
+
+    workload = tmp_path / "w.json"
+    workload.write_text(json.dumps(REGIONS))
+    data = tmp_path / "ambiguous.csv"
+    ambiguous.to_csv(data, index=False)
+    base = ["release", "--workload", str(workload), "--epsilon", "1", "--strategy", "identity", "--data", str(data)]
+    message = fails(base, capsys)
+    assert "--labels" in message and "--codes" in message and "codes=True" not in message
+    data.write_text("region,sex\n1,f\n12,m\n")  # codes out of range under --codes
+    message = fails([*base, "--codes"], capsys)
+    assert "codes=True" not in message and "--codes" in message
+
+
+def test_in_cli_words_leaves_other_messages_alone():
+    assert in_cli_words("the data vector holds 2 negative entries") == "the data vector holds 2 negative entries"
