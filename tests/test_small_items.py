@@ -125,3 +125,13 @@ def test_the_python_api_speaks_python_and_the_cli_speaks_flags(tmp_path, capsys)
 
 def test_in_cli_words_leaves_other_messages_alone():
     assert in_cli_words("the data vector holds 2 negative entries") == "the data vector holds 2 negative entries"
+
+
+def test_the_plan_rmse_is_hdmm_rmse_of_the_unweighted_queries():
+    parts = [hdmm.Prefix(8), hdmm.Total(8)]
+    weighted = hdmm.union(parts, weights=[1.0, 10.0])
+    p = hdmm.plan(weighted, hdmm.Identity(8), hdmm.PureDP(1.0))
+    counts = float(hdmm.rmse(hdmm.union(parts), hdmm.Identity(8), hdmm.PureDP(1.0)))
+    assert p.rmse == pytest.approx(counts, rel=1e-6)
+    assert float(hdmm.rmse(weighted, hdmm.Identity(8), hdmm.PureDP(1.0))) > 4 * p.rmse  # weighted rows
+    assert "unweighted" in hdmm.Plan.rmse.__doc__ and "weights included" in hdmm.rmse.__doc__
