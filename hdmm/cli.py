@@ -784,6 +784,7 @@ _CLI_WORDS = [
                 r"leading zeros\)"), "pass --labels to match each value to the label of the same text"),
     (re.compile(r"call vectorize without codes=True"), "leave out --codes"),
     (re.compile(r"codes=True"), "--codes"),
+    (re.compile(r"use less extreme parameters, or ZCDP$"), "use less extreme parameters, or --rho (zCDP)"),
 ]
 
 

@@ -127,6 +127,12 @@ def test_in_cli_words_leaves_other_messages_alone():
     assert in_cli_words("the data vector holds 2 negative entries") == "the data vector holds 2 negative entries"
 
 
+def test_an_uncomputable_approx_dp_suggests_the_rho_flag_on_the_command_line(capsys):
+    message = fails(["release", "--workload", "pl94", "--epsilon", "1e300", "--delta", "1e-9", "--people", "100"],
+                    capsys)
+    assert "--rho" in message and "ZCDP" not in message
+
+
 def test_the_plan_rmse_is_hdmm_rmse_of_the_unweighted_queries():
     parts = [hdmm.Prefix(8), hdmm.Total(8)]
     weighted = hdmm.union(parts, weights=[1.0, 10.0])
