@@ -17,8 +17,9 @@ that fits it. A workload file is JSON::
 the workload: either a product of one building block per attribute (attributes not named get
 ``total``) or ``{"marginals": k}`` (every marginal on ``k`` attributes). The building blocks
 are :data:`BLOCKS`: ``identity``, ``total``, ``identity+total``, ``prefix``, ``allrange`` and
-``width-K`` (every range of ``K`` consecutive values). ``name`` labels a part and ``weights``
-(one per part, optional) multiplies its queries.
+``width-K`` (every range of ``K`` consecutive values). ``name`` labels a part (without one, a
+name is made from the part's spec: ``age (prefix) by sex``, ``2-way marginals``; a repeated one
+gets ``(query i)``) and ``weights`` (one per part, optional) multiplies its queries.
 """
 
 from __future__ import annotations
@@ -125,12 +126,21 @@ def _block(spec: Any, attribute: str, size: int) -> Matrix:
     return BLOCKS[spec](size)
 
 
+def _default_name(entry: Mapping[str, Any]) -> str:
+    """A readable name for an unnamed part, from its spec: ``{"age": "prefix", "sex": "identity"}`` is
+    ``"age (prefix) by sex"``, ``{"marginals": 2}`` is ``"2-way marginals"``, ``{}`` is ``"total"``."""
+    if "marginals" in entry:
+        return f"{entry['marginals']}-way marginals"
+    words = [str(a) if spec == "identity" else f"{a} ({spec})" for a, spec in entry.items()]
+    return " by ".join(words) or "total"
+
+
 def _part(entry: Any, domain: Domain, position: int) -> tuple[str, Matrix]:
     where = f"queries[{position}]"
     if not isinstance(entry, Mapping):
         raise ValueError(f"{where} must be an object such as {{\"age\": \"prefix\"}}, got {entry!r}")
     entry = dict(entry)
-    name = entry.pop("name", where)
+    name = entry.pop("name") if "name" in entry else _default_name(entry)
     if not isinstance(name, str) or not name:
         raise ValueError(f"{where}: 'name' must be non-empty text, got {name!r}")
     if "marginals" in entry:
@@ -155,6 +165,7 @@ def workload_from_spec(spec: Mapping[str, Any]) -> tuple[Matrix, Domain]:
     if not isinstance(queries, list) or not queries:
         raise ValueError("'queries' must be a non-empty list")
     names, parts = zip(*(_part(entry, domain, i) for i, entry in enumerate(queries)))
+    names = [name if name not in names[:i] else f"{name} (query {i + 1})" for i, name in enumerate(names)]
     weights = spec.get("weights")
     if weights is not None and (not isinstance(weights, list) or len(weights) != len(parts)):
         raise ValueError(f"'weights' must be a list with one number per query part ({len(parts)})")

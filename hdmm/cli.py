@@ -778,6 +778,27 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+#: The Python API's words in error messages (hdmm.Domain.vectorize's) and the command line's flags for them.
+_CLI_WORDS = [
+    (re.compile(r"cast the column to text to match each value to the label of the same text \(pandas: .*? to keep "
+                r"leading zeros\)"), "pass --labels to match each value to the label of the same text"),
+    (re.compile(r"call vectorize without codes=True"), "leave out --codes"),
+    (re.compile(r"codes=True"), "--codes"),
+    (re.compile(r"use less extreme parameters, or ZCDP$"), "use less extreme parameters, or --rho (zCDP)"),
+]
+
+
+def in_cli_words(message: str) -> str:
+    """An error message of the Python API in the command line's words: ``--codes``, not ``codes=True``.
+
+    >>> in_cli_words("with codes=True values must be codes 0..1; to pass value labels call vectorize without codes=True")
+    'with --codes values must be codes 0..1; to pass value labels leave out --codes'
+    """
+    for pattern, words in _CLI_WORDS:
+        message = pattern.sub(words, message)
+    return message
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2 for bad input, with one line on stderr)."""
     args = parser().parse_args(argv)
@@ -787,7 +808,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except USER_ERRORS as exc:
-        print(f"hdmm: error: {exc}", file=sys.stderr)
+        print(f"hdmm: error: {in_cli_words(str(exc))}", file=sys.stderr)
         return 2
     except MemoryError:
         print("hdmm: error: out of memory; use less data (--people), a smaller workload or a machine with more "

@@ -811,8 +811,7 @@ class Domain:
         fix = (
             f"say which: cast the column to text to match each value to the label of the same text "
             f"(pandas: df.astype({{{name!r}: str}}), or pd.read_csv(..., dtype={{{name!r}: str}}) to keep "
-            f"leading zeros; hdmm release: --labels), or pass codes=True if it holds codes 0..{n - 1} "
-            "(hdmm release: --codes)"
+            f"leading zeros), or pass codes=True if it holds codes 0..{n - 1}"
         )
         if doubled.any():
             k = int(np.flatnonzero(doubled)[0])

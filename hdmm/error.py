@@ -338,7 +338,14 @@ def expected_error(W: Matrix, A: Matrix, privacy: Privacy, *, structure: Structu
 
 def rmse(W: Matrix, A: Matrix, privacy: Privacy, *, structure: Structure | None = None,
          sensitivity: float | None = None) -> ErrorResult:
-    r"""Root mean squared error per query, :math:`\sqrt{\mathrm{TSE}/m}`."""
+    r"""Root mean squared error per row of ``W`` as given, :math:`\sqrt{\mathrm{TSE}/m}`, weights included.
+
+    This is the optimizer's objective. For a weighted workload (``hdmm.union(..., weights=...)``)
+    it is **not** the error of the released counts: a row of weight ``w`` counts ``w**2`` times its
+    query's variance. The error of the counts a release answers is :attr:`hdmm.Plan.rmse` (the
+    plan's "expected RMSE per query"), which equals ``rmse(hdmm.workload.unweighted(W)[0], A,
+    privacy)``; both are the same figure when ``W`` has no weights.
+    """
     total = expected_error(W, A, privacy, structure=structure, sensitivity=sensitivity)
     return ErrorResult(math.sqrt(total / W.shape[0]), measure="rmse", privacy=privacy, queries=W.shape[0],
                        reason=total.reason, structure=total.structure, sensitivity=total.sensitivity)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 
 import numpy as np
 
@@ -44,15 +44,20 @@ class Counts:
     :func:`hdmm.run` checks the data before it plans (so that bad data is refused before any
     optimization), and hands the checked counts to :func:`measure`, which then need not scan
     them again. Make one with :meth:`check`; it refers to the checked array (no copy), which
-    must not change until it is measured.
+    must not change until it is measured. Built directly, ``Counts(x)`` checks ``x`` too (as
+    ``len(x)`` counts; ``Counts(x, n)`` as ``n``), so no unchecked data reaches the kernel.
     """
 
     values: np.ndarray
+    n: InitVar[int | None] = None
+
+    def __post_init__(self, n: int | None) -> None:  # the one scan of the data
+        object.__setattr__(self, "values", check_data_vector(self.values, np.size(self.values) if n is None else n))
 
     @classmethod
     def check(cls, x, n: int) -> Counts:
         """Check ``x`` as ``n`` counts."""
-        return cls(check_data_vector(x, n))
+        return cls(x, n)
 
 
 def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator = None, budget: Budget | None = None,

@@ -7,7 +7,8 @@ A release adds noise to the strategy answers :math:`a = Ax` as
 with :math:`Z` i.i.d. integers from the **discrete Laplace** distribution,
 :math:`P(Z = z) \propto e^{-|z|/t}`, or the **discrete Gaussian**,
 :math:`P(Z = z) \propto e^{-z^2/(2\sigma^2)}` (Canonne, Kamath & Steinke 2020, "The Discrete
-Gaussian for Differential Privacy", arXiv:2004.00010), with :math:`t` and :math:`\sigma` given in
+Gaussian for Differential Privacy", NeurIPS 2020; theorem, corollary and algorithm numbers
+below are those of arXiv:2004.00010v5), with :math:`t` and :math:`\sigma` given in
 grid steps. Nothing random ever passes through floating point: :math:`Z` is drawn exactly
 (below), :math:`\operatorname{round}(a/s)` is a deterministic function of the computed answers,
 and the release is exactly :math:`s\,(\operatorname{round}(a/s) + Z)`: the float sum is the
@@ -108,6 +109,10 @@ GRID_BITS = 30
 #: Largest noise scale in grid steps (Laplace ``t`` or Gaussian ``sigma``) the samplers accept:
 #: draws then stay far inside int64.
 MAX_SCALE = 2.0**50
+
+#: Smallest noise scale in grid steps :func:`calibrate_grid` accepts: below one step almost every
+#: answer would be released exactly (a privacy parameter such as epsilon = 1e308), so it is refused.
+MIN_SCALE = 1.0
 
 #: Bits of each fixed probability computed when a sampler is set up (8 + 3 * 64).
 _TABLE_BITS = 200
@@ -218,6 +223,12 @@ class _Probability:
         self._interval = interval
         self._known: dict[int, int] = {}
 
+    #: Most extra bits of working precision tried: a probability whose ``p * 2**k`` is an exact
+    #: integer is never decided by intervals that straddle it, so the search stops here with an
+    #: error instead of looping forever. hdmm's probabilities (``exp(-x)`` and ``1 / (1 + exp(x))``
+    #: for rational ``x > 0``) are irrational, so this is never reached for them.
+    max_extra = 1 << 16
+
     def bits(self, k: int) -> int:
         """``floor(p * 2**k)`` exactly (raising the working precision until the interval decides it)."""
         if k not in self._known:
@@ -227,6 +238,11 @@ class _Probability:
                 if lo >> extra == hi >> extra:
                     self._known[k] = lo >> extra
                     break
+                if extra >= self.max_extra:
+                    raise ArithmeticError(
+                        f"floor(p * 2**{k}) is undecided at {k + extra} bits: p * 2**{k} is (within 2**-{extra}) "
+                        "an integer, which an irrational probability never is; this is a bug in the sampler"
+                    )
                 extra *= 2
         return self._known[k]
 
@@ -553,7 +569,14 @@ def calibrate_grid(sensitivity: float, rows: int, norm: int, noise_scale: Callab
     while True:
         bound = rounding_bound(spacing, rows, norm)
         calibrated = sensitivity if bound <= headroom else math.nextafter(sensitivity + bound, math.inf)
-        if noise_scale(calibrated) / spacing <= MAX_SCALE:
+        steps = noise_scale(calibrated) / spacing
+        if steps < MIN_SCALE:  # e.g. epsilon = 1e308: refused before any noise, as no privacy at all
+            raise ValueError(
+                f"the noise would be {steps:.3g} steps of the release grid (spacing {spacing:.3g}), below one step: "
+                "the release would be the exact answers, with no privacy; the privacy parameter (epsilon or rho) is "
+                "far too large: use a smaller one (even epsilon = 10 protects little)"
+            )
+        if steps <= MAX_SCALE:
             return spacing, calibrated
         spacing *= 2.0
 

@@ -163,7 +163,11 @@ class Plan:
 
     @property
     def rmse(self) -> float:
-        """Expected root mean squared error per released query."""
+        """Expected root mean squared error per released query (the counts, unweighted).
+
+        Not :func:`hdmm.rmse` of a weighted workload, which weighs each row (the optimizer's
+        objective); the two agree when the workload has no weights.
+        """
         return math.sqrt(float(self.error) / self.queries)
 
     def _need_variances(self) -> None:

@@ -14,6 +14,9 @@ i.i.d. integer noise :math:`Z` drawn exactly by :mod:`hdmm.noise` and scaled by 
 * :class:`ZCDP` -- :math:`\rho`-zCDP, L2 sensitivity :math:`\Delta_2`, discrete Gaussian noise
   with :math:`\sigma^2 = \Delta_2^2 / (2\rho)` (Canonne, Kamath & Steinke 2020, Theorem 14).
 
+Canonne, Kamath & Steinke, "The Discrete Gaussian for Differential Privacy" (NeurIPS 2020): the
+theorem and corollary numbers cited here are those of the arXiv version, arXiv:2004.00010v5.
+
 For a strategy :math:`A`, the L1 sensitivity is the largest column L1 norm
 :math:`\max_j \lVert A_{:,j} \rVert_1` and the L2 sensitivity the largest
 column L2 norm :math:`\max_j \lVert A_{:,j} \rVert_2` (adding or removing one
@@ -272,7 +275,10 @@ def _zcdp_rho(epsilon: float, delta: float) -> float:
     def excess(log_rho: float) -> float:
         return _log_zcdp_delta(math.exp(log_rho), epsilon) - log_target
 
-    lo = hi = math.log(epsilon * epsilon / (8.0 * (1.0 - math.log(delta))))
+    # in logarithms: epsilon**2 overflows for epsilon above 1e154 (and the search below never ended)
+    lo = hi = 2.0 * math.log(epsilon) - math.log(8.0 * (1.0 - math.log(delta)))
+    if hi > 700.0:  # rho beyond double precision (epsilon above about 1e150)
+        raise _uncomputable(epsilon, delta)
     while not excess(lo) < 0.0:
         lo -= 1.0
         if lo < -1400.0:

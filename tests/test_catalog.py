@@ -28,7 +28,7 @@ def test_a_workload_file_builds_the_union_it_describes(tmp_path):
     path.write_text(json.dumps(SPEC))
     W, domain = load_workload(path)
     assert domain.names == ("age", "sex", "income") and domain.size == 24
-    assert W.names == ("age by sex", "queries[1]", "queries[2]")
+    assert W.names == ("age by sex", "age (width-2)", "2-way marginals")
     expected = np.vstack([
         np.kron(np.kron(hdmm.Prefix(6).dense(), np.eye(2)), np.ones((1, 2))),
         2.0 * np.kron(hdmm.WidthKRange(6, 2).dense(), np.ones((1, 4))),
@@ -90,3 +90,12 @@ def test_catalog_is_reachable_from_the_package():
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr.strip().splitlines()[-1:]
     assert int(done.stdout) == len(WORKLOADS)
+
+
+def test_unnamed_parts_get_names_made_from_their_spec():
+    # issue 22 item 13: they were called queries[0], queries[1], ...
+    spec = {"domain": {"age": 4, "sex": 2}, "queries": [
+        {"age": "prefix", "sex": "identity"}, {}, {"marginals": 1}, {"age": "prefix", "sex": "identity"}]}
+    W, _ = hdmm.catalog.workload_from_spec(spec)
+    assert W.names == ("age (prefix) by sex", "total", "1-way marginals", "age (prefix) by sex (query 4)")
+    assert W.labels[0].startswith("age (prefix) by sex: ")

@@ -18,6 +18,8 @@ from hdmm.georelease import ArrayHistograms, RecordHistograms, geo_plan, release
 
 pytest.importorskip("pyspark")
 
+pytestmark = pytest.mark.slow  # a Spark session: skip locally with -m "not slow"; CI runs it
+
 DOMAIN = hdmm.Domain(["a", "b"], [2, 3])
 WP = hdmm.product(DOMAIN, {"a": hdmm.Identity(2), "b": hdmm.Prefix(3)})
 AP = hdmm.Kronecker([hdmm.Identity(2), hdmm.Prefix(3)])

@@ -15,6 +15,7 @@ def test_the_notebooks_are_there():
     assert {p.stem for p in NOTEBOOKS} == {"quickstart", "sf1_release", "adult_marginals", "geography"}
 
 
+@pytest.mark.slow  # a Jupyter kernel per notebook: skip locally with -m "not slow"; CI runs it
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs(path, tmp_path):
     notebook = nbformat.read(path, as_version=4)

@@ -16,6 +16,7 @@ def _python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
+@pytest.mark.slow  # skip locally with -m "not slow"; CI runs it
 def test_the_readme_python_examples_run(tmp_path, monkeypatch):
     blocks = _python_blocks()
     assert len(blocks) >= 4

@@ -52,7 +52,7 @@ def strategy_of(kind: str, privacy):
 
 
 @pytest.mark.parametrize("privacy", [PureDP(1.0), ZCDP(0.5)], ids=["laplace", "gaussian"])
-@pytest.mark.parametrize("kind", ["kronecker", "union", "marginals"])
+@pytest.mark.parametrize("kind", ["kronecker", pytest.param("union", marks=pytest.mark.slow), "marginals"])
 def test_empirical_error_matches_expected_error(kind, privacy):
     A = strategy_of(kind, privacy)
     expected = expected_error(W_SMALL, A, privacy)

@@ -255,6 +255,7 @@ def test_fold_sums_the_diagonal_blocks():
         fold(hdmm.Prefix(3).gram(), 4)
 
 
+@pytest.mark.slow  # skip locally with -m "not slow"; CI runs it
 def test_large_local_workloads_get_a_block_diagonal_candidate(monkeypatch, tmp_path):
     monkeypatch.setattr(kron, "TILE_BLOCK_N", 128)
     W = hdmm.WidthKRange(512, 3)

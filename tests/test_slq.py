@@ -328,6 +328,7 @@ def _slow() -> tuple[np.ndarray, np.ndarray]:
     return _factored(800, np.logspace(-6, 3, 500), seed=4)
 
 
+@pytest.mark.slow  # skip locally with -m "not slow"; CI runs it
 def test_trace_sqrt_stops_at_the_first_adequate_level() -> None:
     m, root = _slow()
     rec = _Recorder(m)
@@ -348,6 +349,7 @@ def test_trace_sqrt_stops_at_the_first_adequate_level() -> None:
     assert est.lower <= hutchinson <= est.upper
 
 
+@pytest.mark.slow  # skip locally with -m "not slow"; CI runs it
 def test_trace_sqrt_gives_up_at_max_steps() -> None:
     m, _ = _slow()
     rec = _Recorder(m)
@@ -366,6 +368,7 @@ def test_trace_sqrt_small_n_is_exact() -> None:
     assert est.upper - est.lower <= 1e-8 * est.value
 
 
+@pytest.mark.slow  # skip locally with -m "not slow"; CI runs it
 def test_trace_sqrt_reruns_in_chunks_beyond_the_memory_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     m, _ = _slow()
     whole = trace_sqrt(lambda x: m @ x, 800, probes=8, rel_gap=0.01, rng=3)
