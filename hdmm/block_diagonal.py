@@ -128,6 +128,9 @@ class BlockDiagonal(Matrix):
     def _matmat(self, X):
         return self._apply(X, self.block._matmat, self.block.shape[1])
 
+    def column_support(self):
+        return max(self.block.column_support(), 1 if self.tail else 0)
+
     def _rmatmat(self, Y):
         return self._apply(Y, self.block._rmatmat, self.block.shape[0])
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -343,6 +344,12 @@ class SubsetProducts(Matrix):
 
     def _term(self, row: int) -> Kronecker:
         return Kronecker([fs[int(m)] for fs, m in zip(self.factors, self.members[row])])
+
+    def column_support(self):
+        # each subset's rows are a weighted Kronecker product, computed as such (see _matmat)
+        supports = [(fs[0].column_support(), fs[1].column_support()) for fs in self.factors]
+        return sum(math.prod(pair[int(m)] for pair, m in zip(supports, self.members[row]))
+                   for row in range(self.members.shape[0]) if self.weights[row] != 0)
 
     def _matmat(self, X):
         out = np.empty((self.shape[0], X.shape[1]))

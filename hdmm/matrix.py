@@ -185,6 +185,18 @@ class Matrix:
         check_norm(p)
         return float(self.column_norm_powers(p).max() ** (1.0 / p))
 
+    def column_support(self) -> int:
+        r"""An upper bound on the number of answers that one cell's count can move: :math:`\max_j |\{i : a_{ij} \ne 0\}|`.
+
+        A change of cell :math:`j` moves answer :math:`i` only when :math:`a_{ij} \ne 0`, provided
+        the product computes each answer from the cells in its row's support alone (so that a zero
+        coefficient contributes exactly nothing). The grid's rounding bound counts these answers
+        only (:func:`hdmm.noise.rounding_bound`; docs/privacy.md). The default, the number of rows,
+        is always valid; structures whose products have this property override it (an exact
+        Python int, however large the domain).
+        """
+        return int(self.shape[0])
+
     def _check_square(self, what: str) -> None:
         if self.shape[0] != self.shape[1]:
             raise ValueError(f"{what} needs a square matrix, got shape {self.shape}")
@@ -675,6 +687,15 @@ class Explicit(Matrix):
             col = norm_powers(self.matrix, p).sum(axis=0)
         return KronVector.from_array(col)
 
+    def column_support(self):
+        if self.shape[0] == 0 or self.shape[1] == 0:
+            return 0
+        if self.is_sparse:
+            M = self.matrix.tocsc()
+            M.eliminate_zeros()
+            return int(np.diff(M.indptr).max())
+        return int(np.count_nonzero(self.matrix, axis=0).max())
+
     def diag(self):
         self._check_square("diag()")
         return np.asarray(self.matrix.diagonal(), dtype=float)
@@ -721,6 +742,9 @@ class Identity(Matrix):
 
     def gram(self):
         return self
+
+    def column_support(self):
+        return min(1, self.shape[0])
 
     def column_norm_powers(self, p):
         check_norm(p)
@@ -840,6 +864,9 @@ class Diagonal(Matrix):
     def gram(self):
         return Diagonal(self.d**2)
 
+    def column_support(self):
+        return int(np.any(self.d != 0))
+
     def column_norm_powers(self, p):
         check_norm(p)
         return KronVector.from_array(norm_powers(self.d, p))
@@ -942,6 +969,10 @@ class Kronecker(Matrix):
     def column_norm_powers(self, p):
         return reduce(KronVector.kron, [f.column_norm_powers(p) for f in self.factors])
 
+    def column_support(self):
+        # mode by mode, an answer depends on the intermediate entries its factor row selects
+        return math.prod(f.column_support() for f in self.factors)
+
     def _square_factors(self) -> bool:
         return all(f.shape[0] == f.shape[1] for f in self.factors)
 
@@ -1033,6 +1064,9 @@ class VStack(Matrix):
     def column_norm_powers(self, p):
         return reduce(KronVector.__add__, [b.column_norm_powers(p) for b in self.blocks])
 
+    def column_support(self):
+        return sum(b.column_support() for b in self.blocks)
+
     def quadratic_diag(self, X):
         return np.concatenate([b.quadratic_diag(X) for b in self.blocks])
 
@@ -1084,6 +1118,9 @@ class Weighted(Matrix):
     def column_norm_powers(self, p):
         return self.base.column_norm_powers(p).scale(float(norm_powers(self.weight, p)))
 
+    def column_support(self):
+        return 0 if self.weight == 0 else self.base.column_support()
+
     def diag(self):
         return self.weight * self.base.diag()
 
@@ -1133,6 +1170,9 @@ class Sum(Matrix):
 
     def _matmat(self, X):
         return sum(t._matmat(X) for t in self.terms)
+
+    def column_support(self):
+        return min(self.shape[0], sum(t.column_support() for t in self.terms))
 
     def _rmatmat(self, Y):
         return sum(t._rmatmat(Y) for t in self.terms)

@@ -17,17 +17,24 @@ correctly rounded value of the integer :math:`\operatorname{round}(a/s) + Z` (ex
 floating-point attack on textbook Laplace noise (Mironov, CCS 2012), where the low-order bits of
 ``a + laplace()`` reveal :math:`a`.
 
-**Rounding bound.** Rounding to the grid moves each of the ``k`` answers by at most :math:`s/2`,
-so for neighbouring data the rounded answers differ by at most the strategy's column change plus
-:math:`s` per row: the sensitivity of :math:`\operatorname{round}(Ax/s)` (in grid steps, times
-:math:`s`) is at most
+**Rounding bound.** Rounding to the grid moves each answer by at most :math:`s/2`. Neighbouring
+data differ in one cell :math:`j`, and answer :math:`i` moves only if :math:`a_{ij} \ne 0` (the
+product computes each answer from the cells of its row's support alone, so a zero coefficient
+contributes exactly nothing, and rounding is a function of the answer): only the
+:math:`k_j = |\{i : a_{ij} \ne 0\}|` answers of column :math:`j`'s support can differ, each by at
+most the strategy's change plus :math:`s`. With :math:`k = \max_j k_j`
+(:meth:`hdmm.Matrix.column_support`, at most the number of rows) the sensitivity of
+:math:`\operatorname{round}(Ax/s)` (in grid steps, times :math:`s`) is at most
 
 .. math:: \Delta_1 + k\,s \quad (L_1), \qquad \Delta_2 + \sqrt{k}\,s \quad (L_2)
 
-(:func:`rounding_bound`). :func:`grid_spacing` picks :math:`s` as the largest power of two with
+(:func:`rounding_bound`; the :math:`L_2` bound by the triangle inequality over the :math:`k_j`
+moved answers). :func:`grid_spacing` picks :math:`s` as the largest power of two with
 :math:`k s \le 2^{-\text{GRID\_BITS}}\Delta_1` (:math:`\sqrt k s` for :math:`L_2`), so the bound
 raises the noise by a relative :math:`2^{-30}` at most (unless a very small privacy
 parameter makes :func:`calibrate_grid` coarsen the grid to keep the scale within ``MAX_SCALE``).
+Counting :math:`k` by column rather than by rows keeps the grid fine on huge domains: a Kronecker
+product of 50 identities has :math:`10^{100}` rows but :math:`k = 1`.
 
 **Privacy of the discrete mechanisms** (integer-valued query :math:`q(x) = \operatorname{round}(Ax/s)`
 with sensitivity :math:`D_p` in grid steps):
@@ -517,18 +524,24 @@ def discrete_gaussian_variance(sigma: float) -> float:
 
 # ====================================================================== the grid
 def _rows_factor(rows: int, norm: int) -> float:
-    """``rows`` (L1) or ``sqrt(rows)`` (L2), rounded up."""
+    """``rows`` (L1) or ``sqrt(rows)`` (L2), rounded up (``rows`` may be a Python int of any size)."""
+    rows = int(rows)
+    if rows > 2**1000:
+        raise ValueError(f"one cell can move {rows:.3e} answers: too many to bound the grid's rounding; "
+                         "measure a strategy with fewer non-zeros per column")
     if norm == 1:
-        return float(rows)
+        return math.nextafter(float(rows), math.inf) if rows > 2**53 else float(rows)
     return math.sqrt(rows) * (1 + 2**-50)  # sqrt is correctly rounded: this is an upper bound
 
 
 def rounding_bound(spacing: float, rows: int, norm: int) -> float:
-    r"""What rounding ``rows`` answers to a grid of ``spacing`` adds to the sensitivity.
+    r"""What rounding to a grid of ``spacing`` adds to the sensitivity when one cell moves at most ``rows`` answers.
 
-    Each rounded answer is within :math:`s/2` of the answer, so two rounded answer vectors differ
-    from the difference of the answers by at most :math:`s` per row: :math:`k s` in :math:`L_1`
-    and :math:`\sqrt{k}\,s` in :math:`L_2` (rounded up here).
+    ``rows`` is the strategy's largest column support :math:`k` (at most its number of rows; see
+    the module docstring). Each rounded answer is within :math:`s/2` of the answer, so two
+    rounded answer vectors differ from the difference of the answers by at most :math:`s` in each
+    of the :math:`k` answers that can move: :math:`k s` in :math:`L_1` and :math:`\sqrt{k}\,s` in
+    :math:`L_2` (rounded up here).
 
     >>> rounding_bound(2.0**-20, 4, 1), rounding_bound(2.0**-20, 4, 2) > 2 * 2.0**-20
     (3.814697265625e-06, True)

@@ -64,6 +64,10 @@ SENSITIVITY_MARGIN = 1e-9
 #: The part of ``SENSITIVITY_MARGIN`` kept for floating-point error in computed sensitivities.
 ROUNDOFF_ALLOWANCE = 1e-12
 
+#: Most queries a workload may have for :func:`plan` to store their variances (one float each, 2 GiB at this size):
+#: a plan for a larger workload (e.g. a Kronecker product over a huge domain) holds none (``variances=None``).
+MAX_QUERIES = 2**28
+
 
 @dataclass(frozen=True, eq=False)
 class Plan:
@@ -82,7 +86,8 @@ class Plan:
         ``privacy``, computed from ``A`` and raised by a relative ``SENSITIVITY_MARGIN`` (1e-9),
         which covers floating-point rounding in the computed norms and the rounding bound of the
         noise grid (:func:`hdmm.noise.rounding_bound`: ``k * spacing`` in L1, ``sqrt(k) * spacing``
-        in L2 for ``k`` strategy rows, at most a relative ``2**-30``; added on top if a tiny
+        in L2 for ``k`` the strategy's largest column support, :meth:`hdmm.Matrix.column_support`,
+        at most a relative ``2**-30``; added on top if a tiny
         privacy parameter coarsens the grid).
     noise_scale : float
         Scale of the discrete Laplace or discrete Gaussian noise of each strategy answer, in the
@@ -172,7 +177,8 @@ class Plan:
 
     def _need_variances(self) -> None:
         if self.variances is None:
-            raise ValueError("this plan only measures a strategy (no workload): make one with hdmm.plan(W, ...)")
+            raise ValueError("this plan holds no per-query variances: it only measures a strategy (make one with "
+                             "hdmm.plan(W, ...)), or its workload has more than hdmm.planning.MAX_QUERIES queries")
 
     # ------------------------------------------------------------------ files
     def save(self, path) -> None:
@@ -361,7 +367,7 @@ def check_calibration(p: Plan) -> None:
     # what the plan's sensitivity must cover: the column norms' rounding and the grid's (a coarser grid
     # moves the rounded answers further apart), as where plans are made (_noise_grid)
     needed = 0.0 if computed == 0 else (
-        computed * (1.0 + ROUNDOFF_ALLOWANCE) + rounding_bound(p.spacing, p.strategy.shape[0], p.privacy.norm))
+        computed * (1.0 + ROUNDOFF_ALLOWANCE) + rounding_bound(p.spacing, p.strategy.column_support(), p.privacy.norm))
     if not (p.sensitivity >= needed * (1.0 - 1e-12)
             and p.noise_scale >= p.privacy.noise_scale(p.sensitivity) * (1.0 - 1e-12)):
         raise ValueError(
@@ -384,7 +390,7 @@ def _noise_grid(sensitivity: float, A: Matrix, privacy: Privacy) -> tuple[float,
         return 1.0, 0.0
     computed = sensitivity / (1.0 + SENSITIVITY_MARGIN)
     headroom = sensitivity - computed * (1.0 + ROUNDOFF_ALLOWANCE)
-    return calibrate_grid(sensitivity, A.shape[0], privacy.norm, privacy.noise_scale, headroom=headroom)
+    return calibrate_grid(sensitivity, A.column_support(), privacy.norm, privacy.noise_scale, headroom=headroom)
 
 
 def check_inputs(W: Matrix, privacy: Privacy, method: str = "auto") -> None:
@@ -453,7 +459,10 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
     spacing, sensitivity = _noise_grid(_check_sensitivity(A.sensitivity(privacy.norm), A), A, privacy)
     resolved = reconstruction_method(A, method, structure=structure)
     queries, weights = unweighted(W)
-    unit, exact = _unit_variances(queries, A, structure)
+    if W.shape[0] > MAX_QUERIES:  # too many to hold one variance each (a 1e100-cell Kronecker workload)
+        unit, exact = None, False
+    else:
+        unit, exact = _unit_variances(queries, A, structure)
     return _calibrated(Plan(
         workload=queries,
         strategy=A,
@@ -462,7 +471,7 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
         noise_scale=privacy.noise_scale(sensitivity),
         structure=structure,
         method=resolved,
-        variances=privacy.noise_variance(sensitivity) * unit,
+        variances=None if unit is None else privacy.noise_variance(sensitivity) * unit,
         variance_exact=exact,
         origin=chosen_by if origin is None else str(origin),
         weights=weights,
