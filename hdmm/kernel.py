@@ -25,7 +25,8 @@ import numpy as np
 from .budget import Budget
 from .matrix import Matrix
 from .mechanism import Measurement
-from .noise import draw, on_grid, random_bits
+from .exact import exact_centres, is_dyadic, on_grid_exact
+from .noise import draw, random_bits
 from .planning import Plan, check_calibration, strategy_plan
 from .privacy import Privacy
 
@@ -143,13 +144,12 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
         raise TypeError(f"budget must be an hdmm.Budget, got {type(budget).__name__}")
     if x.sum() == 0:
         warnings.warn("the data vector is all zeros (no records): the release is pure noise", stacklevel=2)
-    with np.errstate(over="ignore", invalid="ignore"):  # refused just below
-        answers = A @ x
-    if not np.all(np.isfinite(answers)):
+    if not is_dyadic(A):
         raise ValueError(
-            "the strategy's answers on this data vector overflow to infinity (or are NaN): the counts are too large "
-            "for floating point; measure counts of at most hdmm.kernel.MAX_COUNT with a strategy of modest entries"
+            f"the plan's strategy {A!r} is not on the dyadic grid whose answers hdmm computes exactly (a plan built "
+            "by hand?): make the plan with hdmm.plan or hdmm.planning.strategy_plan, which quantize it"
         )
+    centres = exact_centres(A, x, plan.spacing)  # round(A x / s), exactly (hdmm.exact); refused before any charge
     charge = None
     if budget is not None:  # the last step before the noise: refused here, nothing is drawn
         charge = budget.charge(plan.privacy, repr(plan.workload) if label is None else label)
@@ -157,7 +157,7 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
         steps = draw(plan.privacy.noise, plan.noise_scale / plan.spacing, A.shape[0], source)
     else:  # a zero strategy (sensitivity 0): its answers are 0 for every data vector
         steps = np.zeros(A.shape[0], dtype=np.int64)
-    noisy = on_grid(answers, plan.spacing, steps)
+    noisy = on_grid_exact(centres, plan.spacing, steps)
     return Measurement(A, noisy, plan.privacy, plan.sensitivity, plan.noise_scale, plan.spacing, charge,
                        seeded=not source.secure)
 
