@@ -263,9 +263,37 @@ def _row_sum(N) -> int:
     return int(np.max(np.abs(N).sum(axis=1))) if N.size else 0
 
 
+def _chunks(N: np.ndarray) -> list[np.ndarray]:
+    """Integer-valued floats ``N`` as ``sum_i C_i 2**(16 i)`` with ``|C_i| < 2**16`` (same signs): exact float steps."""
+    sign, rest = np.sign(N), np.abs(N)
+    out = []
+    while True:
+        high = np.floor(rest / 2.0**_DIGIT)  # exact: a power-of-two division of an integer, then floor
+        out.append(sign * (rest - high * 2.0**_DIGIT))
+        rest = high
+        if not np.any(rest):
+            return out
+
+
+def _digit_shift(X: _Exact, digits: int) -> _Exact:
+    """``X * 2**(16 digits)``: zero digits prepended."""
+    if not digits:
+        return X
+    zeros = np.zeros((digits,) + X.T.shape[1:], dtype=np.int64)
+    return _Exact(np.concatenate([zeros, X.T]), X.m, X.E)
+
+
+def _by_chunks(N, X: _Exact, one) -> _Exact:
+    """``sum_i 2**(16 i) one(C_i, X)`` over the 16-bit chunks ``C_i`` of ``N`` (for numerators too wide at once)."""
+    parts = [_digit_shift(one(C, X), i) for i, C in enumerate(_chunks(N))]
+    return parts[0] if len(parts) == 1 else _combine(parts, stack=False)
+
+
 def _scale(X: _Exact, numerators: np.ndarray, e: int) -> _Exact:
     """Rows times integer ``numerators`` (broadcast over ``(n, 1)``), exponent ``+ e``."""
     big = int(np.max(np.abs(numerators))) if numerators.size else 0
+    if big >= 2**_DIGIT and big * max(X.m, 2**_DIGIT) >= _INT_SAFE:  # split the numerators into 16-bit chunks
+        return _by_chunks(numerators, X, lambda C, Y: _scale(Y, C, e))
     X = X.ready(max(big, 1), _INT_SAFE)
     return _Exact(X.T * numerators.astype(np.int64), X.m * max(big, 1), X.E + e)
 
@@ -288,9 +316,7 @@ def _apply(A: Matrix, X: _Exact) -> _Exact:
         N, e = _numerator(A.matrix.data if A.is_sparse else A.matrix)
         if A.is_sparse:
             N = sp.csr_array((N, A.matrix.indices, A.matrix.indptr), shape=A.shape)
-        c = max(_row_sum(N), 1)
-        X = X.ready(c)
-        return _Exact(_matmul_float(N, X, c), X.m * c, X.E + e)
+        return _explicit(N, X, e)
     if isinstance(A, Diagonal):
         N, e = _numerator(A.d)
         return _scale(X, N[:, None], e)
@@ -329,6 +355,20 @@ def _apply(A: Matrix, X: _Exact) -> _Exact:
             parts.append(_scale(_Exact(T, X.m * leaves, X.E), N.reshape(1, 1), e))
         return _combine(parts, stack=True)
     raise ExactUnsupported(f"no exact product for a {type(A).__name__} strategy (see hdmm.exact.quantize)")
+
+
+def _explicit(N, X: _Exact, e: int) -> _Exact:
+    """``N @ X`` for integer-valued ``N`` (dense or sparse), exponent ``+ e``; wide numerators in 16-bit chunks."""
+    c = max(_row_sum(N), 1)
+    if c * 2**_DIGIT >= _FLOAT_EXACT:  # (not after hdmm.exact.quantize: any other matrix of doubles)
+        data = N.data if sp.issparse(N) else N
+        if np.max(np.abs(data)) >= 2**_DIGIT:
+            def one(C, Y):
+                M = sp.csr_array((C, N.indices, N.indptr), shape=N.shape) if sp.issparse(N) else C
+                return _explicit(M, Y, e)
+            return _by_chunks(data, X, one)
+    X = X.ready(c)
+    return _Exact(_matmul_float(N, X, c), X.m * c, X.E + e)
 
 
 def _kron(factors, X: _Exact) -> _Exact:

@@ -25,7 +25,7 @@ import numpy as np
 from .budget import Budget
 from .matrix import Matrix
 from .mechanism import Measurement
-from .exact import exact_centres, is_dyadic, on_grid_exact
+from .exact import exact_centres, on_grid_exact
 from .noise import draw, random_bits
 from .planning import Plan, check_calibration, strategy_plan
 from .privacy import Privacy
@@ -144,11 +144,6 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
         raise TypeError(f"budget must be an hdmm.Budget, got {type(budget).__name__}")
     if x.sum() == 0:
         warnings.warn("the data vector is all zeros (no records): the release is pure noise", stacklevel=2)
-    if not is_dyadic(A):
-        raise ValueError(
-            f"the plan's strategy {A!r} is not on the dyadic grid whose answers hdmm computes exactly (a plan built "
-            "by hand?): make the plan with hdmm.plan or hdmm.planning.strategy_plan, which quantize it"
-        )
     centres = exact_centres(A, x, plan.spacing)  # round(A x / s), exactly (hdmm.exact); refused before any charge
     charge = None
     if budget is not None:  # the last step before the noise: refused here, nothing is drawn

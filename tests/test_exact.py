@@ -179,3 +179,14 @@ def test_measure_with_a_kronecker_of_many_factors():
     x = np.arange(K.shape[1], dtype=float)
     y = hdmm.measure(p, x, rng=0).answers
     assert y.shape == (4096,)
+
+
+def test_any_matrix_of_doubles_has_an_exact_product():
+    """Not only quantized strategies: 53-bit entries and weights of any exponent are split into 16-bit chunks."""
+    rng = np.random.default_rng(5)
+    for A in (Explicit(rng.normal(size=(3, 5)) * np.array([1e-9, 1.0, 1e9, 3.0, 1e-3])),
+              Weighted(Kronecker([Identity(2), Prefix(3)]), 2 / 7),
+              Explicit(sp.csr_array(rng.normal(size=(3, 4)) * 1e6)), Diagonal(rng.normal(size=4) * 1e12)):
+        x = rng.integers(0, 10**15, size=A.shape[1], endpoint=True)
+        for s in (2.0**-30, 1.0):
+            assert [int(v) for v in exact_centres(A, x.astype(float), s)] == reference(A, x, s)
