@@ -34,6 +34,12 @@ prefix sums and range differences (Ones, Prefix, Ranges) are done in int64 with
 :math:`c = n`, weights and diagonals as int64 products, checked against :math:`2^{62}`. Parts
 of a VStack or Sum are aligned to a common exponent by exact shifts.
 
+A matrix that was not quantized (any finite doubles, e.g. the level weights of a geography
+unit's plan) still has an exact product: numerators too wide for one float product are split into
+16-bit chunks :math:`N = \sum_i C_i 2^{16 i}` (exact float steps: power-of-two divisions, floors
+and subtractions of integers), each chunk applied as above and shifted back by :math:`i` digits.
+Quantization only keeps the number of digits, hence the cost, small.
+
 **The cheap path** is the same computation with no normalisation needed: for an
 integer-valued strategy whose intermediates stay below :math:`2^{53}` (e.g. a Kronecker product
 of 0/1 factors with :math:`\prod_i c(N_i)\cdot\max_j x_j < 2^{53}`) the counts are used as one
