@@ -192,9 +192,10 @@ def quantize(A: Matrix) -> Matrix:
     if A.shape[0] * A.shape[1] <= _DENSE_FALLBACK:  # any other small node: its quantized entries
         return _quantize_explicit(Explicit(A.dense()))
     raise ExactUnsupported(
-        f"hdmm cannot compute the answers of a {type(A).__name__} strategy of shape {A.shape} exactly, so it cannot release them "
-        "with exactly calibrated noise; use a strategy built from Identity, Ones, Prefix, AllRange, Ranges, "
-        "Explicit, Diagonal, Weighted, Kronecker, VStack, Sum, Marginals, PIdentity, BlockDiagonal or TreeStrategy"
+        f"hdmm cannot compute the answers of a {type(A).__name__} strategy of shape {A.shape} exactly, so it "
+        "cannot release them with exactly calibrated noise; use a strategy built from Identity, Ones, Prefix, "
+        "AllRange, Ranges, Explicit, Diagonal, Weighted, Kronecker, VStack, Sum, Marginals, PIdentity, "
+        "BlockDiagonal or TreeStrategy, or any matrix of at most 2**22 entries"
     )
 
 

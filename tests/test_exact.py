@@ -190,3 +190,11 @@ def test_any_matrix_of_doubles_has_an_exact_product():
         x = rng.integers(0, 10**15, size=A.shape[1], endpoint=True)
         for s in (2.0**-30, 1.0):
             assert [int(v) for v in exact_centres(A, x.astype(float), s)] == reference(A, x, s)
+
+
+def test_structures_without_an_exact_product_are_refused_when_planning():
+    from hdmm.matrix import Transpose
+    small = Transpose(Prefix(4))  # small: measured as the explicit matrix of its entries
+    assert isinstance(quantize(small), Explicit) and np.array_equal(quantize(small).dense(), small.dense())
+    with pytest.raises(ValueError, match="cannot compute the answers of a Transpose strategy"):
+        hdmm.plan(Identity(3000), Transpose(Prefix(3000)), hdmm.PureDP(1.0))
