@@ -14,8 +14,11 @@ per array so that its largest entry keeps ``QBITS`` significant bits (fewer for 
 factors, :func:`_bits_for`, so that every product below stays exact). The structure is kept:
 a Kronecker product of quantized factors is a Kronecker product, marginals stay marginals.
 Integer-valued arrays (0/1 factors, integer weights) are on every such grid already and come
-back unchanged, the same object. A p-Identity strategy becomes the explicit matrix of its
-quantized entries (its parametrisation :math:`[D^{-1}; T D^{-1}]` is not dyadic). The plan's
+back unchanged, the same object. A p-Identity strategy :math:`[D^{-1}; T D^{-1}]` keeps its
+structure (O(pn) memory, fast pseudo-inverse): its parameters :math:`T` are quantized, and the
+matrix measured exactly is :math:`[\mathrm{diag}(v); T\,\mathrm{diag}(v)]` with the doubles
+:math:`v = \mathrm{fl}(1/d)`; its own float methods (column norms, Gram) differ from that matrix
+by a few ulp, which the sensitivity's ``ROUNDOFF_ALLOWANCE`` (1e-12) covers. The plan's
 strategy *is* the quantized matrix: its sensitivity, noise and variances are computed from it.
 
 **2. Exact products** (:func:`exact_centres`). With a dyadic strategy and integer counts
@@ -156,11 +159,9 @@ def quantize(A: Matrix) -> Matrix:
         return A
     if isinstance(A, Explicit):
         return _quantize_explicit(A)
-    if isinstance(A, PIdentity):
-        check = A.shape[0] * A.shape[1]
-        if check > 2**26:
-            raise ExactUnsupported(f"a p-Identity strategy of shape {A.shape} is too large to quantize densely")
-        return _quantize_explicit(Explicit(A.dense()))
+    if isinstance(A, PIdentity):  # structure kept: its p x n parameters on a dyadic grid (module docstring)
+        T = _round_array(A.params, _bits_for(A.params.shape[1]))
+        return A if np.array_equal(T, A.params) else PIdentity(T, norm=A.norm)
     if isinstance(A, Diagonal):
         d = _round_array(A.d, QBITS)
         return A if np.array_equal(d, A.d) else Diagonal(d)
@@ -327,6 +328,10 @@ def _apply(A: Matrix, X: _Exact) -> _Exact:
     if isinstance(A, Diagonal):
         N, e = _numerator(A.d)
         return _scale(X, N[:, None], e)
+    if isinstance(A, PIdentity):  # [diag(v); T diag(v)], v = fl(1 / d): the diagonal, then the dyadic T
+        N, e = _numerator(1.0 / A.d)
+        scaled = _scale(X, N[:, None], e)
+        return _combine([scaled, _apply(Explicit(A.params), scaled)], stack=True)
     if isinstance(A, Weighted):
         N, e = _numerator(np.array([A.weight]))
         return _scale(_apply(A.base, X), N.reshape(1, 1), e)
@@ -524,6 +529,8 @@ def column_nonzeros(A: Matrix) -> int:
     """
     if isinstance(A, (Identity, Diagonal)):
         return 1
+    if isinstance(A, PIdentity):
+        return 1 + int(np.max(np.count_nonzero(A.params, axis=0)))
     if isinstance(A, Ones):
         return A.shape[0]
     if isinstance(A, Ranges):

@@ -25,6 +25,11 @@ from hdmm.workload import AllRange, Prefix, Ranges
 
 def exact_dense(A) -> np.ndarray:
     """The entries as Fractions (a Kronecker product's entries multiplied exactly, not in floating point)."""
+    if isinstance(A, PIdentity):  # [diag(v); T diag(v)] with v = fl(1/d), what hdmm.exact measures
+        v = [Fraction(float(t)) for t in 1.0 / A.d]
+        T = [[Fraction(float(t)) for t in row] for row in A.params]
+        top = [[v[j] if i == j else Fraction(0) for j in range(len(v))] for i in range(len(v))]
+        return np.array(top + [[t * v[j] for j, t in enumerate(row)] for row in T], dtype=object)
     if isinstance(A, Kronecker):
         out = np.array([[Fraction(1)]], dtype=object)
         for F in A.factors:
@@ -198,3 +203,11 @@ def test_structures_without_an_exact_product_are_refused_when_planning():
     assert isinstance(quantize(small), Explicit) and np.array_equal(quantize(small).dense(), small.dense())
     with pytest.raises(ValueError, match="cannot compute the answers of a Transpose strategy"):
         hdmm.plan(Identity(3000), Transpose(Prefix(3000)), hdmm.PureDP(1.0))
+
+
+def test_pidentity_keeps_its_structure_and_one_dimensional_opt0_plans():
+    rng = np.random.default_rng(2)
+    A = PIdentity(rng.random((4, 50)), norm=1)
+    Q = quantize(A)
+    assert isinstance(Q, PIdentity) and quantize(Q) is Q
+    assert abs(Q.sensitivity(1) - np.abs(exact_dense(Q).astype(float)).sum(axis=0).max()) <= 1e-14
