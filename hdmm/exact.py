@@ -71,7 +71,7 @@ from .matrix import Diagonal, Explicit, Identity, Kronecker, Matrix, Ones, Sum, 
 from .optimizers.pidentity import PIdentity
 from .workload import Ranges
 
-__all__ = ["QBITS", "quantize", "is_dyadic", "column_nonzeros", "exact_centres", "on_grid_exact", "ExactUnsupported"]
+__all__ = ["QBITS", "quantize", "is_dyadic", "exact_centres", "on_grid_exact", "ExactUnsupported"]
 
 #: Significant bits kept of each real array of a strategy, relative to its largest entry.
 QBITS = 30
@@ -514,43 +514,3 @@ def on_grid_exact(centres: np.ndarray, spacing: float, noise: np.ndarray) -> np.
         return (centres + noise).astype(np.float64) * spacing
     return np.array([float(int(c) + int(z)) for c, z in zip(centres, noise)], dtype=np.float64) * spacing
 
-
-# ====================================================================== the rows a cell is in
-def column_nonzeros(A: Matrix) -> int:
-    r"""An upper bound on the number of non-zero entries in any column of ``A`` (computed structurally).
-
-    With exact answers, changing one cell :math:`j` moves only the rows with :math:`a_{ij} \ne 0`; rows
-    with :math:`a_{ij} = 0` keep exactly the same answer, hence the same rounded answer. So the grid's
-    rounding adds at most :math:`r s` (:math:`L_1`) or :math:`\sqrt{r}\,s` (:math:`L_2`, triangle
-    inequality on :math:`|d_i| + s` over :math:`r` rows) to the sensitivity, with :math:`r` this bound,
-    instead of :math:`k s` for all :math:`k` rows (docs/privacy.md). A Kronecker product's column
-    counts are the products of its factors' (a column of :math:`\bigotimes A_i` is the Kronecker
-    product of one column of each factor), so :math:`r` stays small on huge domains.
-    """
-    if isinstance(A, (Identity, Diagonal)):
-        return 1
-    if isinstance(A, PIdentity):
-        return 1 + int(np.max(np.count_nonzero(A.params, axis=0)))
-    if isinstance(A, Ones):
-        return A.shape[0]
-    if isinstance(A, Ranges):
-        return int(round(float(np.max(A.column_norm_powers(1).to_array()))))  # 0/1 entries: norm = count
-    if isinstance(A, Explicit):
-        if A.is_sparse:
-            return int(np.max(np.bincount(A.matrix.indices, minlength=A.shape[1]))) if A.matrix.nnz else 0
-        return int(np.max(np.count_nonzero(A.matrix, axis=0)))
-    if isinstance(A, Weighted):
-        return column_nonzeros(A.base) if A.weight != 0 else 0
-    if isinstance(A, Kronecker):
-        return math.prod(column_nonzeros(F) for F in A.factors)
-    if isinstance(A, VStack):
-        return sum(column_nonzeros(B) for B in A.blocks)
-    if isinstance(A, Sum):
-        return min(sum(column_nonzeros(B) for B in A.terms), A.shape[0])
-    if isinstance(A, Marginals):
-        return int(np.count_nonzero(A.weights))
-    if isinstance(A, BlockDiagonal):
-        return max(column_nonzeros(A.block), 1 if A.tail else 0)
-    if isinstance(A, TreeStrategy):
-        return int(np.count_nonzero(A.weights))
-    return A.shape[0]

@@ -16,12 +16,10 @@ correctly rounded value of the integer :math:`\operatorname{round}(a/s) + Z` (ex
 floating-point attack on textbook Laplace noise (Mironov, CCS 2012), where the low-order bits of
 ``a + laplace()`` reveal :math:`a`.
 
-**Rounding bound.** Rounding to the grid moves each answer by at most :math:`s/2`. The answers
-:math:`a = Ax` are computed exactly (:mod:`hdmm.exact`), so for neighbouring data (one cell
-:math:`j` changed) only the rows with :math:`a_{ij} \ne 0` move, each by at most its column change
-plus :math:`s`: with ``k`` the largest number of non-zeros in a column (``rows`` below;
-:func:`hdmm.exact.column_nonzeros`, at most the number of rows), the sensitivity of
-:math:`\operatorname{round}(Ax/s)` (in grid steps, times :math:`s`) is at most
+**Rounding bound.** Rounding to the grid moves each of the ``k`` answers by at most :math:`s/2`,
+so for neighbouring data the rounded answers differ by at most the strategy's column change plus
+:math:`s` per row: the sensitivity of :math:`\operatorname{round}(Ax/s)` (in grid steps, times
+:math:`s`) is at most
 
 .. math:: \Delta_1 + k\,s \quad (L_1), \qquad \Delta_2 + \sqrt{k}\,s \quad (L_2)
 

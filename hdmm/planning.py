@@ -36,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-from .exact import column_nonzeros, quantize
+from .exact import quantize
 from .error import ErrorResult, expected_error, unit_query_variances
 from .io import (FORMAT, MAX_BYTES, VERSION, check_checksum, decode_matrix, encode_matrix, read_archive,
                  with_checksum, workload_fingerprint, write_archive)
@@ -287,10 +287,6 @@ def _unit_variances(W: Matrix, A: Matrix, structure: Structure) -> tuple[np.ndar
 
 
 # ====================================================================== making a plan
-#: Most workload queries a plan computes and stores one variance for (2 GiB of float64).
-MAX_PLAN_QUERIES = 2**28
-
-
 def _choose(W: Matrix, privacy: Privacy, strategy, seed, progress) -> tuple[Matrix, str, Structure | None]:
     """The strategy, its origin, and its structure when an optimizer classified it.
 
@@ -362,7 +358,7 @@ def check_calibration(p: Plan) -> None:
     # what the plan's sensitivity must cover: the column norms' rounding and the grid's (a coarser grid
     # moves the rounded answers further apart), as where plans are made (_noise_grid)
     needed = 0.0 if computed == 0 else (
-        computed * (1.0 + ROUNDOFF_ALLOWANCE) + rounding_bound(p.spacing, column_nonzeros(p.strategy), p.privacy.norm))
+        computed * (1.0 + ROUNDOFF_ALLOWANCE) + rounding_bound(p.spacing, p.strategy.shape[0], p.privacy.norm))
     if not (p.sensitivity >= needed * (1.0 - 1e-12)
             and p.noise_scale >= p.privacy.noise_scale(p.sensitivity) * (1.0 - 1e-12)):
         raise ValueError(
@@ -385,8 +381,7 @@ def _noise_grid(sensitivity: float, A: Matrix, privacy: Privacy) -> tuple[float,
         return 1.0, 0.0
     computed = sensitivity / (1.0 + SENSITIVITY_MARGIN)
     headroom = sensitivity - computed * (1.0 + ROUNDOFF_ALLOWANCE)
-    # exact answers: a cell moves only the rows it has a non-zero in (hdmm.exact.column_nonzeros)
-    return calibrate_grid(sensitivity, column_nonzeros(A), privacy.norm, privacy.noise_scale, headroom=headroom)
+    return calibrate_grid(sensitivity, A.shape[0], privacy.norm, privacy.noise_scale, headroom=headroom)
 
 
 def check_inputs(W: Matrix, privacy: Privacy, method: str = "auto") -> None:
@@ -455,13 +450,6 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
         A, structure = quantized, classify(quantized)
     spacing, sensitivity = _noise_grid(_check_sensitivity(A.sensitivity(privacy.norm), A), A, privacy)
     resolved = reconstruction_method(A, method, structure=structure)
-    if W.shape[0] > MAX_PLAN_QUERIES:  # before one variance per query is allocated
-        raise ValueError(
-            f"the workload has {W.shape[0]:.4g} queries, more than a plan holds one variance each for "
-            f"(hdmm.planning.MAX_PLAN_QUERIES = {MAX_PLAN_QUERIES:,}); its strategy can still be calibrated with "
-            "hdmm.planning.strategy_plan(A, privacy), and its expected total error is "
-            "hdmm.error.expected_error(W, A, privacy)"
-        )
     queries, weights = unweighted(W)
     unit, exact = _unit_variances(queries, A, structure)
     return _calibrated(Plan(
