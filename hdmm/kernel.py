@@ -2,8 +2,9 @@ r"""The private kernel: the one place where data is touched and noise is drawn f
 
 :func:`measure` takes a :class:`~hdmm.Plan` (made without the data) and a data vector
 :math:`x` and returns :math:`y = s\,(\operatorname{round}(Ax/s) + Z)` on the plan's grid of
-spacing :math:`s` (a power of two), with :math:`Z` i.i.d. integer noise drawn exactly by
-:mod:`hdmm.noise`, calibrated by the plan's privacy definition to the strategy's sensitivity
+spacing :math:`s` (a power of two), with :math:`\operatorname{round}(Ax/s)` computed exactly for
+the integer counts (:mod:`hdmm.exact`: the plan's strategy is dyadic, the product error-free), and
+:math:`Z` i.i.d. integer noise drawn exactly by :mod:`hdmm.noise`, calibrated by the plan's privacy definition to the strategy's sensitivity
 plus the grid's rounding bound (computed when the plan was made): discrete Laplace of scale
 :math:`b = \Delta_1/\epsilon` for pure DP, discrete Gaussian for approximate DP and zCDP
 (docs/math.md, section 1; docs/privacy.md). The random bits come from the operating system's
@@ -25,7 +26,8 @@ import numpy as np
 from .budget import Budget
 from .matrix import Matrix
 from .mechanism import Measurement
-from .noise import draw, on_grid, random_bits
+from .exact import exact_centres, on_grid_exact
+from .noise import draw, random_bits
 from .planning import Plan, check_calibration, strategy_plan
 from .privacy import Privacy
 
@@ -148,13 +150,7 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
         raise TypeError(f"budget must be an hdmm.Budget, got {type(budget).__name__}")
     if x.sum() == 0:
         warnings.warn("the data vector is all zeros (no records): the release is pure noise", stacklevel=2)
-    with np.errstate(over="ignore", invalid="ignore"):  # refused just below
-        answers = A @ x
-    if not np.all(np.isfinite(answers)):
-        raise ValueError(
-            "the strategy's answers on this data vector overflow to infinity (or are NaN): the counts are too large "
-            "for floating point; measure counts of at most hdmm.kernel.MAX_COUNT with a strategy of modest entries"
-        )
+    centres = exact_centres(A, x, plan.spacing)  # round(A x / s), exactly (hdmm.exact); refused before any charge
     charge = None
     if budget is not None:  # the last step before the noise: refused here, nothing is drawn
         charge = budget.charge(plan.privacy, repr(plan.workload) if label is None else label)
@@ -162,7 +158,7 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
         steps = draw(plan.privacy.noise, plan.noise_scale / plan.spacing, A.shape[0], source)
     else:  # a zero strategy (sensitivity 0): its answers are 0 for every data vector
         steps = np.zeros(A.shape[0], dtype=np.int64)
-    noisy = on_grid(answers, plan.spacing, steps)
+    noisy = on_grid_exact(centres, plan.spacing, steps)
     return Measurement(A, noisy, plan.privacy, plan.sensitivity, plan.noise_scale, plan.spacing, charge,
                        seeded=not source.secure)
 

@@ -36,6 +36,7 @@ from typing import Callable
 
 import numpy as np
 
+from .exact import quantize
 from .error import ErrorResult, expected_error, unit_query_variances
 from .io import (FORMAT, MAX_BYTES, VERSION, check_checksum, decode_matrix, encode_matrix, read_archive,
                  with_checksum, workload_fingerprint, write_archive)
@@ -454,8 +455,9 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
             f"the strategy has {A.shape[1]:,} columns but the workload has {W.shape[1]:,}: both must be "
             "over the same domain"
         )
-    if structure is None:
-        structure = classify(A)
+    quantized = quantize(A)  # the plan measures the dyadic strategy exactly (hdmm.exact)
+    if structure is None or quantized is not A:
+        A, structure = quantized, classify(quantized)
     spacing, sensitivity = _noise_grid(_check_sensitivity(A.sensitivity(privacy.norm), A), A, privacy)
     resolved = reconstruction_method(A, method, structure=structure)
     queries, weights = unweighted(W)
@@ -491,10 +493,11 @@ def strategy_plan(A: Matrix, privacy: Privacy, *, origin: str = "user") -> Plan:
         raise TypeError(f"the strategy must be an hdmm matrix, got {type(A).__name__}")
     if not isinstance(privacy, Privacy):
         raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
+    W, A = A, quantize(A)  # the plan measures the dyadic strategy exactly (hdmm.exact)
     structure = classify(A)
     spacing, sensitivity = _noise_grid(_check_sensitivity(A.sensitivity(privacy.norm), A), A, privacy)
     return _calibrated(Plan(
-        workload=A, strategy=A, privacy=privacy, sensitivity=sensitivity,
+        workload=W, strategy=A, privacy=privacy, sensitivity=sensitivity,
         noise_scale=privacy.noise_scale(sensitivity), structure=structure,
         method=reconstruction_method(A, "auto", structure=structure), variances=None, variance_exact=True,
         origin=origin, version=HDMM_VERSION, spacing=spacing,
@@ -548,6 +551,9 @@ def plan_from_json(header: dict, arrays: dict[str, np.ndarray], source: str = "t
         raise ValueError(f"{source} is not a valid hdmm plan file: {exc}") from None
     if A.shape[1] != W.shape[1]:
         raise ValueError(f"{source}: the stored strategy and workload are over different domains")
+    if quantize(A) is not A:
+        raise ValueError(f"{source}: the stored strategy is not on the dyadic grid hdmm measures exactly (a plan "
+                         "saved before hdmm 'quantized' strategies, or an edited file): make the plan again")
     structure = classify(A)
     computed = _check_sensitivity(A.sensitivity(privacy.norm), A)
     spacing, sensitivity = _noise_grid(computed, A, privacy)

@@ -20,7 +20,7 @@ LAYERS = [
     {"hdmm.geography"},
     {"hdmm.error", "hdmm.bound", "hdmm.mechanism"},
     {"hdmm.optimizers", "hdmm.strategies"},
-    {"hdmm.io"},
+    {"hdmm.io", "hdmm.exact"},
     {"hdmm.planning"},
     {"hdmm.kernel", "hdmm.postprocess"},
     {"hdmm.release"},

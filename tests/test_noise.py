@@ -20,6 +20,7 @@ import pytest
 from scipy.stats import beta, chisquare, norm
 
 import hdmm
+from hdmm.exact import exact_centres, on_grid_exact
 from hdmm import noise
 from hdmm.kernel import measure
 from hdmm.planning import strategy_plan
@@ -254,8 +255,9 @@ def test_measurements_are_exact_grid_values():
             assert m.spacing == p.spacing
             steps = m.answers / p.spacing
             assert np.all(steps == np.round(steps)) and np.all(np.abs(steps) < 2**53)
-        # the kernel is on_grid(A x, spacing, draw(...)) with the same random stream
-        expected = noise.on_grid(A @ x, p.spacing, noise.draw(privacy.noise, p.noise_scale / p.spacing, A.shape[0], 7))
+        # the kernel is the exact round(Q(A) x / s) plus draw(...) with the same random stream
+        steps = noise.draw(privacy.noise, p.noise_scale / p.spacing, A.shape[0], 7)
+        expected = on_grid_exact(exact_centres(p.strategy, x, p.spacing), p.spacing, steps)
         np.testing.assert_array_equal(measure(p, x, rng=7).answers, expected)
 
 
@@ -300,7 +302,8 @@ def releases(plan, x, count: int, seed: int) -> np.ndarray:
     """``count`` releases of the plan on ``x``, exactly as the kernel makes them (checked above), in one batch."""
     A = plan.strategy
     steps = noise.draw(plan.privacy.noise, plan.noise_scale / plan.spacing, (count, A.shape[0]), seed)
-    return noise.on_grid(np.broadcast_to(A @ x, steps.shape), plan.spacing, steps)
+    centres = exact_centres(A, x, plan.spacing)
+    return on_grid_exact(np.broadcast_to(centres, steps.shape).ravel(), plan.spacing, steps.ravel()).reshape(steps.shape)
 
 
 def events(plan, y: np.ndarray, centre: np.ndarray, other: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
