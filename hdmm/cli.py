@@ -73,6 +73,7 @@ from .cli_inputs import need_pyarrow as _need_pyarrow, probe_directory as _probe
 from .io import load_strategy, save_strategy, workload_fingerprint
 from .matrix import Identity, Matrix
 from .optimizers import optimize
+from .optimizers.kron import for_release
 from .planning import Plan, plan
 from .privacy import ZCDP, ApproxDP, Privacy, PureDP
 from .version import HDMM_VERSION
@@ -569,8 +570,9 @@ def optimize_command(args: argparse.Namespace) -> None:
     _check_output(args.output, "--output", (".npz",))
     named = _workload(args.workload)
     start = time.perf_counter()
-    result = optimize(named.workload, privacy, seed=args.seed, restarts=args.restarts, progress=True,
-                      time_limit=args.time_limit)
+    with for_release():  # a strategy file is for releases: only strategies measured exactly (hdmm.exact)
+        result = optimize(named.workload, privacy, seed=args.seed, restarts=args.restarts, progress=True,
+                          time_limit=args.time_limit)
     seconds = time.perf_counter() - start
     save_strategy(result, args.output, {"workload": args.workload, "hdmm_version": hdmm_version(),
                                         "workload_fingerprint": workload_fingerprint(named.workload),

@@ -66,7 +66,7 @@ import scipy.sparse as sp
 
 from .block_diagonal import BlockDiagonal
 from .geography.strategy import TreeStrategy
-from .marginals import Marginals
+from .marginals import Marginals, SubsetProducts
 from .matrix import Diagonal, Explicit, Identity, Kronecker, Matrix, Ones, Sum, VStack, Weighted
 from .optimizers.pidentity import PIdentity
 from .workload import Ranges
@@ -190,6 +190,11 @@ def quantize(A: Matrix) -> Matrix:
     if isinstance(A, TreeStrategy):
         w = _round_array(A.weights, QBITS)
         return A if np.array_equal(w, A.weights) else TreeStrategy(A.tree, w)
+    if isinstance(A, SubsetProducts):  # e.g. Residuals: measured term by term, factors as their doubles
+        for fs in A.factors:
+            for F in fs:
+                _subset_factor(F)
+        return A
     if A.shape[0] * A.shape[1] <= _DENSE_FALLBACK:  # any other small node: its quantized entries
         return _quantize_explicit(Explicit(A.dense()))
     raise ExactUnsupported(
@@ -198,6 +203,23 @@ def quantize(A: Matrix) -> Matrix:
         "AllRange, Ranges, Explicit, Diagonal, Weighted, Kronecker, VStack, Sum, Marginals, PIdentity, "
         "BlockDiagonal or TreeStrategy, or any matrix of at most 2**22 entries"
     )
+
+
+def _subset_factor(F: Matrix) -> Matrix:
+    """A factor of a :class:`~hdmm.marginals.SubsetProducts` as a node :func:`_apply` computes exactly.
+
+    Factors of a structure with an exact product stay; any other (a Helmert basis of a residual
+    strategy) is measured as the explicit matrix of its doubles (every double is dyadic). Its
+    closed-form column norms describe that matrix to within a few ulp, which the plan's
+    ``ROUNDOFF_ALLOWANCE`` covers, as for p-Identity strategies.
+    """
+    if isinstance(F, (Identity, Ones, Ranges, Explicit, Diagonal)) or (
+            isinstance(F, Weighted) and isinstance(F.base, (Identity, Ones))):
+        return F
+    if F.shape[0] * F.shape[1] > _DENSE_FALLBACK:
+        raise ExactUnsupported(f"a factor {F!r} of shape {F.shape} of a subset-product strategy is too large to "
+                               "measure exactly as an explicit matrix (at most 2**22 entries)")
+    return Explicit(F.dense())
 
 
 def is_dyadic(A: Matrix) -> bool:
@@ -340,8 +362,9 @@ def _apply(A: Matrix, X: _Exact) -> _Exact:
     if isinstance(A, (VStack, Sum)):
         parts = [_apply(P, X) for P in (A.blocks if isinstance(A, VStack) else A.terms)]
         return _combine(parts, stack=isinstance(A, VStack))
-    if isinstance(A, Marginals):
-        terms = [Weighted(Kronecker([fs[int(m)] for fs, m in zip(A.factors, row)]), float(w))
+    if isinstance(A, SubsetProducts):  # Marginals, Residuals: one weighted Kronecker product per subset
+        factors = [[_subset_factor(F) for F in fs] for fs in A.factors]
+        terms = [Weighted(Kronecker([fs[int(m)] for fs, m in zip(factors, row)]), float(w))
                  for row, w in zip(A.members, A.weights)]
         return _combine([_apply(t, X) for t in terms], stack=True)
     if isinstance(A, BlockDiagonal):

@@ -44,6 +44,7 @@ from .matrix import UNDERFLOW_MESSAGE, DenseLimitError, Kronecker, Matrix, Weigh
 from .mechanism import RECONSTRUCTION_METHODS, reconstruction_method
 from .noise import calibrate_grid, rounding_bound
 from .optimizers import OptimizationResult, optimize
+from .optimizers.kron import for_release
 from .privacy import Privacy
 from .structure import Structure, classify
 from .version import HDMM_VERSION
@@ -309,7 +310,8 @@ def _choose(W: Matrix, privacy: Privacy, strategy, seed, progress) -> tuple[Matr
             raise ValueError(
                 f"strategy must be 'auto', an hdmm matrix or an OptimizationResult, got the string {strategy!r}"
             )
-        strategy = optimize(W, privacy, seed=seed, progress=progress)
+        with for_release():  # only strategies a release can measure exactly (hdmm.exact)
+            strategy = optimize(W, privacy, seed=seed, progress=progress)
     if isinstance(strategy, OptimizationResult):
         if strategy.privacy.noise != privacy.noise:
             warnings.warn(

@@ -169,3 +169,42 @@ def test_pidentity_keeps_its_structure_and_one_dimensional_opt0_plans():
     Q = quantize(A)
     assert isinstance(Q, PIdentity) and quantize(Q) is Q
     assert abs(Q.sensitivity(1) - np.abs(exact_dense(Q).astype(float)).sum(axis=0).max()) <= 1e-14
+
+
+def test_residual_strategies_are_measured_exactly():
+    # a Gaussian optimization of marginals picks a Residuals strategy, whose Helmert factors are measured as the
+    # explicit matrices of their doubles (it was refused: 'cannot compute the answers of a Residuals strategy')
+    import itertools
+    import math
+    from fractions import Fraction
+
+    from hdmm.exact import _subset_factor
+    from hdmm.marginals import Residuals
+    R = Residuals((3, 4, 2), {(): 1.0, (0,): 0.7, (0, 1): 1.3, (2,): 0.4})
+    assert quantize(R) is R
+    x = np.random.default_rng(0).integers(0, 10**12, size=R.shape[1]).astype(float)
+    s = 2.0**-20
+    ref = []
+    for row, w in zip(R.members, R.weights):
+        Fs = [[[Fraction(float(v)) for v in r] for r in _subset_factor(fs[int(m)]).dense()]
+              for fs, m in zip(R.factors, row)]
+        for rows in itertools.product(*[range(len(F)) for F in Fs]):
+            total = Fraction(0)
+            for j, cols in enumerate(itertools.product(*[range(len(F[0])) for F in Fs])):
+                e = Fraction(float(w))
+                for F, r, c in zip(Fs, rows, cols):
+                    e *= F[r][c]
+                total += e * int(x[j])
+            ref.append(math.floor(total / Fraction(s) + Fraction(1, 2)))
+    assert [int(c) for c in exact_centres(R, x, s)] == ref
+
+
+def test_plans_for_long_gaussian_domains_choose_a_strategy_measured_exactly():
+    # beyond 2048 values the Gaussian optimizer's square-root strategy (a sine transform) has no exact product;
+    # hdmm.plan optimizes for release (p-Identity stands in) instead of refusing (it raised ExactUnsupported)
+    from hdmm.optimizers.kron import factor_method, for_release
+    G = hdmm.Prefix(4096).gram()
+    assert factor_method(G, hdmm.ZCDP(0.5)) == "square root"
+    with for_release():
+        assert factor_method(G, hdmm.ZCDP(0.5)) == "p-identity"
+    assert factor_method(G, hdmm.ZCDP(0.5)) == "square root"

@@ -17,9 +17,11 @@ The functions here take the privacy definition (:class:`~hdmm.privacy.PureDP`,
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 from scipy.optimize import minimize_scalar
@@ -68,6 +70,27 @@ MEMO_MAX_N = 4096
 L2_WARMUP = 100
 
 
+#: Whether the strategy being optimized is to be released (:func:`for_release`).
+_RELEASE: contextvars.ContextVar[bool] = contextvars.ContextVar("hdmm_release", default=False)
+
+
+@contextlib.contextmanager
+def for_release() -> Iterator[None]:
+    """Optimize, inside the block, only strategies that a release can measure exactly (:mod:`hdmm.exact`).
+
+    A square-root strategy over more than ``CONVEX_MAX_N`` values is a sine transform with no
+    exact product (its dense matrix would be too large to quantize), so under Gaussian noise
+    p-Identity with L2-normalised columns (and, for local workloads, the block strategy) stands
+    in for it. :func:`hdmm.plan` optimizes inside this block; :func:`hdmm.optimize` alone, for
+    comparing strategies, still considers the square root.
+    """
+    token = _RELEASE.set(True)
+    try:
+        yield
+    finally:
+        _RELEASE.reset(token)
+
+
 def factor_method(G: Matrix, privacy: Privacy) -> str:
     """How :func:`optimize_factor` optimizes Gram ``G``: ``"convex"``, ``"square root"``, ``"sine basis"`` or ``"p-identity"``.
 
@@ -82,6 +105,8 @@ def factor_method(G: Matrix, privacy: Privacy) -> str:
         return "p-identity"
     if n <= CONVEX_MAX_N:
         return "convex"
+    if _RELEASE.get():  # no exact product for a square-root strategy this large (for_release)
+        return "p-identity"
     if n <= ROOT_DENSE_MAX_N or G.spectrum() is not None:
         return "square root"
     return "sine basis"
