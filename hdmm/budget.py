@@ -554,8 +554,8 @@ class Budget:
     def _checked(self, c: Charge, where: str) -> Charge:
         """``c`` if it can be the budget's next charge (its number, unit and cost), else a ``ValueError``."""
         if c.number != len(self._charges) + 1:
-            raise ValueError(f"{where}: the charges are not numbered 1, 2, ... in order (charge {len(self._charges) + 1} "
-                             f"is numbered {c.number}); the file is damaged or was edited")
+            raise ValueError(f"{where}: the charges are not numbered 1, 2, ... in order (charge "
+                             f"{len(self._charges) + 1} is numbered {c.number}); the file is damaged or was edited")
         if c.unit != self.unit:
             raise ValueError(f"{where}: charge {c.number} is in {c.unit} but the budget counts {self.unit}")
         try:

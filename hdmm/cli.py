@@ -511,8 +511,8 @@ def _budget_key(path: str | None) -> bytes | None:
     except OSError as exc:
         raise UsageError(f"--budget-key {path} cannot be read ({exc.strerror or exc})") from None
     if not 16 <= len(key) <= 4096:
-        raise UsageError(f"--budget-key {path} must hold 16 to 4096 bytes of secret key (e.g. head -c 32 /dev/urandom > "
-                         f"{path}; chmod 600 {path}), got {len(key)}")
+        raise UsageError(f"--budget-key {path} must hold 16 to 4096 bytes of secret key (e.g. head -c 32 "
+                         f"/dev/urandom > {path}; chmod 600 {path}), got {len(key)}")
     return key
 
 

@@ -4,8 +4,8 @@ r"""The private kernel: the one place where data is touched and noise is drawn f
 :math:`x` and returns :math:`y = s\,(\operatorname{round}(Ax/s) + Z)` on the plan's grid of
 spacing :math:`s` (a power of two), with :math:`\operatorname{round}(Ax/s)` computed exactly for
 the integer counts (:mod:`hdmm.exact`: the plan's strategy is dyadic, the product error-free), and
-:math:`Z` i.i.d. integer noise drawn exactly by :mod:`hdmm.noise`, calibrated by the plan's privacy definition to the strategy's sensitivity
-plus the grid's rounding bound (computed when the plan was made): discrete Laplace of scale
+:math:`Z` i.i.d. integer noise drawn exactly by :mod:`hdmm.noise`, calibrated by the plan's
+privacy definition to the strategy's sensitivity plus the grid's rounding bound (computed when the plan was made): discrete Laplace of scale
 :math:`b = \Delta_1/\epsilon` for pure DP, discrete Gaussian for approximate DP and zCDP
 (docs/math.md, section 1; docs/privacy.md). The random bits come from the operating system's
 cryptographic generator unless a seed is given. Given a :class:`~hdmm.Budget`, it charges the
