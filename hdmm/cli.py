@@ -246,7 +246,9 @@ def _plan(spec: str, named: NamedWorkload, privacy: Privacy, args: argparse.Name
     if spec == "identity":
         return plan(W, Identity(named.domain.size), privacy, origin="identity"), {"origin": "identity"}
     if spec == "auto":
-        result = optimize(W, privacy, seed=args.seed, restarts=args.restarts, progress=True, time_limit=args.time_limit)
+        with for_release():  # only strategies a release can measure exactly (hdmm.exact)
+            result = optimize(W, privacy, seed=args.seed, restarts=args.restarts, progress=True,
+                              time_limit=args.time_limit)
         origin = f"{result.optimizer} (hdmm.optimize, this run)"
         return plan(W, result, privacy, origin=origin), {"origin": origin, "optimizer": result.optimizer,
                                                           "optimizer_seed": args.seed}
