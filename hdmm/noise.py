@@ -10,8 +10,9 @@ with :math:`Z` i.i.d. integers from the **discrete Laplace** distribution,
 Gaussian for Differential Privacy", NeurIPS 2020; theorem, corollary and algorithm numbers
 below are those of arXiv:2004.00010v5), with :math:`t` and :math:`\sigma` given in
 grid steps. Nothing random ever passes through floating point: :math:`Z` is drawn exactly
-(below), :math:`\operatorname{round}(a/s)` is a deterministic function of the computed answers,
-and the release is exactly :math:`s\,(\operatorname{round}(a/s) + Z)`: the float sum is the
+(below), :math:`\operatorname{round}(a/s)` is computed exactly from the exact answers
+(:mod:`hdmm.exact`, whose ``on_grid_exact`` the kernel uses; :func:`on_grid` here is the same
+step for answers already rounded in floating point, kept for experiments), and the release is exactly :math:`s\,(\operatorname{round}(a/s) + Z)`: the float sum is the
 correctly rounded value of the integer :math:`\operatorname{round}(a/s) + Z` (exact below
 :math:`2^{53}`), so every released number is a function of that integer alone. This closes the
 floating-point attack on textbook Laplace noise (Mironov, CCS 2012), where the low-order bits of
