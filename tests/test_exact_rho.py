@@ -112,3 +112,31 @@ def test_a_release_records_the_exact_rho_in_its_provenance(tmp_path):
     back = hdmm.Release.load(tmp_path / "r.npz")
     assert back.privacy.rho == RHO and isinstance(back.privacy.rho, Fraction)
     assert back.charge.cost == RHO
+
+
+def test_a_geography_release_records_the_exact_rho():
+    import scipy.sparse as sp
+
+    from hdmm.geography import GeographyTree
+    from hdmm.georelease import ArrayHistograms, geo_plan, release_geography
+
+    tree = GeographyTree.from_parents({"a": "US", "b": "US", "a1": "a", "a2": "a", "b1": "b"},
+                                      ["nation", "state", "county"])
+    p = geo_plan(tree, hdmm.Identity(3), ZCDP(RHO), strategy=hdmm.Identity(3))
+    budget = Budget(ZCDP(RHO))
+    r = release_geography(p, ArrayHistograms(sp.csr_matrix(np.arange(9.0).reshape(3, 3))), seed=1, budget=budget)
+    prov = json.loads(json.dumps(r.provenance()))
+    assert prov["privacy"]["rho_exact"] == "293764/114921"
+    assert budget.remaining_exact == 0
+
+
+def test_cli_takes_an_exact_rho(tmp_path, capsys):
+    from hdmm.cli import main
+
+    path = str(tmp_path / "b.jsonl")
+    assert main(["budget", "create", path, "--rho", "293764/114921"]) == 0
+    assert "293764/114921" in capsys.readouterr().out
+    assert Budget.load(path).total.rho == RHO
+    with pytest.raises(SystemExit):
+        main(["budget", "create", str(tmp_path / "c.jsonl"), "--rho", "1/0"])
+    assert "not a fraction" in capsys.readouterr().err
