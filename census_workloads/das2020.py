@@ -92,6 +92,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 from hdmm.matrix import Matrix, VStack, Weighted
+from hdmm.budget import zcdp_epsilon
 from hdmm.privacy import ZCDP
 
 from .pl94_2020 import DAS_QUERIES, das_query
@@ -207,6 +208,15 @@ class ProductionConfig:
         """
         a = self.level(level)
         return _combined_total_sigma(tuple(a.queries), tuple(float(self.query_rho(level, q)) for q in a.queries))
+
+    def epsilon(self) -> float:
+        """The run's :math:`(\\epsilon, \\delta)` statement at :attr:`delta`, for bounded neighbours (production's).
+
+        :math:`\\rho`-zCDP implies :math:`(\\epsilon, \\delta)`-DP by Canonne, Kamath & Steinke (2020,
+        Corollary 13), the conversion of the DAS's ``curve.py`` and of :func:`hdmm.budget.zcdp_epsilon`:
+        17.14 at :math:`\\delta = 10^{-10}` for the PL94 persons.
+        """
+        return zcdp_epsilon(float(self.rho), self.delta)
 
     # ------------------------------------------------------------------ hdmm's terms
     def hdmm_rho(self, level: str | None = None) -> Fr:

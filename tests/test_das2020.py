@@ -146,6 +146,7 @@ def test_production_facts():
     assert all(sum(a.query_shares) == 1 for a in c.levels)
     assert sum(c.query_rho(a.level, q) for a in c.levels for q in a.queries) == RHO
     assert c.query_rho("nation", "total") == 0
+    assert round(c.epsilon(), 2) == 17.14
     with pytest.raises(ValueError, match="unknown level"):
         c.level("place")
 
