@@ -39,15 +39,21 @@ strategy here (:meth:`ProductionConfig.strategy`) stacks the queries, each scale
 :math:`\sqrt{s_{lq}}`) have variance :math:`1/(2\rho_l' s_{lq})`. This equals production's
 :math:`1/(\rho g_l s_{lq})` exactly when
 
-.. math:: \rho_l' = \rho\, g_l / 2 \quad (:meth:`ProductionConfig.hdmm_rho`), \qquad
-          \sum_l \rho_l' = \rho/2 = 146882/114921 .
+.. math:: \rho_l' = \rho\, g_l / 2, \qquad \sum_l \rho_l' = \rho/2 = 146882/114921
 
-Both numbers describe the same noise: a release that is :math:`\rho'`-zCDP for add/remove
-neighbours with a non-negative strategy is :math:`2\rho'`-zCDP for bounded ones (for non-negative
-columns :math:`\lVert a_i - a_j\rVert_2^2 \le \lVert a_i\rVert^2 + \lVert a_j\rVert^2 \le 2\Delta_2^2`),
-so production's :math:`\rho` in its accounting is hdmm's ``ZCDP(rho / 2)``, and "the same rho"
-for comparing allocations means ``ZCDP(Fraction(146882, 114921))`` in hdmm (for any non-negative
-strategy, hdmm's optimized ones included). All six levels at once: level weights
+(:meth:`ProductionConfig.hdmm_rho`). Both numbers describe the same noise: a changed record
+moves a strategy's answers by :math:`a_i - a_j` (two columns), and
+:math:`\lVert a_i - a_j\rVert_2^2 = G_{ii} + G_{jj} - 2G_{ij} \le 2\Delta_2^2` when the Gram
+matrix :math:`G = A^TA` has no negative entry (every strategy with non-negative entries:
+marginals, p-Identity, these stacks), so a release that is :math:`\rho'`-zCDP for add/remove
+neighbours is then :math:`2\rho'`-zCDP for bounded ones, with equality for stacks of 0/1
+partitions (:math:`A(e_i - e_j)` has norm :math:`\sqrt 2\,\Delta_2` for a record that changes
+every attribute and moves to another unit: the geography is part of a record). Production's :math:`\rho` in its accounting is thus hdmm's ``ZCDP(rho / 2)``,
+and "the same rho" for comparing allocations means ``ZCDP(Fraction(146882, 114921))`` in hdmm,
+for strategies with a non-negative Gram. A strategy whose Gram has negative entries (residuals
+with Helmert factors: :math:`H^TH = I - J/n`) can move further under a change, up to
+:math:`2\Delta_2` (:math:`4\rho'`); compare it only after computing
+:math:`\max_{i \ne j} G_{ii} + G_{jj} - 2G_{ij}`. All six levels at once: level weights
 :math:`w_l = \sqrt{g_l}` (:meth:`ProductionConfig.level_weights`, :math:`\sum w_l^2 = 1`) on the
 tree strategy and ``ZCDP(rho / 2)`` (:meth:`ProductionConfig.hdmm_privacy`).
 
@@ -62,20 +68,20 @@ Measurement sigma of total population
 The ``total`` query of a unit has :math:`\sigma = 1/\sqrt{\rho\, g_l\, s_{l,\text{total}}}`
 (:meth:`ProductionConfig.sigma`): with :math:`\rho = 2.5562`,
 
-==============  ============  ===============  ===========================  ======
-level           :math:`g_l`   total's share    :math:`\rho_{l,\text{total}}`  sigma
-==============  ============  ===============  ===========================  ======
-State           1440/4099     3773/4097        0.82700                      1.0996
-County          447/4099      3126/4097        0.21269                      2.1683
-Tract           687/4099      1567/4102        0.16366                      2.4719
-Block_Group     1256/4099     1705/4099        0.32580                      1.7519
-Block           165/4099      5/4097           0.00012558                   89.237
-==============  ============  ===============  ===========================  ======
+===========  ===========  =============  =============================  ======
+level        :math:`g_l`  total's share  :math:`\rho_{l,\text{total}}`  sigma
+===========  ===========  =============  =============================  ======
+State        1440/4099    3773/4097      0.82700                        1.0996
+County       447/4099     3126/4097      0.21269                        2.1683
+Tract        687/4099     1567/4102      0.16366                        2.4719
+Block_Group  1256/4099    1705/4099      0.32580                        1.7519
+Block        165/4099     5/4097         0.00012558                     89.237
+===========  ===========  =============  =============================  ======
 
 (US measures no ``total``: the state totals are invariant.) The best unbiased estimate of a
 unit's total from *all* its level's queries (generalized least squares over the 2,016 cells,
-:meth:`ProductionConfig.combined_total_sigma`) is a little better: County 2.162, Tract 2.452,
-Block_Group 1.745, Block 49.09, US 34.99.
+:meth:`ProductionConfig.combined_total_sigma`) is a little better: State 1.098, County 2.162,
+Tract 2.452, Block_Group 1.745, Block 49.09, US 34.99.
 
 >>> from census_workloads.das2020 import PL94_2020
 >>> PL94_2020.rho, [round(PL94_2020.sigma(l, "total"), 2) for l in ("county", "tract", "block_group")]
