@@ -132,6 +132,12 @@ def test_pl94_2020_union():
 
 
 # ---------------------------------------------------------------------- the production budget
+def _same_row(query):
+    """Q^T Q for a partition query Q: 1 where two cells are counted by the same row."""
+    g = das_query(query).dense().argmax(axis=0)
+    return (g[:, None] == g[None, :]).astype(float)
+
+
 def test_production_facts():
     c = production_pl94()
     assert c is PL94_2020 and c.rho == RHO and isinstance(c.rho, Fraction) and c.delta == 1e-10
@@ -166,7 +172,7 @@ def test_combined_total_sigma_is_the_gls_variance():
     # the orbit reduction against the dense 2,016 x 2,016 precision matrix (county)
     level = "county"
     a = PL94_2020.level(level)
-    P = sum(float(PL94_2020.query_rho(level, q)) * das_query(q).dense().T @ das_query(q).dense() for q in a.queries)
+    P = sum(float(PL94_2020.query_rho(level, q)) * _same_row(q) for q in a.queries)  # sum of rho_q Q_q^T Q_q
     dense = math.sqrt(np.ones(2016) @ np.linalg.solve(P, np.ones(2016)))
     assert PL94_2020.combined_total_sigma(level) == pytest.approx(dense, rel=1e-10)
     got = {lv: round(PL94_2020.combined_total_sigma(lv), 3) for lv in PL94_2020.level_names}
@@ -180,9 +186,11 @@ def test_strategy_gives_production_noise_under_hdmm_zcdp(level):
     A = PL94_2020.strategy(level)
     assert A.shape == (sum(das_query(q).shape[0] for q in a.queries), 2016)
     assert A.sensitivity(2) == pytest.approx(1.0, rel=1e-12)
-    dense = A.dense()
-    expected = sum(float(s) * das_query(q).dense().T @ das_query(q).dense() for q, s in zip(a.queries, a.query_shares))
-    np.testing.assert_allclose(dense.T @ dense, expected, atol=1e-12)
+    dense, row = A.dense(), 0
+    for q, s in zip(a.queries, a.query_shares):  # the blocks: sqrt(s_q) Q_q, in order
+        Q = das_query(q).dense()
+        np.testing.assert_allclose(dense[row:row + Q.shape[0]], math.sqrt(s) * Q, rtol=1e-15)
+        row += Q.shape[0]
     privacy = PL94_2020.hdmm_privacy(level)
     assert privacy.rho == RHO * a.share / 2 and isinstance(privacy.rho, Fraction)
     for q, s in zip(a.queries, a.query_shares):  # noise of Q_q's answers = row noise / s_q
