@@ -1,5 +1,8 @@
 """Census person workloads for hdmm: the 2010 SF1 person tables, SF1+ and PL94-171.
 
+The 2020 PL94-171 tables over the DAS's 2,016-cell histogram, and the 2020 production budget
+(:data:`PL94_2020`), are in :mod:`census_workloads.pl94_2020` and :mod:`census_workloads.das2020`.
+
 The workloads are unions of Kronecker products over the person-level CPH domain
 (:func:`cph_domain`: sex, hispanic, race, relationship, age and optionally state), built from
 one-attribute predicate sets (:mod:`census_workloads.predicates`) that are created once and
@@ -28,7 +31,9 @@ errors count ``c**2`` times).
   carry ``1 + c**2`` times their weight in SF1 alone; ``c = 0`` gives SF1 back.
 """
 
+from .das2020 import PL94_2020, ProductionConfig, production_pl94
 from .pl94 import PL94_TABLES, pl94, pl94_tables
+from .pl94_2020 import PL94_2020_TABLES, pl94_2020, pl94_2020_domain, pl94_2020_tables
 from .predicates import (
     adult,
     age1,
@@ -49,7 +54,10 @@ from .synthetic import synthetic_persons
 __all__ = [
     "AGE_LABELS",
     "HISPANIC",
+    "PL94_2020",
+    "PL94_2020_TABLES",
     "PL94_TABLES",
+    "ProductionConfig",
     "RACES",
     "RELATIONSHIP",
     "SEX",
@@ -64,6 +72,9 @@ __all__ = [
     "identity_total",
     "not_hispanic",
     "pl94",
+    "pl94_2020",
+    "pl94_2020_domain",
+    "pl94_2020_tables",
     "pl94_tables",
     "race1",
     "race2",
@@ -74,5 +85,6 @@ __all__ = [
     "sf1_tables",
     "synthetic_persons",
     "total",
+    "production_pl94",
     "white_alone",
 ]

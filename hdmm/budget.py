@@ -86,7 +86,7 @@ from fractions import Fraction
 from typing import Any, Mapping
 
 from .ledger import Ledger, LedgerError
-from .privacy import ZCDP, ApproxDP, Privacy, PureDP, zcdp_delta, zcdp_rho
+from .privacy import ZCDP, ApproxDP, Privacy, PureDP, exact_entry, read_exact, zcdp_delta, zcdp_rho
 from .validation import is_finite_real
 
 __all__ = ["Budget", "Charge", "BudgetError", "BudgetExceeded", "zcdp_epsilon", "settle_quietly", "BUDGET_RTOL",
@@ -107,10 +107,10 @@ BUDGET_VERSION = 2
 #: A charge's status: recorded before measuring, or known to have finished.
 STATUSES = ("charged", "released")
 
-_CHARGE_KEYS = {"number", "time", "workload", "privacy", "charge", "unit", "status", "output"}
+_CHARGE_KEYS = {"number", "time", "workload", "privacy", "charge", "charge_exact", "unit", "status", "output"}
 _TOP_KEYS = {"format", "version", "total", "delta", "created", "charges"}  # a version-1 file
 _HEADER_KEYS = {"format", "version", "total", "delta", "created", "keyed", "hash"}
-_RECORD_KEYS = {"charge": {"record", "number", "time", "workload", "privacy", "charge", "unit", "hash"},
+_RECORD_KEYS = {"charge": {"record", "number", "time", "workload", "privacy", "charge", "charge_exact", "unit", "hash"},
                 "released": {"record", "number", "time", "output", "hash"}}
 
 
@@ -167,7 +167,7 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _amount(privacy: Privacy) -> float:
+def _amount(privacy: Privacy) -> float | Fraction:
     """The parameter a budget of this kind is counted in."""
     return privacy.epsilon if isinstance(privacy, PureDP) else privacy.rho
 
@@ -187,8 +187,10 @@ class Charge:
         What was released (a workload name or description).
     privacy : Privacy
         The release's privacy definition.
-    cost : float
-        What it cost, in the budget's unit (``"epsilon"`` or ``"rho"``; see :class:`Budget`).
+    cost : float or fractions.Fraction
+        What it cost, in the budget's unit (``"epsilon"`` or ``"rho"``; see :class:`Budget`): a
+        Fraction for a ``ZCDP`` release with an exact rho, written ``"charge_exact": "p/q"`` next
+        to the float ``"charge"`` in files.
     unit : str
         ``"epsilon"`` (a pure-DP budget) or ``"rho"`` (a zCDP budget).
     status : str
@@ -202,7 +204,7 @@ class Charge:
     time: str
     workload: str
     privacy: Privacy
-    cost: float
+    cost: float | Fraction
     unit: str
     status: str = "charged"
     output: str | None = None
@@ -210,15 +212,15 @@ class Charge:
     def to_dict(self) -> dict[str, Any]:
         """The charge as a budget file lists it (``charge`` is the cost)."""
         return {"number": self.number, "time": self.time, "workload": self.workload,
-                "privacy": self.privacy.to_dict(), "charge": self.cost, "unit": self.unit, "status": self.status,
-                "output": self.output}
+                "privacy": self.privacy.to_dict(), "charge": float(self.cost), **exact_entry("charge", self.cost),
+                "unit": self.unit, "status": self.status, "output": self.output}
 
     @staticmethod
     def from_dict(d: Any, source: str = "the budget file") -> Charge:
         """A charge from :meth:`to_dict` output, checked field by field (one ``ValueError`` naming ``source``)."""
         if not isinstance(d, Mapping):
             raise ValueError(f"{source}: a charge must be a JSON object, got {type(d).__name__}")
-        problem = _entries_problem(d, _CHARGE_KEYS, _CHARGE_KEYS - {"output"})
+        problem = _entries_problem(d, _CHARGE_KEYS, _CHARGE_KEYS - {"output", "charge_exact"})
         if problem:
             raise ValueError(f"{source}: a charge has {problem}")
         number, cost = d["number"], d["charge"]
@@ -237,7 +239,14 @@ class Charge:
         if output is not None and not isinstance(output, str):
             raise ValueError(f"{source}: charge {number}'s output must be text or null, got {output!r}")
         privacy = _privacy_from(d["privacy"], f"{source}: charge {number}'s privacy")
-        return Charge(number=number, time=d["time"], workload=d["workload"], privacy=privacy, cost=float(cost),
+        if "charge_exact" in d:
+            try:
+                cost = read_exact("charge", d["charge_exact"], cost)
+            except ValueError as exc:
+                raise ValueError(f"{source}: charge {number}: {exc}") from None
+        else:
+            cost = float(cost)
+        return Charge(number=number, time=d["time"], workload=d["workload"], privacy=privacy, cost=cost,
                       unit=d["unit"], status=d["status"], output=output)
 
 
@@ -359,14 +368,34 @@ class Budget:
     @property
     def remaining(self) -> float:
         """What is left, in the budget's unit (negative if a file's total was lowered below its charges)."""
-        return float(Fraction(_amount(self._total)) - self._exact_spent())
+        return float(self.remaining_exact)
+
+    @property
+    def spent_exact(self) -> Fraction:
+        """:attr:`spent` as the exact sum of the charges (exact rhos as given, floats as the doubles they are)."""
+        return self._exact_spent()
+
+    @property
+    def remaining_exact(self) -> Fraction:
+        """:attr:`remaining` exactly: the total (as a Fraction) minus :attr:`spent_exact`.
+
+        >>> from fractions import Fraction
+        >>> b = Budget(ZCDP(Fraction(293764, 114921)))
+        >>> for share in (104, 1440, 447, 687, 1256, 165):
+        ...     _ = b.charge(ZCDP(Fraction(293764, 114921) * share / 4099))
+        >>> b.spent_exact, b.remaining_exact
+        (Fraction(293764, 114921), Fraction(0, 1))
+        """
+        return Fraction(_amount(self._total)) - self._exact_spent()
 
     def _exact_spent(self) -> Fraction:
         return self._spent
 
     # ------------------------------------------------------------------ charging
-    def cost(self, privacy: Privacy) -> float:
+    def cost(self, privacy: Privacy) -> float | Fraction:
         """What a release under ``privacy`` costs this budget, in its unit (see the module's table).
+
+        A ``ZCDP`` release with an exact rho (a :class:`fractions.Fraction`) costs that Fraction.
 
         Raises
         ------
@@ -392,7 +421,7 @@ class Budget:
             return zcdp_rho(privacy.epsilon, privacy.delta)
         raise BudgetError(f"no composition rule for {type(privacy).__name__} releases")
 
-    def check(self, privacy: Privacy) -> float:
+    def check(self, privacy: Privacy) -> float | Fraction:
         """The cost of a release under ``privacy``, if it fits in what is left; else :class:`BudgetExceeded`.
 
         Nothing is recorded: :meth:`charge` does that.
@@ -403,7 +432,7 @@ class Budget:
         if spent + Fraction(cost) > total * (1 + Fraction(BUDGET_RTOL)):
             where = "" if self._path is None else f" ({self._path})"
             raise BudgetExceeded(
-                f"the privacy budget{where} cannot pay for this release: it costs {self.unit} = {cost:.6g} "
+                f"the privacy budget{where} cannot pay for this release: it costs {self.unit} = {float(cost):.6g} "
                 f"({privacy.description}), but {float(total - spent):.6g} of the total {self.unit} = "
                 f"{float(total):.6g} is left after {len(self._charges)} charge(s); nothing was measured"
             )
@@ -532,7 +561,7 @@ class Budget:
         where = f"{source}, line {line}" if line else source
         if kind not in _RECORD_KEYS:
             raise ValueError(f"{where}: a record must be a 'charge' or 'released', got {kind!r}")
-        problem = _entries_problem(entry, _RECORD_KEYS[kind], _RECORD_KEYS[kind] - {"hash"})
+        problem = _entries_problem(entry, _RECORD_KEYS[kind], _RECORD_KEYS[kind] - {"hash", "charge_exact"})
         if problem:
             raise ValueError(f"{where}: a {kind} record has {problem}")
         if kind == "charge":
@@ -562,7 +591,8 @@ class Budget:
             expected = self.cost(c.privacy)
         except BudgetError as exc:
             raise ValueError(f"{where}: charge {c.number} cannot belong to this budget: {exc}") from None
-        if not math.isclose(c.cost, expected, rel_tol=1e-12, abs_tol=0.0):
+        exact = isinstance(c.cost, Fraction) or isinstance(expected, Fraction)
+        if (c.cost != expected) if exact else not math.isclose(c.cost, expected, rel_tol=1e-12, abs_tol=0.0):
             raise ValueError(f"{where}: charge {c.number} records a cost of {c.cost!r} {c.unit} but "
                              f"{c.privacy.description} costs {expected!r}; the file is damaged or was edited")
         return c
@@ -595,8 +625,8 @@ class Budget:
 
     def charged(self, charge: Charge) -> str:
         """One line for a release just charged: its cost, what is spent of the total and what is left."""
-        return (f"budget {self._path}: charged {self.unit} {charge.cost:.6g}; spent {self.spent:.6g} of "
-                f"{_amount(self._total):g}, {self.remaining:.6g} left")
+        return (f"budget {self._path}: charged {self.unit} {float(charge.cost):.6g}; spent {self.spent:.6g} of "
+                f"{float(_amount(self._total)):g}, {self.remaining:.6g} left")
 
     def summary(self) -> str:
         """A few readable lines: the total, what is spent and left, and every charge."""
@@ -611,7 +641,7 @@ class Budget:
             lines.append(f"  latest hash: {self.head} (keep a copy elsewhere to detect charges cut from the end)")
         for c in self._charges:
             state = "released" if c.status == "released" else "charged (release not recorded as finished)"
-            lines.append(f"  {c.number:>4}. {c.time}  {unit} {c.cost:.6g}  {c.privacy.description}  "
+            lines.append(f"  {c.number:>4}. {c.time}  {unit} {float(c.cost):.6g}  {c.privacy.description}  "
                          f"{c.workload or '(no name)'}  [{state}]" + ("" if c.output is None else f" -> {c.output}"))
         return "\n".join(lines)
 

@@ -56,6 +56,7 @@ import os
 import re
 import sys
 import time
+from fractions import Fraction
 from typing import Any, Sequence
 
 import numpy as np
@@ -75,7 +76,7 @@ from .matrix import Identity, Matrix
 from .optimizers import optimize
 from .optimizers.kron import for_release
 from .planning import Plan, plan
-from .privacy import ZCDP, ApproxDP, Privacy, PureDP
+from .privacy import ZCDP, ApproxDP, Privacy, PureDP, read_exact
 from .version import HDMM_VERSION
 from .release import Release, run, table_names
 
@@ -103,13 +104,23 @@ def hdmm_version() -> str:
 
 
 # ---------------------------------------------------------------------------------- inputs
+def _rho(text: str) -> float | Fraction:
+    """``--rho``: ``"p/q"`` (whole numbers) is an exact Fraction (hdmm.ZCDP keeps it), anything else a float."""
+    if "/" in text:
+        try:
+            return read_exact("rho", text, float(Fraction(text)))
+        except (ValueError, ZeroDivisionError):
+            raise argparse.ArgumentTypeError(f"not a fraction p/q of whole numbers: {text!r}") from None
+    return float(text)
+
+
 def _privacy(args: argparse.Namespace) -> Privacy:
     """``--epsilon`` -> PureDP, ``--epsilon --delta`` -> ApproxDP, ``--rho`` -> ZCDP, checked to be usable."""
     if args.rho is not None:
         if args.epsilon is not None or args.delta is not None:
             raise UsageError("give either --rho (zCDP) or --epsilon [--delta], not both")
         privacy: Privacy = ZCDP(args.rho)
-        given = f"--rho {args.rho:g}"
+        given = f"--rho {args.rho}" if isinstance(args.rho, Fraction) else f"--rho {args.rho:g}"
     elif args.epsilon is None:
         raise UsageError("give a privacy budget: --epsilon E (pure DP), --epsilon E --delta D, or --rho R (zCDP)")
     else:
@@ -678,7 +689,8 @@ def demo(args: argparse.Namespace) -> None:
 def _add_privacy(p: argparse.ArgumentParser, default_epsilon: float | None = None) -> None:
     p.add_argument("--epsilon", type=float, default=default_epsilon, help="privacy budget epsilon (pure DP, or with --delta)")
     p.add_argument("--delta", type=float, help="delta for (epsilon, delta)-DP with Gaussian noise")
-    p.add_argument("--rho", type=float, help="rho for rho-zCDP with Gaussian noise")
+    p.add_argument("--rho", type=_rho, help="rho for rho-zCDP with Gaussian noise (a number, or an exact "
+                   "fraction p/q such as 293764/114921, kept exact in budgets and provenance)")
 
 
 def _add_workload(p: argparse.ArgumentParser) -> None:

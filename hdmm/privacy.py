@@ -36,6 +36,7 @@ import math
 import numbers
 import sys
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any, ClassVar
 
 import numpy as np
@@ -53,6 +54,8 @@ __all__ = [
     "analytic_gaussian_sigma",
     "classic_gaussian_sigma",
     "discrete_gaussian_sigma",
+    "exact_entry",
+    "read_exact",
     "zcdp_delta",
     "zcdp_rho",
 ]
@@ -333,6 +336,43 @@ def _unit_discrete_sigma(epsilon: float, delta: float) -> float:
     return 1.0 / math.sqrt(2.0 * _zcdp_rho(epsilon, delta)) * (1.0 + 2.0**-50)
 
 
+def exact_entry(name: str, value: Any) -> dict[str, str]:
+    """``{name + "_exact": "p/q"}`` for a :class:`fractions.Fraction` ``value``, else ``{}``.
+
+    How an exact privacy parameter or cost travels in JSON (provenance, budget files): next to
+    its nearest double under ``name``, so that readers that know only the float still read it.
+
+    >>> exact_entry("rho", Fraction(293764, 114921)), exact_entry("rho", 0.5)
+    ({'rho_exact': '293764/114921'}, {})
+    """
+    return {f"{name}_exact": f"{value.numerator}/{value.denominator}"} if isinstance(value, Fraction) else {}
+
+
+def read_exact(name: str, text: Any, approx: Any) -> Fraction:
+    """The fraction written by :func:`exact_entry` (``"p/q"`` or ``"p"``), checked against its double ``approx``.
+
+    Raises
+    ------
+    ValueError
+        If ``text`` is not ``"p/q"`` with whole numbers ``p`` and ``q > 0``, or ``approx`` is not
+        the double nearest to it (the record was damaged or edited).
+
+    >>> read_exact("rho", "293764/114921", 2.556225581051331)
+    Fraction(293764, 114921)
+    """
+    parts = text.split("/") if isinstance(text, str) else []
+    digits = [part.removeprefix("-") if i == 0 else part for i, part in enumerate(parts)]
+    if not (1 <= len(parts) <= 2 and all(p.isdigit() and p.isascii() and len(p) <= 400 for p in digits)):
+        raise ValueError(f"{name}_exact must be a fraction written 'p/q' (e.g. '293764/114921'), got {text!r}")
+    if len(parts) == 2 and int(parts[1]) == 0:
+        raise ValueError(f"{name}_exact has a zero denominator: {text!r}")
+    value = Fraction(int(parts[0]), int(parts[1]) if len(parts) == 2 else 1)
+    if not (is_finite_real(approx) and float(value) == approx):
+        raise ValueError(f"{name}={approx!r} is not the double nearest to {name}_exact={text!r} "
+                         f"({float(value)!r}); the record was damaged or edited")
+    return value
+
+
 def _format(x: float) -> str:
     """Short human-readable number: 1.0 -> '1', 1e-06 -> '1e-06'."""
     return f"{x:g}"
@@ -462,6 +502,8 @@ class Privacy(abc.ABC):
             raise ValueError(
                 f"unknown privacy type {kind!r}; expected a 'type' entry among {sorted(kinds)}"
             )
+        if kind == "ZCDP" and "rho_exact" in params:  # an exact rho (ZCDP's docstring)
+            params["rho"] = read_exact("rho", params.pop("rho_exact"), params.get("rho"))
         return kinds[kind](**params)
 
 
@@ -603,33 +645,50 @@ class ZCDP(Privacy):
 
     Parameters
     ----------
-    rho : float
+    rho : float or fractions.Fraction
         Privacy parameter, finite and > 0 (at least about ``2.8e-309``, below which the
-        noise variance overflows double precision).
+        noise variance overflows double precision). A :class:`fractions.Fraction` is kept as
+        it is (an **exact rho**, e.g. the 2020 Census's ``Fraction(293764, 114921)``): budgets
+        add it exactly, and :meth:`to_dict` (provenance, budget files) writes it as
+        ``"rho_exact": "293764/114921"`` next to ``"rho"``, its nearest double. Any other number
+        is converted to a float, as before. The noise is computed in double precision either way.
 
     Examples
     --------
     >>> ZCDP(0.125).noise_scale(1.0)
     2.0
+    >>> from fractions import Fraction
+    >>> z = ZCDP(Fraction(293764, 114921))
+    >>> z.rho, z.description
+    (Fraction(293764, 114921), 'zCDP, rho=293764/114921 (2.55623)')
+    >>> z.to_dict()
+    {'type': 'ZCDP', 'rho': 2.556225581051331, 'rho_exact': '293764/114921'}
+    >>> Privacy.from_dict(z.to_dict()) == z, ZCDP(Fraction(1, 2)) == ZCDP(0.5)
+    (True, True)
     """
 
-    rho: float
+    rho: float | Fraction
     norm: ClassVar[int] = 2
     noise: ClassVar[str] = "gaussian"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rho", _positive("rho", self.rho))
+        if isinstance(self.rho, Fraction):
+            _positive("rho", self.rho)
+        else:
+            object.__setattr__(self, "rho", _positive("rho", self.rho))
         _check_unit_noise(self, "rho", 0.5 / _FLOAT_MAX)
 
     def noise_scale(self, sensitivity: float) -> float:
         """Gaussian standard deviation :math:`\\sigma = \\Delta / \\sqrt{2\\rho}`."""
-        return _finite_noise(self, sensitivity, _sensitivity(sensitivity) / math.sqrt(2.0 * self.rho))
+        return _finite_noise(self, sensitivity, _sensitivity(sensitivity) / math.sqrt(float(2 * self.rho)))
 
-    def _params(self) -> dict[str, float]:
-        return {"rho": self.rho}
+    def _params(self) -> dict[str, float | str]:
+        return {"rho": float(self.rho), **exact_entry("rho", self.rho)}
 
     @property
     def description(self) -> str:
+        if isinstance(self.rho, Fraction):
+            return f"zCDP, rho={self.rho} ({_format(float(self.rho))})"
         return f"zCDP, rho={_format(self.rho)}"
 
 

@@ -382,7 +382,7 @@ class Answers:
 def _calibrated_rho(privacy: Privacy) -> float | None:
     """The zCDP rho a Gaussian release's noise is calibrated to (None for Laplace noise)."""
     if isinstance(privacy, ZCDP):
-        return privacy.rho
+        return float(privacy.rho)  # an exact rho stays in the privacy's own record (rho_exact)
     if isinstance(privacy, ApproxDP):
         return zcdp_rho(privacy.epsilon, privacy.delta)
     return None
@@ -751,7 +751,7 @@ class Release:
                          f"measurements by generalized least squares{alone}")
         if self.charge is not None:
             c = self.charge
-            lines.insert(2, f"  budget charge {c.number}: {c.unit} {c.cost:.6g} ({c.status})")
+            lines.insert(2, f"  budget charge {c.number}: {c.unit} {float(c.cost):.6g} ({c.status})")
         if self.seeded:
             lines.insert(2, "  noise: from a seed (reproducible, for tests and research only: not a private release)")
         if self.postprocess is not None:
