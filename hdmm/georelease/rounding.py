@@ -1,0 +1,329 @@
+r"""Controlled rounding: integer tables near real ones that keep their totals (docs/math.md, section 8.8).
+
+A family is ``k`` children x ``m`` cells of non-negative reals ``X`` whose columns add up to the
+parent's integer cells ``c``; :func:`controlled_round` returns an integer ``R`` with every
+:math:`R_{ij} \in \{\lfloor X_{ij}\rfloor, \lceil X_{ij}\rceil\}` (so 0 where ``X`` is 0 and
+:math:`|R - X| < 1`), column sums exactly ``c``, and row sums exactly the children's held totals
+``r`` (given) or in :math:`\{\lfloor s_i\rfloor, \lceil s_i\rceil\}` of ``X``'s row sums ``s``.
+
+**Why it exists.** Put ``X`` on a network: a source feeds each cell ``j`` exactly :math:`c_j`, cell
+``j`` sends :math:`X_{ij}` to child ``i`` (bounds :math:`[\lfloor X_{ij}\rfloor, \lceil X_{ij}\rceil]`),
+child ``i`` sends its row sum to the sink (bounds :math:`[r_i, r_i]` or :math:`[\lfloor s_i\rfloor,
+\lceil s_i\rceil]`), the sink returns everything to the source. ``X`` is a feasible real
+circulation, every bound is an integer, so an integer feasible circulation exists (integrality of
+flows), and any such one is the rounding.
+
+**How it is found** (:func:`integer_flow`, for any such network): start from every edge's nearest
+integer within its bounds, measure each node's imbalance, and route the imbalances through the
+residual network (an edge may move up to its upper bound, down to its lower bound) with one call of
+scipy's compiled maximum flow (Dinic), from a super source feeding the surplus nodes to a super sink
+draining the deficits. Because ``X - round(X)`` routes them fractionally, an integer routing exists
+and the maximum flow saturates. **Cost awareness:** moving a cell by one from its nearest integer
+costs :math:`1 - 2|X_{ij} - \mathrm{round}(X_{ij})|` in :math:`\sum|R - X|`; the routing is tried
+first with only the moves costing at most ``STAGES[0]``, then the next stage's, and only families
+not yet routed go to the next stage (the last allows every move, so it always succeeds). Nothing more
+is guaranteed about :math:`\sum|R-X|` than :math:`|R - X| < 1` entrywise; tests measure it against
+exhaustive search and benchmarks/results/rounding.md against the linear-programming optimum.
+
+**Tolerance.** Solvers give ``X`` whose column sums meet the integer ``c`` only to rounding. An
+entry within ``ROUND_RTOL * max(1, x)`` of an integer is taken as that integer, and a total (column
+sum against ``c``, row sum against held ``r``) may miss by ``ROUND_RTOL * max(1, |target|)``, and
+the misses of one family by less than ``MAX_FAMILY_MISS`` in all: the cut conditions of the
+integer network then hold (both sides are integers and differ from the real ones by less than 1).
+More is refused, as are negative or non-finite entries and totals that are not whole numbers.
+
+**Batches.** :func:`round_families` rounds many families with one graph (families are disjoint
+components of it) and yields their tables in order, so a caller can stream them; only the positive
+entries of ``X`` enter the graph (pass the parent's non-zero cells only, see :func:`compact`).
+
+>>> X = np.array([[0.5, 1.5], [0.5, 0.5]])
+>>> controlled_round(X, np.array([1, 2])).tolist() in ([[1, 1], [0, 1]], [[0, 2], [1, 0]], [[1, 2], [0, 0]],
+...                                                 [[0, 1], [1, 1]])
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.csgraph import maximum_flow
+
+__all__ = ["controlled_round", "round_families", "round_vector", "compact", "integer_flow", "RoundingError",
+           "ROUND_RTOL", "MAX_FAMILY_MISS", "STAGES", "BATCH_ENTRIES", "snap"]
+
+#: Relative tolerance of an entry's distance to an integer and of a total's miss (module docstring).
+ROUND_RTOL = 1e-9
+
+#: Largest summed miss of one family's totals (below 1, the integer network stays feasible).
+MAX_FAMILY_MISS = 0.5
+
+#: Largest cost of a move (1 - 2|x - round(x)|) allowed in each stage of :func:`integer_flow`.
+STAGES = (0.25, 0.5, 0.75, 1.0)
+
+#: Positive entries per graph in :func:`round_families` (about 0.5 GiB of graph at the limit).
+BATCH_ENTRIES = 2**22
+
+
+class RoundingError(ValueError):
+    """Input that cannot be rounded: negative or non-finite entries, totals that are not whole numbers,
+    or totals the real table does not meet."""
+
+
+def snap(X: np.ndarray) -> np.ndarray:
+    """``X`` with entries within ``ROUND_RTOL * max(1, x)`` of an integer set to it."""
+    X = np.asarray(X, dtype=float)
+    near = np.rint(X)
+    return np.where(np.abs(X - near) <= ROUND_RTOL * np.maximum(1.0, np.abs(X)), near, X)
+
+
+def _whole(values, what: str) -> np.ndarray:
+    v = np.asarray(values, dtype=float)
+    if not np.all(np.isfinite(v)) or np.any(v < 0) or np.any(v != np.rint(v)):
+        bad = v[~(np.isfinite(v) & (v >= 0) & (v == np.rint(v)))][:3].tolist()
+        raise RoundingError(f"{what} must be whole numbers >= 0 (got {bad}); round or fix them before rounding")
+    return v.astype(np.int64)
+
+
+def _entries(X) -> np.ndarray:
+    X = np.asarray(X, dtype=float)
+    if X.ndim != 2:
+        raise RoundingError(f"a family is a 2-d table (children x cells), got shape {X.shape}")
+    if not np.all(np.isfinite(X)):
+        raise RoundingError("the table has non-finite entries (NaN or inf); round finite estimates only")
+    if np.any(X < 0):
+        raise RoundingError(f"the table has negative entries (the least {X.min():g}); round non-negative "
+                            "estimates (hdmm.georelease.nonneg)")
+    return snap(X)
+
+
+def _misses(actual: np.ndarray, target: np.ndarray, what: str) -> float:
+    miss = np.abs(actual - target)
+    allowed = ROUND_RTOL * np.maximum(1.0, np.abs(target))
+    if np.any(miss > allowed):
+        i = int(np.argmax(miss - allowed))
+        raise RoundingError(f"{what} {i} of the table adds up to {actual[i]!r}, not to its total {target[i]!r} "
+                            f"(allowed miss {allowed[i]:.3g}); make the table meet its totals before rounding")
+    return float(miss.sum())
+
+
+def compact(X: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The parent's non-zero cells ``idx`` and the children's table on them ``X[:, idx]``.
+
+    The children's cells outside ``idx`` must be 0 (to the tolerance): they round to 0.
+
+    >>> compact(np.array([[0.0, 1.5, 0.0], [0.0, 0.5, 2.0]]), np.array([0, 2, 2]))[0].tolist()
+    [1, 2]
+    """
+    parent = np.asarray(parent)
+    idx = np.flatnonzero(parent)
+    X = np.asarray(X, dtype=float)
+    rest = np.delete(X, idx, axis=1)
+    if rest.size and np.any(np.abs(rest) > ROUND_RTOL):
+        raise RoundingError("the children have cells where their parent has none; the table is not consistent")
+    return idx, X[:, idx]
+
+
+def integer_flow(tail: np.ndarray, head: np.ndarray, value: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                 group: np.ndarray, groups: int, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Integer flows ``y`` (``lo <= y <= hi``, conserved at every node) near ``value``, per group of nodes.
+
+    Edges go ``tail -> head`` between nodes ``0..n-1``; ``group[node]`` is the node's group (edges
+    stay within a group, each group a network of its own, closed by a return edge). ``cost`` is the
+    cost of moving an edge by one from its start ``clip(rint(value), lo, hi)``; stage ``s`` of
+    ``STAGES`` allows the moves costing at most ``STAGES[s]`` (every move in the last). Returns
+    ``y`` and, per group, whether its flow is conserved (it is whenever some integer flow within the
+    bounds exists: the last stage allows every move and a maximum flow finds a routing if one exists).
+    """
+    lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+    y = np.clip(np.rint(value), lo, hi).astype(np.int64)
+    n = group.size
+    excess = np.bincount(head, weights=y, minlength=n) - np.bincount(tail, weights=y, minlength=n)
+    excess = np.rint(excess).astype(np.int64)
+    pending = np.zeros(groups, dtype=bool)
+    np.logical_or.at(pending, group, excess != 0)
+    done = ~pending
+    for stage, bound in enumerate(STAGES):
+        if done.all():
+            break
+        last = stage == len(STAGES) - 1
+        keep = ~done[group[tail]] & ((cost <= bound) | last)
+        routed = _route(tail[keep], head[keep], hi[keep] - y[keep], y[keep] - lo[keep], excess, ~done[group])
+        if routed is None:
+            continue
+        delta, node_ok = routed
+        ok = np.ones(groups, dtype=bool)
+        np.logical_and.at(ok, group, node_ok)
+        ok &= ~done
+        moved = ok[group[tail[keep]]]
+        index = np.flatnonzero(keep)[moved]
+        y[index] += delta[moved]
+        done |= ok
+    return y, done
+
+
+def _route(tail, head, up, down, excess, active):
+    """One maximum flow routing the active nodes' ``excess`` over edges that may rise by ``up`` and fall by
+    ``down``: the edges' changes and, per node, whether its excess was routed (``None``: nothing to do)."""
+    n = excess.size
+    src = np.flatnonzero(active & (excess > 0))
+    dst = np.flatnonzero(active & (excess < 0))
+    if src.size == 0 and dst.size == 0:
+        return None
+    S, T = n, n + 1
+    rows = np.concatenate([tail, head, np.full(src.size, S), dst])
+    cols = np.concatenate([head, tail, src, np.full(dst.size, T)])
+    caps = np.concatenate([up, down, excess[src], -excess[dst]])
+    use = caps > 0
+    graph = sp.csr_matrix((caps[use].astype(np.int32), (rows[use], cols[use])), shape=(n + 2, n + 2))
+    graph.sum_duplicates()
+    flow = maximum_flow(graph, S, T, method="dinic").flow.tocsr()
+    delta = np.asarray(flow[tail, head]).ravel().astype(np.int64) if tail.size else np.zeros(0, np.int64)
+    node_ok = np.ones(n, dtype=bool)
+    if src.size:
+        node_ok[src] = np.asarray(flow[np.full(src.size, S), src]).ravel() == excess[src]
+    if dst.size:
+        node_ok[dst] = np.asarray(flow[dst, np.full(dst.size, T)]).ravel() == -excess[dst]
+    return delta, node_ok
+
+
+def _move_cost(value: np.ndarray) -> np.ndarray:
+    """``1 - 2|x - round(x)|``: what moving ``x``'s rounding one step away from the nearest costs in L1."""
+    return 1.0 - 2.0 * np.abs(value - np.rint(value))
+
+
+class _Graph:
+    """Edges of many families' networks, appended family by family (node ids are global)."""
+
+    def __init__(self):
+        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.nodes = 0
+        self.groups: list[np.ndarray] = []
+
+    def family(self, X: np.ndarray, columns: np.ndarray, row_lo: np.ndarray, row_hi: np.ndarray) -> np.ndarray:
+        """Add a family (snapped ``X``, integer column totals, row bounds); returns its entry edges' positions."""
+        k, m = X.shape
+        s, t = self.nodes, self.nodes + 1
+        col0, row0 = self.nodes + 2, self.nodes + 2 + m
+        i, j = np.nonzero(X > 0)
+        x = X[i, j]
+        total = int(columns.sum())
+        tail = np.concatenate([np.full(m, s), col0 + j, row0 + np.arange(k), [t]])
+        head = np.concatenate([col0 + np.arange(m), row0 + i, np.full(k, t), [s]])
+        start = np.bincount(i, weights=np.rint(x), minlength=k)  # the rows' sums of their nearest entries
+        value = np.concatenate([columns, x, np.clip(start, row_lo, row_hi), [total]])
+        lo = np.concatenate([columns, np.floor(x), row_lo, [total]])
+        hi = np.concatenate([columns, np.ceil(x), row_hi, [total]])
+        cost = np.concatenate([np.zeros(m), _move_cost(x), np.zeros(k + 1)])
+        first = sum(p[0].size for p in self.parts) + m
+        self.parts.append((tail, head, value, lo, hi, cost))
+        self.groups.append(np.full(2 + m + k, len(self.groups)))
+        self.nodes += 2 + m + k
+        return np.arange(first, first + x.size), (i, j)
+
+    def solve(self) -> tuple[np.ndarray, np.ndarray]:
+        tail, head, value, lo, hi, cost = (np.concatenate(c) for c in zip(*self.parts))
+        return integer_flow(tail.astype(np.int64), head.astype(np.int64), value, lo, hi,
+                            np.concatenate(self.groups), len(self.groups), cost)
+
+
+def _bounds(X: np.ndarray, columns, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Validate one family; its integer columns and row bounds."""
+    X = _entries(X)
+    c = _whole(columns, "the column totals")
+    if c.shape != (X.shape[1],):
+        raise RoundingError(f"{c.size} column totals for a table of {X.shape[1]} columns")
+    miss = _misses(X.sum(axis=0), c.astype(float), "column")
+    s = X.sum(axis=1)
+    if rows is not None:
+        r = _whole(rows, "the row totals")
+        if r.shape != (X.shape[0],):
+            raise RoundingError(f"{r.size} row totals for a table of {X.shape[0]} rows")
+        miss += _misses(s, r.astype(float), "row")
+        lo = hi = r
+    else:
+        near = np.rint(s)
+        whole = np.abs(s - near) <= ROUND_RTOL * np.maximum(1.0, s)
+        miss += float(np.abs(s - near)[whole].sum())
+        lo = np.where(whole, near, np.floor(s)).astype(np.int64)
+        hi = np.where(whole, near, np.ceil(s)).astype(np.int64)
+    if miss >= MAX_FAMILY_MISS:
+        raise RoundingError(f"the family's totals miss by {miss:g} in all (at most {MAX_FAMILY_MISS} can be "
+                            "rounded); make the table meet its totals before rounding")
+    return X, c, (lo, hi)
+
+
+def round_families(families: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray | None]],
+                   batch_entries: int = BATCH_ENTRIES) -> Iterator[np.ndarray]:
+    """:func:`controlled_round` of every ``(X, columns, rows)`` (``rows`` may be ``None``), in order.
+
+    Families are validated and put on one graph until it holds ``batch_entries`` positive entries, then
+    rounded together; the tables are yielded as they are made, so ``families`` may be a generator.
+    """
+    pending: list[tuple[np.ndarray, np.ndarray, tuple]] = []
+    graph, held = _Graph(), 0
+    for X, columns, rows in families:
+        X, c, (lo, hi) = _bounds(X, columns, rows)
+        where = graph.family(X, c, lo, hi)
+        pending.append((X, *where))
+        held += int(np.count_nonzero(X))
+        if held >= batch_entries:
+            yield from _finish(graph, pending)
+            pending, graph, held = [], _Graph(), 0
+    if pending:
+        yield from _finish(graph, pending)
+
+
+def _finish(graph: _Graph, pending) -> Iterator[np.ndarray]:
+    y, ok = graph.solve()
+    if not ok.all():  # the module docstring's theorem says this cannot happen
+        raise ArithmeticError(f"{int((~ok).sum())} families could not be rounded; please report this")
+    for X, edges, (i, j) in pending:
+        R = np.zeros(X.shape, dtype=np.int64)
+        R[i, j] = y[edges]
+        yield R
+
+
+def controlled_round(X: np.ndarray, columns: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    """An integer table with the columns' totals (and rows', if given) next to ``X`` (module docstring).
+
+    >>> controlled_round(np.array([[0.4, 0.6], [0.6, 0.4]]), np.array([1, 1]), rows=np.array([1, 1])).sum(axis=0)
+    array([1, 1])
+    """
+    return next(round_families([(X, columns, rows)]))
+
+
+def round_vector(x: np.ndarray, total: float | None = None) -> np.ndarray:
+    """Cells ``x`` rounded up or down, adding up to ``total`` (a whole number) or, when ``None``, to
+    :math:`\\lfloor\\sum x\\rfloor` or :math:`\\lceil\\sum x\\rceil`, with the least :math:`\\sum|R - x|`:
+    the cells with the largest fractional parts go up.
+
+    >>> round_vector(np.array([0.2, 0.7, 1.1]), 2).tolist()
+    [0, 1, 1]
+    """
+    x = _entries(np.asarray(x, dtype=float)[None, :])[0]
+    F = np.floor(x)
+    f = x - F
+    s = float(x.sum())
+    if total is None:
+        near = np.rint(s)
+        if abs(s - near) <= ROUND_RTOL * max(1.0, s):
+            ups = [int(near - F.sum())]
+        else:
+            ups = [int(np.floor(s) - F.sum()), int(np.ceil(s) - F.sum())]
+    else:
+        t = int(_whole([total], "the total")[0])
+        _misses(np.array([s]), np.array([float(t)]), "total")
+        ups = [int(t - F.sum())]
+    order = np.argsort(-f, kind="stable")
+    best, R = np.inf, None
+    for up in ups:
+        if not 0 <= up <= int(np.count_nonzero(f)):
+            raise RoundingError(f"the cells add up to {s!r}, which cannot be rounded to {F.sum() + up:g}")
+        out = F.copy()
+        out[order[:up]] += 1
+        loss = float(np.abs(out - x).sum())
+        if loss < best:
+            best, R = loss, out
+    return R.astype(np.int64)
