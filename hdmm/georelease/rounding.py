@@ -50,8 +50,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import maximum_flow
 
-__all__ = ["controlled_round", "round_families", "round_vector", "compact", "integer_flow", "RoundingError",
-           "ROUND_RTOL", "MAX_FAMILY_MISS", "STAGES", "BATCH_ENTRIES", "snap"]
+__all__ = ["controlled_round", "round_families", "round_below", "round_vector", "compact", "integer_flow",
+           "RoundingError", "ROUND_RTOL", "MAX_FAMILY_MISS", "STAGES", "BATCH_ENTRIES", "snap"]
 
 #: Relative tolerance of an entry's distance to an integer and of a total's miss (module docstring).
 ROUND_RTOL = 1e-9
@@ -103,7 +103,7 @@ def _misses(actual: np.ndarray, target: np.ndarray, what: str) -> float:
     allowed = ROUND_RTOL * np.maximum(1.0, np.abs(target))
     if np.any(miss > allowed):
         i = int(np.argmax(miss - allowed))
-        raise RoundingError(f"{what} {i} of the table adds up to {actual[i]!r}, not to its total {target[i]!r} "
+        raise RoundingError(f"{what} {i} of the table adds up to {float(actual[i])!r}, not to its total {float(target[i])!r} "
                             f"(allowed miss {allowed[i]:.3g}); make the table meet its totals before rounding")
     return float(miss.sum())
 
@@ -261,12 +261,22 @@ def round_families(families: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray |
     Families are validated and put on one graph until it holds ``batch_entries`` positive entries, then
     rounded together; the tables are yielded as they are made, so ``families`` may be a generator.
     """
-    pending: list[tuple[np.ndarray, np.ndarray, tuple]] = []
-    graph, held = _Graph(), 0
-    for X, columns, rows in families:
-        X, c, (lo, hi) = _bounds(X, columns, rows)
-        where = graph.family(X, c, lo, hi)
-        pending.append((X, *where))
+    def checked():
+        for X, columns, rows in families:
+            X, c, (lo, hi) = _bounds(X, columns, rows)
+            yield X, c, lo, hi
+
+    for R, failed in _batches(checked(), batch_entries):
+        if failed:  # the module docstring's theorem says this cannot happen
+            raise ArithmeticError("a family within the tolerance could not be rounded; please report this")
+        yield R
+
+
+def _batches(items, batch_entries: int):
+    """``(R, False)`` per ``(X, c, lo, hi)`` rounded (in order), ``(None, True)`` where the bounds admit no rounding."""
+    pending, graph, held = [], _Graph(), 0
+    for X, c, lo, hi in items:
+        pending.append((X, *graph.family(X, c, lo, hi)))
         held += int(np.count_nonzero(X))
         if held >= batch_entries:
             yield from _finish(graph, pending)
@@ -275,14 +285,86 @@ def round_families(families: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray |
         yield from _finish(graph, pending)
 
 
-def _finish(graph: _Graph, pending) -> Iterator[np.ndarray]:
+def _finish(graph: _Graph, pending) -> Iterator[tuple[np.ndarray | None, bool]]:
     y, ok = graph.solve()
-    if not ok.all():  # the module docstring's theorem says this cannot happen
-        raise ArithmeticError(f"{int((~ok).sum())} families could not be rounded; please report this")
-    for X, edges, (i, j) in pending:
+    for g, (X, edges, (i, j)) in enumerate(pending):
+        if not ok[g]:
+            yield None, True
+            continue
         R = np.zeros(X.shape, dtype=np.int64)
         R[i, j] = y[edges]
-        yield R
+        yield R, False
+
+
+def round_below(families: Iterable[tuple[np.ndarray, np.ndarray]], batch_entries: int = BATCH_ENTRIES
+                ) -> Iterator[tuple[np.ndarray, int]]:
+    r"""Children's real cells ``X`` (``k x m``) rounded under their parent's *integer* cells ``P``, per family.
+
+    ``X``'s columns add up to the parent's real cells ``p``, which were rounded to ``P`` (each
+    :math:`\lfloor p_j\rfloor` or :math:`\lceil p_j\rceil`, or anything between the sums of the column's
+    floors and ceilings). Yields ``(R, w)``: ``R`` has entries :math:`\lfloor X_{ij}\rfloor` or
+    :math:`\lceil X_{ij}\rceil` and column sums ``P``, and row sums within ``w`` of
+    :math:`[\lfloor s_i\rfloor, \lceil s_i\rceil]` for ``X``'s row sums ``s``: the rows are held within
+    ``v`` of those bounds for the first ``v`` of 0, 1, 2, 4, ... that admits a rounding (``w``, the
+    deviation met, is at most ``v``; more only where the parent leaves a row no choice). ``w`` can
+    exceed 0: ``P`` was chosen without seeing the children (docs/math.md, section 8.8). With free rows every column rounds on its own,
+    so some ``w`` always works. Families are batched as in :func:`round_families`; only the columns
+    with :math:`P_j > 0` enter (the others are 0).
+
+    >>> [(R.tolist(), w) for R, w in round_below([(np.array([[1.69, 0.0, 0.045], [0.0, 0.721, 0.0]]),
+    ...                                                 np.array([2, 0, 1]))])]
+    [([[2, 0, 1], [0, 0, 0]], 1)]
+    """
+    items = []
+    for X, P in families:
+        X = _entries(X)
+        P = _whole(P, "the parent's cells")
+        if P.shape != (X.shape[1],):
+            raise RoundingError(f"{P.size} parent cells for a table of {X.shape[1]} columns")
+        low, high = np.floor(X).sum(axis=0), np.ceil(X).sum(axis=0)
+        if np.any(P < low) or np.any(P > high):
+            j = int(np.flatnonzero((P < low) | (P > high))[0])
+            raise RoundingError(f"the parent's cell {j} is {P[j]} but its children's add up to {X[:, j].sum()!r}: "
+                                "the children cannot be rounded to it; round consistent tables")
+        items.append((X, P))
+    out: list = [None] * len(items)
+    todo, w = list(range(len(items))), 0
+    while todo:
+        rows = [_soft_rows(items[f][0].sum(axis=1), items[f][0][:, items[f][1] > 0], w) for f in todo]
+        tables = ((items[f][0][:, items[f][1] > 0], items[f][1][items[f][1] > 0], lo, hi) for f, (lo, hi) in
+                  zip(todo, rows))
+        failed = []
+        for f, (R, bad) in zip(todo, _batches(tables, batch_entries)):
+            if bad:
+                failed.append(f)
+                continue
+            full = np.zeros(items[f][0].shape, dtype=np.int64)
+            full[:, items[f][1] > 0] = R
+            out[f] = (full, _deviation(items[f][0].sum(axis=1), full))
+        if failed and w > max(items[f][0].shape[1] for f in failed):  # free rows: cannot fail (docstring)
+            raise ArithmeticError("a consistent family could not be rounded with free rows; please report this")
+        todo, w = failed, (1 if w == 0 else 2 * w)
+    yield from out
+
+
+def _soft_rows(s: np.ndarray, X: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows' bounds: within ``w`` of the floor and ceiling of their real sums ``s``, and within the sums of
+    their entries' floors and ceilings on the columns kept, ``X``."""
+    near = np.rint(s)
+    whole = np.abs(s - near) <= ROUND_RTOL * np.maximum(1.0, s)
+    lo = np.where(whole, near, np.floor(s)) - w
+    hi = np.where(whole, near, np.ceil(s)) + w
+    least, most = np.floor(X).sum(axis=1), np.ceil(X).sum(axis=1)
+    return np.clip(lo, least, most).astype(np.int64), np.clip(hi, least, most).astype(np.int64)
+
+
+def _deviation(s: np.ndarray, R: np.ndarray) -> int:
+    """How far the rows of ``R`` fall outside the floor and ceiling of their real sums ``s`` (0 if none does)."""
+    near = np.rint(s)
+    whole = np.abs(s - near) <= ROUND_RTOL * np.maximum(1.0, s)
+    lo, hi = np.where(whole, near, np.floor(s)), np.where(whole, near, np.ceil(s))
+    sums = R.sum(axis=1)
+    return int(max(0.0, float(np.max(lo - sums, initial=0)), float(np.max(sums - hi, initial=0))))
 
 
 def controlled_round(X: np.ndarray, columns: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
