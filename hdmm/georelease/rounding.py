@@ -59,8 +59,8 @@ ROUND_RTOL = 1e-9
 #: Largest summed miss of one family's totals (below 1, the integer network stays feasible).
 MAX_FAMILY_MISS = 0.5
 
-#: Largest cost of a move (1 - 2|x - round(x)|) allowed in each stage of :func:`integer_flow`.
-STAGES = (0.25, 0.5, 0.75, 1.0)
+#: Largest cost of a move (the change of |R_ij - X_ij|) allowed in each stage of :func:`integer_flow`.
+STAGES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 #: Positive entries per graph in :func:`round_families` (about 0.5 GiB of graph at the limit).
 BATCH_ENTRIES = 2**22
@@ -126,71 +126,70 @@ def compact(X: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def integer_flow(tail: np.ndarray, head: np.ndarray, value: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                 group: np.ndarray, groups: int, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                 group: np.ndarray, groups: int, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Integer flows ``y`` (``lo <= y <= hi``, conserved at every node) near ``value``, per group of nodes.
 
     Edges go ``tail -> head`` between nodes ``0..n-1``; ``group[node]`` is the node's group (edges
-    stay within a group, each group a network of its own, closed by a return edge). ``cost`` is the
-    cost of moving an edge by one from its start ``clip(rint(value), lo, hi)``; stage ``s`` of
-    ``STAGES`` allows the moves costing at most ``STAGES[s]`` (every move in the last). Returns
-    ``y`` and, per group, whether its flow is conserved (it is whenever some integer flow within the
-    bounds exists: the last stage allows every move and a maximum flow finds a routing if one exists).
+    stay within a group, each group a network of its own, closed by a return edge). Starts from
+    ``clip(rint(value), lo, hi)``; a move of an edge by one costs ``weight`` times the change of
+    ``|value - y|``. Stage ``s`` of ``STAGES`` routes what it can of the imbalances over the moves
+    costing at most ``STAGES[s]`` and keeps it (any ``y`` within the bounds can still reach every
+    feasible flow), the last over every move. Returns ``y`` and, per group, whether its flow is
+    conserved: it is whenever some integer flow within the bounds exists, since the last stage's
+    maximum flow then routes every imbalance.
     """
     lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+    value, weight = np.asarray(value, dtype=float), np.asarray(weight, dtype=float)
     y = np.clip(np.rint(value), lo, hi).astype(np.int64)
     n = group.size
-    excess = np.bincount(head, weights=y, minlength=n) - np.bincount(tail, weights=y, minlength=n)
-    excess = np.rint(excess).astype(np.int64)
-    pending = np.zeros(groups, dtype=bool)
-    np.logical_or.at(pending, group, excess != 0)
-    done = ~pending
+
+    def imbalance():
+        return np.rint(np.bincount(head, weights=y, minlength=n) - np.bincount(tail, weights=y, minlength=n)
+                       ).astype(np.int64)
+
+    excess = imbalance()
     for stage, bound in enumerate(STAGES):
-        if done.all():
+        pending = np.zeros(groups, dtype=bool)
+        np.logical_or.at(pending, group, excess != 0)
+        if not pending.any():
             break
         last = stage == len(STAGES) - 1
-        keep = ~done[group[tail]] & ((cost <= bound) | last)
-        routed = _route(tail[keep], head[keep], hi[keep] - y[keep], y[keep] - lo[keep], excess, ~done[group])
-        if routed is None:
-            continue
-        delta, node_ok = routed
-        ok = np.ones(groups, dtype=bool)
-        np.logical_and.at(ok, group, node_ok)
-        ok &= ~done
-        moved = ok[group[tail[keep]]]
-        index = np.flatnonzero(keep)[moved]
-        y[index] += delta[moved]
-        done |= ok
+        now = np.abs(value - y)
+        up_ok = last | (weight * (np.abs(value - y - 1) - now) <= bound)
+        down_ok = last | (weight * (np.abs(value - y + 1) - now) <= bound)
+        keep = pending[group[tail]] & (up_ok | down_ok)
+        up = np.where(up_ok, hi - y, 0)[keep]
+        down = np.where(down_ok, y - lo, 0)[keep]
+        delta = _route(tail[keep], head[keep], up, down, np.where(pending[group], excess, 0))
+        y[np.flatnonzero(keep)] += delta
+        excess = imbalance()
+    done = np.ones(groups, dtype=bool)
+    np.logical_and.at(done, group, excess == 0)
     return y, done
 
 
-def _route(tail, head, up, down, excess, active):
-    """One maximum flow routing the active nodes' ``excess`` over edges that may rise by ``up`` and fall by
-    ``down``: the edges' changes and, per node, whether its excess was routed (``None``: nothing to do)."""
+def _route(tail, head, up, down, excess) -> np.ndarray:
+    """The edges' changes of one maximum flow routing ``excess`` (surplus > 0, deficit < 0) over edges that
+    may rise by ``up`` and fall by ``down``."""
     n = excess.size
-    src = np.flatnonzero(active & (excess > 0))
-    dst = np.flatnonzero(active & (excess < 0))
-    if src.size == 0 and dst.size == 0:
-        return None
+    src, dst = np.flatnonzero(excess > 0), np.flatnonzero(excess < 0)
+    if src.size == 0 or tail.size == 0:
+        return np.zeros(tail.size, dtype=np.int64)
     S, T = n, n + 1
     rows = np.concatenate([tail, head, np.full(src.size, S), dst])
     cols = np.concatenate([head, tail, src, np.full(dst.size, T)])
     caps = np.concatenate([up, down, excess[src], -excess[dst]])
     use = caps > 0
     graph = sp.csr_matrix((caps[use].astype(np.int32), (rows[use], cols[use])), shape=(n + 2, n + 2))
-    graph.sum_duplicates()
-    flow = maximum_flow(graph, S, T, method="dinic").flow.tocsr()
-    delta = np.asarray(flow[tail, head]).ravel().astype(np.int64) if tail.size else np.zeros(0, np.int64)
-    node_ok = np.ones(n, dtype=bool)
-    if src.size:
-        node_ok[src] = np.asarray(flow[np.full(src.size, S), src]).ravel() == excess[src]
-    if dst.size:
-        node_ok[dst] = np.asarray(flow[dst, np.full(dst.size, T)]).ravel() == -excess[dst]
-    return delta, node_ok
-
-
-def _move_cost(value: np.ndarray) -> np.ndarray:
-    """``1 - 2|x - round(x)|``: what moving ``x``'s rounding one step away from the nearest costs in L1."""
-    return 1.0 - 2.0 * np.abs(value - np.rint(value))
+    flow = maximum_flow(graph, S, T, method="dinic").flow.tocoo()
+    keys = flow.row.astype(np.int64) * (n + 2) + flow.col
+    order = np.argsort(keys)
+    keys, data = keys[order], flow.data[order]
+    want = tail.astype(np.int64) * (n + 2) + head
+    where = np.minimum(np.searchsorted(keys, want), max(keys.size - 1, 0))
+    hit = keys.size > 0
+    return np.where(hit & (keys[where] == want), data[where], 0).astype(np.int64) if hit else \
+        np.zeros(tail.size, dtype=np.int64)
 
 
 class _Graph:
@@ -215,17 +214,17 @@ class _Graph:
         value = np.concatenate([columns, x, np.clip(start, row_lo, row_hi), [total]])
         lo = np.concatenate([columns, np.floor(x), row_lo, [total]])
         hi = np.concatenate([columns, np.ceil(x), row_hi, [total]])
-        cost = np.concatenate([np.zeros(m), _move_cost(x), np.zeros(k + 1)])
+        weight = np.concatenate([np.zeros(m), np.ones(x.size), np.zeros(k + 1)])
         first = sum(p[0].size for p in self.parts) + m
-        self.parts.append((tail, head, value, lo, hi, cost))
+        self.parts.append((tail, head, value, lo, hi, weight))
         self.groups.append(np.full(2 + m + k, len(self.groups)))
         self.nodes += 2 + m + k
         return np.arange(first, first + x.size), (i, j)
 
     def solve(self) -> tuple[np.ndarray, np.ndarray]:
-        tail, head, value, lo, hi, cost = (np.concatenate(c) for c in zip(*self.parts))
+        tail, head, value, lo, hi, weight = (np.concatenate(c) for c in zip(*self.parts))
         return integer_flow(tail.astype(np.int64), head.astype(np.int64), value, lo, hi,
-                            np.concatenate(self.groups), len(self.groups), cost)
+                            np.concatenate(self.groups), len(self.groups), weight)
 
 
 def _bounds(X: np.ndarray, columns, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

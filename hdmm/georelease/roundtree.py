@@ -122,11 +122,11 @@ def round_held(tree: GeographyTree, cells: Mapping[int, np.ndarray], closed: Map
     m = np.asarray(cells[0]).shape[1]
     ids, keys, values = {}, {}, {}
     nodes = 2  # 0: source, 1: sink
-    tails, heads, vals, los, his, costs = [], [], [], [], [], []
+    tails, heads, vals, los, his, weights = [], [], [], [], [], []
     miss = 0.0
 
-    def edges(t, h, x, lo, hi, cost):
-        for store, part in zip((tails, heads, vals, los, his, costs), (t, h, x, lo, hi, cost)):
+    def edges(t, h, x, lo, hi, weight):
+        for store, part in zip((tails, heads, vals, los, his, weights), (t, h, x, lo, hi, weight)):
             store.append(np.asarray(part))
 
     for d in levels:
@@ -150,7 +150,7 @@ def round_held(tree: GeographyTree, cells: Mapping[int, np.ndarray], closed: Map
             parent_ids = ids[d - 1][where]
             sums = np.bincount(where, weights=x, minlength=keys[d - 1].size)
             miss += _family_miss(tree, d, region, values[d - 1], sums, keys[d - 1], m)
-        edges(parent_ids, ids[d], x, np.floor(x), np.ceil(x), 1.0 - 2.0 * np.abs(x - np.rint(x)))
+        edges(parent_ids, ids[d], x, np.floor(x), np.ceil(x), np.ones(x.size))
     frontier = _frontier(tree, region)
     total, real_total = 0, 0.0
     for d, units in frontier.items():
@@ -184,7 +184,7 @@ def round_held(tree: GeographyTree, cells: Mapping[int, np.ndarray], closed: Map
                             f"{MAX_FAMILY_MISS}); round consistent estimates that meet the held totals")
     edges([1], [0], [real_total], [0], [int(total) + 1], [0.0])
     y, ok = integer_flow(*(np.concatenate(p) for p in (tails, heads)), *(np.concatenate(p) for p in (vals, los, his)),
-                         np.zeros(nodes, dtype=np.int64), 1, np.concatenate(costs))
+                         np.zeros(nodes, dtype=np.int64), 1, np.concatenate(weights))
     if not ok[0]:
         raise ArithmeticError("the held region could not be rounded; please report this")
     out, offset = {}, 0
