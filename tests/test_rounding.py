@@ -295,3 +295,17 @@ def test_data_time_refusals():
         round_tree(tree, {0: np.array([[2.5, 1.5]]), 1: np.array([[1.5, 0.75], [1.0, -0.0001]])})
     with pytest.raises(GeographyError, match="every level"):
         round_tree(tree, {1: cells[1]})
+
+
+def test_held_region_is_rounded_at_once():
+    """docs/math.md 8.8: family by family, the county family below (0, 1, 1, 2) has no rounding; at once it has."""
+    counties = np.array([[0.26, 0.0, 1.74, 0.0], [0.0, 0.079, 0.0, 0.921], [0.0, 0.0, 0.0, 1.0]])
+    held = np.array([2.0, 1.0, 1.0])
+    assert exhaustive(counties, np.array([0, 1, 1, 2]), held) is None
+    tree = GeographyTree.from_parents({"s": "US", "c1": "s", "c2": "s", "c3": "s"}, ["nation", "state", "county"])
+    state = counties.sum(axis=0, keepdims=True)
+    cells = {0: state, 1: state, 2: counties}
+    out = round_tree(tree, cells, {"county": held})
+    check_tree(tree, cells, check_integer(tree, {"county": held}), out)
+    best, _ = tree_exhaustive(tree, cells, check_integer(tree, {"county": held}))
+    assert np.isclose(sum(np.abs(out.cells[d] - cells[d]).sum() for d in cells), best)
