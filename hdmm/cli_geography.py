@@ -187,8 +187,6 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     levels = _levels(args.geography)
     engine = args.engine or "local"
     _check_output(args.output, engine)
-    if args.postprocess not in (None, "nonnegative"):
-        raise ValueError("--geography releases least squares or --postprocess nonnegative (top down), not integer")
     if any(level in named.domain.names for level in levels):
         raise ValueError(f"the workload's domain has a {levels[0]!r} attribute already: use a person workload "
                          "(e.g. sf1, not sf1-states) with --geography")
@@ -259,7 +257,8 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
                 bar.close()
         result.save(args.output)
     if result.change is not None:
-        print("  non-negative estimates (top down) moved the answers by RMSE " + ", ".join(
+        kind = "integer" if result.postprocess == "integer" else "non-negative"
+        print(f"  {kind} estimates (top down) moved the answers by RMSE " + ", ".join(
             f"{tree.levels[d]} {v:.3g}" for d, v in result.change.items()))
     # the time spent reading records grows with their number, which is private: shown for synthetic
     # data or with --evaluate only, as for hdmm release without --geography

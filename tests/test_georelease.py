@@ -642,3 +642,60 @@ def test_an_edited_geography_plan_is_refused_before_its_charge():
         release_geography(edited, ArrayHistograms(sp.csr_matrix(np.ones((tree.leaves, DOMAIN.size)))), seed=0,
                           budget=budget)
     assert budget.spent == 0.0
+
+
+# ====================================================================== integer estimates
+def assert_integer_tables(tree: GeographyTree, release) -> None:
+    """Whole, non-negative answers and totals, every parent's answers the sum of its children's, exactly."""
+    for d in release.plan.levels:
+        A = release.estimates[d]
+        assert np.array_equal(A, np.rint(A)) and np.all(A >= 0)
+    assert_units_add_up(tree, release, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("held", [None, "nation", "state", "county"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_integer_release_is_whole_consistent_and_keeps_invariants(held, seed):
+    rng = np.random.default_rng(seed)
+    tree = states_and_counties(4, 1, 5, rng)
+    H = sp.csr_matrix(rng.poisson(0.7, size=(tree.leaves, DOMAIN.size)).astype(float))
+    invariants = None
+    if held is not None:
+        d = tree.level_index(held)
+        b = tree.leaf_bounds(d)
+        invariants = {held: {code: float(H[b[u]:b[u + 1]].sum()) for u, code in enumerate(tree.codes(d))}}
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, invariants=invariants)
+    nn = release_geography(plan, ArrayHistograms(H), seed=seed, postprocess="nonnegative")
+    out = release_geography(plan, ArrayHistograms(H), seed=seed, postprocess="integer")
+    assert out.postprocess == "integer" and set(out.change) == set(plan.levels)
+    assert_integer_tables(tree, out)
+    if held is not None:
+        np.testing.assert_array_equal(out.totals(held), list(invariants[held].values()))
+    # rounding moves each cell by less than one: the root's answers stay within the workload's row sums
+    row_sums = np.abs(WP.dense()).sum(axis=1)
+    assert np.all(np.abs(out.answers("nation") - nn.answers("nation"))[0] <= row_sums + 1e-6)
+
+
+def test_integer_release_rounds_families_projected_in_groups(monkeypatch):
+    import hdmm.georelease.nonneg as nonneg
+
+    rng = np.random.default_rng(3)
+    tree = states_and_counties(3, 4, 7, rng)
+    H = sp.csr_matrix(rng.poisson(0.5, size=(tree.leaves, DOMAIN.size)).astype(float))
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP)
+    monkeypatch.setattr(nonneg, "MAX_FAMILY_CELLS", 3 * DOMAIN.size)
+    assert_integer_tables(tree, release_geography(plan, ArrayHistograms(H), seed=1, postprocess="integer"))
+
+
+def test_integer_refusals_come_before_noise(monkeypatch):
+    tree = small_country()
+    H = sp.csr_matrix(np.ones((tree.leaves, DOMAIN.size)))
+    calls = _count_noise(monkeypatch)
+    b = tree.leaf_bounds(1)
+    halves = {code: float(H[b[u]:b[u + 1]].sum()) + 0.5 for u, code in enumerate(tree.codes("state"))}
+    with pytest.raises(GeographyError, match="whole finite count"):  # refused by the plan already
+        geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, invariants={"state": halves})
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP)
+    with pytest.raises(ValueError, match="postprocess must be one of"):
+        release_geography(plan, ArrayHistograms(H), postprocess="rounded")
+    assert calls == []

@@ -157,13 +157,14 @@ def _spark_table(result) -> pd.DataFrame:
     return table.assign(level=table["level"].astype(str), query=table["query"].astype(str))
 
 
-def _both_nonnegative(spark, plan, source, records, seed, output):
-    """The local and Spark engines' non-negative releases and their answers merged by level, code and query."""
-    local = release_geography(plan, source, seed=seed, postprocess="nonnegative")
+def _both_nonnegative(spark, plan, source, records, seed, output, postprocess="nonnegative"):
+    """The local and Spark engines' non-negative (or integer) releases and their answers merged by level, code and
+    query."""
+    local = release_geography(plan, source, seed=seed, postprocess=postprocess)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         remote = release_geography(plan, spark.createDataFrame(records), engine="spark", seed=seed, domain=DOMAIN,
-                                   output=str(output), postprocess="nonnegative")
+                                   output=str(output), postprocess=postprocess)
         table = _spark_table(remote)
     merged = _local_table(local).merge(table, on=["level", "code", "query"], suffixes=("_local", "_spark"))
     assert len(merged) == len(table)
@@ -189,6 +190,21 @@ def test_spark_nonnegative_estimates_equal_the_local_engine(spark, country, tmp_
         assert remote.change[d] == pytest.approx(local.change[d], rel=1e-9)
     meta = json.loads((tmp_path / "nn" / "_provenance.json").read_text())
     assert meta["estimates"].startswith("nonnegative") and not (tmp_path / "nn.work").exists()
+
+
+def test_spark_integer_estimates_equal_the_local_engine(spark, country, tmp_path):
+    tree, records = country
+    source = RecordHistograms.of(tree, DOMAIN, records)
+    totals, bounds = source.leaf_totals(), tree.leaf_bounds("state")
+    invariants = {"state": {tree.codes("state")[s]: float(totals[bounds[s]:bounds[s + 1]].sum()) for s in range(3)}}
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.2), strategy=AP, invariants=invariants)
+    local, remote, merged = _both_nonnegative(spark, plan, source, records, 5, tmp_path / "int", "integer")
+    assert len(merged) == sum(tree.sizes) * WP.shape[0] and remote.postprocess == "integer"
+    answers = merged["answer_spark"].to_numpy()
+    assert np.array_equal(answers, np.rint(answers)) and (answers >= 0).all()
+    np.testing.assert_array_equal(local.totals("state"), list(invariants["state"].values()))
+    meta = json.loads((tmp_path / "int" / "_provenance.json").read_text())
+    assert meta["estimates"].startswith("integer")
 
 
 def test_spark_nonnegative_refusals_come_before_noise(spark, country, tmp_path, monkeypatch):

@@ -30,7 +30,9 @@ Measured through :math:`A_p`, the projections keep the well-measured directions 
 sums) nearly where least squares put them; a Euclidean projection of the cells would add every
 cell's clipped noise to every large sum. The cells are those :class:`CellSpace` keeps (summed over
 attributes the strategy only totals). The answers move by what :attr:`NonNegative.change` reports
-(RMSE of the change per level). The walk is depth first: it holds the projected cells of one family
+(RMSE of the change per level). Integer estimates (``postprocess="integer"``, :meth:`TopDown.start`) round
+the held region at once and then every family under its parent's integer cells, projecting the
+children onto those integers first (docs/math.md section 8.8). The walk is depth first: it holds the projected cells of one family
 per level of the path it is on. A family where only some children have invariants is refused
 (declare all of them, or none).
 
@@ -51,10 +53,16 @@ from ..matrix import Explicit, Kronecker, Matrix, VStack, Weighted
 from ..postprocess import largest_gram_eigenvalue, metric_projection, project_nonnegative
 from .passes import Partition
 from .plan import GeoPlan
+from .rounding import round_below
+from .roundtree import check_integer, held_region, round_held
 
 __all__ = ["simplex_projection", "transport_projection", "balance", "thresholds", "known_totals", "NonNegative",
            "CellSpace", "cell_space", "family_groups", "TopDown", "held_measurements", "check_nonnegative",
-           "nonnegative_estimates", "change_rmse", "MAX_FAMILY_CELLS", "MAX_HELD_MEASUREMENTS"]
+           "nonnegative_estimates", "change_rmse", "integer_totals", "POSTPROCESS", "MAX_FAMILY_CELLS",
+           "MAX_HELD_MEASUREMENTS"]
+
+#: What a geography release's ``postprocess`` accepts: least squares, non-negative or integer estimates.
+POSTPROCESS = (None, "nonnegative", "integer")
 
 #: Largest ``children x cells`` (the cells of :class:`CellSpace`) projected at once: 2**24. A
 #: projection holds about ten arrays of that size (1.3 GiB at the limit); larger families are
@@ -199,11 +207,33 @@ def balance(X: np.ndarray, columns: np.ndarray, rows: np.ndarray, rtol: float = 
 
 @dataclass(frozen=True)
 class NonNegative:
-    """Non-negative answers per released level and the RMSE of their change from least squares."""
+    """Non-negative (or integer) answers per released level and the RMSE of their change from least squares;
+    for integer answers, per level the largest widening of a family's rows (:class:`TopDown`)."""
 
     answers: dict[int, np.ndarray]
     totals: dict[int, np.ndarray]
     change: dict[int, float]
+    widened: dict[int, int] | None = None
+
+
+def integer_totals(plan: GeoPlan, engine: str = "local") -> dict[int, np.ndarray]:
+    """The held totals of integer cells, per level (NaN: not held), checked before any noise.
+
+    Refused: what cannot be rounded (:func:`hdmm.georelease.roundtree.check_integer`: totals that are
+    not whole or do not add up) and, on Spark, held totals below the partition level (the held region
+    is rounded at once, on the driver). Held totals that :func:`check_nonnegative` accepts (families
+    held all or none, closed upward) cover whole levels from the root down: the held region.
+    """
+    tree = plan.tree
+    closed = check_integer(tree, {d: v for d, v in known_totals(plan).items() if np.isfinite(v).any()})
+    h = max(held_region(tree, closed))
+    if engine == "spark" and h > plan.partition_level:
+        raise GeographyError(
+            f"on Spark, integer estimates round the held levels on the driver, down to the partition level "
+            f"{tree.levels[plan.partition_level]!r}; the invariants reach {tree.levels[h]!r}: partition at "
+            f"{tree.levels[h]!r} or finer"
+        )
+    return closed
 
 
 def known_totals(plan: GeoPlan) -> dict[int, np.ndarray]:
@@ -400,8 +430,10 @@ class TopDown:
     """
 
     def __init__(self, plan: GeoPlan, z, lam: dict[int, np.ndarray] | None, sink=None, batch: int = 1024,
-                 progress=None):
+                 progress=None, integer: bool = False):
         self.plan, self.z, self.lam, self.progress = plan, z, lam, progress
+        self.integer, self.recording, self.rounding = integer, True, integer
+        self.widened = {d: 0 for d in range(1, len(plan.tree.levels))}  # integer: the rows' largest widening
         self.families = sum(plan.tree.sizes[d] for d in range(max(plan.levels)))  # units with children to project
         self.projected = 0
         self.sink, self.batch = sink, batch
@@ -454,9 +486,12 @@ class TopDown:
     def record(self, d: int, units: np.ndarray, X_plus: np.ndarray, X_ls: np.ndarray) -> None:
         """Keep (or hand to ``sink``) the answers of ``units`` of level ``d`` from their non-negative cells
         (rows of ``X_plus``), and add their squared change from least squares (``X_ls``)."""
-        if d not in self.squared:
+        if d not in self.squared or not self.recording:
             return
         A = self.space.answers(X_plus)
+        if self.integer:  # sums of integer cells: whole up to rounding (0/1 workloads)
+            whole = np.rint(A)
+            A = np.where(np.abs(A - whole) <= 1e-6 * np.maximum(1.0, np.abs(whole)), whole, A)
         self.squared[d] += float(np.sum((A - self.space.answers(X_ls)) ** 2))
         for unit, a, x in zip(units.tolist(), A, X_plus):
             if self.sink is None:
@@ -486,6 +521,43 @@ class TopDown:
         self.record(0, np.array([0]), root, root_ls)
         return root[0]
 
+    def start(self, stop: int | None = None, reached: dict[int, np.ndarray] | None = None) -> None:
+        """The walk from the root down to level ``stop`` (see :meth:`descend`), non-negative or integer.
+
+        Integer cells (``integer=True``; docs/math.md section 8.8): the held region (the levels
+        whose totals are held, with the root; the root alone if none) is projected as non-negative
+        real cells first, without recording, then rounded at once
+        (:func:`hdmm.georelease.roundtree.round_held`); below it each family is projected onto its
+        parent's *integer* cells and rounded (:func:`hdmm.georelease.rounding.round_below`).
+        """
+        if not self.integer:
+            self.descend(0, 0, self.root(), stop, reached)
+            return
+        tree = self.plan.tree
+        closed = integer_totals(self.plan)
+        h = max(held_region(tree, closed))
+        self.recording = self.rounding = False  # the held region's real cells first
+        top = {0: self.root()[None, :]}
+        if h > 0:
+            deep: dict[int, np.ndarray] = {}
+            self.descend(0, 0, top[0][0], h, deep)
+            top[h] = np.vstack([deep[u] for u in range(tree.sizes[h])])
+            for d in range(h - 1, 0, -1):
+                top[d] = np.add.reduceat(top[d + 1], tree.child_bounds(d)[:-1], axis=0)
+        self.recording = self.rounding = True
+        rounded = round_held(tree, top, {d: closed[d] for d in range(h + 1)})
+        for d in range(h + 1):
+            units = np.arange(tree.sizes[d])
+            self.record(d, units, rounded[d], self.cells(d, units))
+        for u in range(tree.sizes[h]):
+            self.descend(h, u, rounded[h][u].astype(float), stop, reached)
+
+    def _round(self, d: int, X: np.ndarray, parent: np.ndarray) -> np.ndarray:
+        """Children's real cells ``X`` (level ``d``) rounded under their parent's integer cells."""
+        R, w = next(round_below([(X, np.rint(parent).astype(np.int64))]))
+        self.widened[d] = max(self.widened[d], int(w))
+        return R.astype(float)
+
     def _count(self, d: int, unit: int) -> None:
         """Count the family below ``unit`` of level ``d`` as projected, reporting every hundredth."""
         self.projected += 1
@@ -511,11 +583,15 @@ class TopDown:
         if len(bounds) > 2:  # first the groups' sums, weighted by one over their sizes
             sums = np.vstack([self.cells(d + 1, children[a:b]).sum(axis=0) for a, b in zip(bounds, bounds[1:])])
             parts = self.family(d + 1, sums, x_plus, np.add.reduceat(held, bounds[:-1]), 1.0 / np.diff(bounds))
+            if self.rounding:
+                parts = self._round(d + 1, parts, x_plus)
         else:
             parts = x_plus[None, :]
         for a, b, part in zip(bounds, bounds[1:], parts):
             X = self.cells(d + 1, children[a:b])
             P = part[None, :] if b - a == 1 else self.family(d + 1, X, part, held[a:b])  # one child: the sum
+            if self.rounding and b - a > 1:
+                P = self._round(d + 1, P, part)
             self.record(d + 1, children[a:b], P, X)
             del X
             if a == 0:
@@ -525,19 +601,20 @@ class TopDown:
 
 
 def nonnegative_estimates(plan: GeoPlan, z: dict[int, np.ndarray], lam: dict[int, np.ndarray] | None,
-                          progress=None) -> NonNegative:
-    """Top-down non-negative answers from the least-squares estimates ``z`` in measurement space.
+                          progress=None, integer: bool = False) -> NonNegative:
+    """Top-down non-negative (or ``integer``) answers from the least-squares estimates ``z`` in measurement space.
 
     ``z[d]`` holds every unit of level ``d`` (``units x rows of A_p``) and ``lam`` the invariant
     multipliers (:mod:`hdmm.georelease.invariants`) or ``None``. The plan must have passed
-    :func:`check_nonnegative`.
+    :func:`check_nonnegative` (and :func:`integer_totals`).
     """
-    walk = TopDown(plan, lambda d, units: z[d][units], lam, progress=progress)
-    walk.descend(0, 0, walk.root())
+    walk = TopDown(plan, lambda d, units: z[d][units], lam, progress=progress, integer=integer)
+    walk.start()
     tree = plan.tree
     answers = {d: np.vstack([walk.answers[d][u] for u in range(tree.sizes[d])]) for d in plan.levels}
     totals = {d: np.array([walk.totals[d][u] for u in range(tree.sizes[d])]) for d in plan.levels}
-    return NonNegative(answers, totals, change_rmse(plan, walk.squared))
+    widened = {d: walk.widened[d] for d in plan.levels if d > 0} if integer else None
+    return NonNegative(answers, totals, change_rmse(plan, walk.squared), widened)
 
 
 def change_rmse(plan: GeoPlan, squared: dict[int, float]) -> dict[int, float]:

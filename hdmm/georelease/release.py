@@ -33,7 +33,7 @@ from ..budget import Budget, Charge
 from .passes import Partition, TreePasses, partition_down, partition_up, top_passes
 from .plan import GeoPlan
 from .files import finish_output, start_output, write_units
-from .nonneg import check_nonnegative, nonnegative_estimates
+from .nonneg import POSTPROCESS, check_nonnegative, integer_totals, nonnegative_estimates
 from .steps import apply_invariants, created_now, invariant_multipliers, measure_top, progress_printer, provenance
 from .units import HistogramSource, check_source, measure_partition
 
@@ -56,7 +56,9 @@ class GeoRelease:
     timings : dict
         Seconds per step.
     postprocess : str or None
-        ``"nonnegative"`` for the top-down non-negative estimates (:mod:`hdmm.georelease.nonneg`).
+        ``"nonnegative"`` for the top-down non-negative estimates (:mod:`hdmm.georelease.nonneg`),
+        ``"integer"`` for integer ones (non-negative, every parent's cells the sum of its
+        children's, invariants exact: :meth:`hdmm.georelease.nonneg.TopDown.start`).
     change : dict or None
         With ``postprocess``: per level, the RMSE of the answers' change from least squares (the
         error the post-processing may add; the standard errors are those of least squares).
@@ -156,8 +158,10 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
         ``None`` (default): noise from fresh OS entropy, as a real release must. An int: every
         unit's noise from a stream derived from the seed and the unit (for tests and research only).
     postprocess
-        ``None`` (least squares) or ``"nonnegative"`` (top-down non-negative estimates,
-        :mod:`hdmm.georelease.nonneg`, on either engine; the change it makes is reported).
+        ``None`` (least squares), ``"nonnegative"`` (top-down non-negative estimates,
+        :mod:`hdmm.georelease.nonneg`, on either engine; the change it makes is reported) or
+        ``"integer"`` (the same, rounded top down to consistent integer tables that keep the
+        invariants: docs/math.md section 8.8).
     budget, label
         A :class:`~hdmm.Budget` to charge (once: the whole release spends ``plan.privacy``, every
         unit's noise being calibrated to the geography strategy's sensitivity), after the data are
@@ -178,8 +182,8 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
         raise TypeError(f"plan must be a GeoPlan (from geo_plan), got {type(plan).__name__}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
         raise TypeError(f"seed must be None (OS entropy, for real releases) or an int, got {seed!r}")
-    if postprocess not in (None, "nonnegative"):
-        raise ValueError(f"postprocess must be None or 'nonnegative', got {postprocess!r}")
+    if postprocess not in POSTPROCESS:
+        raise ValueError(f"postprocess must be one of {list(POSTPROCESS)}, got {postprocess!r}")
     if budget is not None:
         if not isinstance(budget, Budget):
             raise TypeError(f"budget must be an hdmm.Budget, got {type(budget).__name__}")
@@ -192,8 +196,10 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
                              postprocess=postprocess, about=about, **engine_options)
     if engine_options:
         raise TypeError(f"the local engine takes no options {sorted(engine_options)}")
-    if postprocess == "nonnegative":
+    if postprocess is not None:
         check_nonnegative(plan)
+    if postprocess == "integer":
+        integer_totals(plan)
     return replace(_release_local(plan, data, seed=seed, progress=progress, postprocess=postprocess, budget=budget,
                                   label=label), about=about)
 
@@ -201,7 +207,7 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
 def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, progress,
                    postprocess: str | None = None, budget: Budget | None = None, label: str = "") -> GeoRelease:
     say = progress_printer(progress)
-    space = "measurements" if postprocess == "nonnegative" else "answers"
+    space = "answers" if postprocess is None else "measurements"
     tree, P = plan.tree, plan.partition_level
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -226,8 +232,8 @@ def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, 
                           charge=charge)
     start = time.perf_counter()
     lam = invariant_multipliers(plan, estimates, space)
-    result = nonnegative_estimates(plan, estimates, lam, progress=say)
-    timings["non-negative"] = time.perf_counter() - start
+    result = nonnegative_estimates(plan, estimates, lam, progress=say, integer=postprocess == "integer")
+    timings[postprocess.replace("nonnegative", "non-negative")] = time.perf_counter() - start
     out = {d: np.column_stack([result.answers[d], result.totals[d]]) for d in plan.levels}
     return GeoRelease(plan, out, seeded=seed is not None, timings=timings, postprocess=postprocess,
                       change=result.change, charge=charge)

@@ -63,7 +63,7 @@ from ..geography import GeographyError, GeographyTree
 from .passes import Partition, partition_down, partition_up, top_passes
 from .plan import GeoPlan
 from .files import check_output, finish_output, start_output, write_units
-from .nonneg import TopDown, change_rmse, check_nonnegative
+from .nonneg import POSTPROCESS, TopDown, change_rmse, check_nonnegative, integer_totals
 from .steps import correct, created_now, invariant_multipliers, measure_top, progress_printer, provenance
 from .units import check_record_columns, check_source, measure_partition
 
@@ -343,11 +343,13 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     require_spark()
     from pyspark.sql import functions as F
 
-    if postprocess not in (None, "nonnegative"):
-        raise ValueError(f"postprocess must be None or 'nonnegative', got {postprocess!r}")
+    if postprocess not in POSTPROCESS:
+        raise ValueError(f"postprocess must be one of {list(POSTPROCESS)}, got {postprocess!r}")
     space = "answers" if postprocess is None else "measurements"
     if postprocess is not None:
         check_nonnegative(plan, "spark")
+    if postprocess == "integer":
+        integer_totals(plan, "spark")
     say = progress_printer(progress)
     spark = spark_session() if spark is None else spark
     tree, P = plan.tree, plan.partition_level
@@ -472,7 +474,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
     if space == "measurements":
         timings["invariants"] = time.perf_counter() - start
         return _nonnegative(plan, plan_b, spark, estimates, estimates_df, seed, output, charge, timings, say, work,
-                            about)
+                            about, postprocess)
     coarse = {d: estimates[d].copy() for d in range(P)}
     lam = invariant_multipliers(plan, estimates)
     if lam is None:
@@ -523,16 +525,18 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
 
 
 def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray], estimates_df, seed, output: str,
-                 charge, timings: dict[str, float], say, work: str, about: dict) -> SparkGeoRelease:
-    """Non-negative estimates: the top-down walk on the driver to the partition level (or the deepest
-    released level, if coarser), then one task per partition for its subtree, which writes its units'
-    answers (least-squares standard errors) in files of at most ``UNITS_PER_FILE`` units."""
+                 charge, timings: dict[str, float], say, work: str, about: dict,
+                 postprocess: str = "nonnegative") -> SparkGeoRelease:
+    """Non-negative (or integer) estimates: the top-down walk on the driver to the partition level (or the
+    deepest released level, if coarser), then one task per partition for its subtree, which writes its
+    units' answers (least-squares standard errors) in files of at most ``UNITS_PER_FILE`` units."""
     from pyspark.sql import functions as F
 
     P = plan.partition_level
     start = time.perf_counter()
     lam = invariant_multipliers(plan, estimates, "measurements")
-    meta = provenance(plan, seed is not None, charge, "nonnegative", about)
+    meta = provenance(plan, seed is not None, charge, postprocess, about)
+    integer = postprocess == "integer"
     partial = start_output(output)
     written = []
 
@@ -540,21 +544,22 @@ def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray],
         written.append(write_units(partial, plan, d, units, answers, np.sqrt(plan.variances(d, units)), meta,
                                    f"part-driver-{len(written):05d}"))
 
-    walk = TopDown(plan, lambda d, units: estimates[d][units], lam, sink=write, batch=UNITS_PER_FILE)
+    walk = TopDown(plan, lambda d, units: estimates[d][units], lam, sink=write, batch=UNITS_PER_FILE,
+                   integer=integer)
     cells: dict[int, np.ndarray] = {}
     stop = min(P, walk.deepest)  # the released levels may all lie above the partition level
-    walk.descend(0, 0, walk.root(), stop=stop, reached=cells)
+    walk.start(stop=stop, reached=cells)
     walk.flush()
     squared = dict(walk.squared)
     rows = sum(written)
     timings["non-negative (driver)"] = time.perf_counter() - start
     start = time.perf_counter()
     if walk.deepest > P:
-        aux_b = spark.sparkContext.broadcast((lam, meta, partial))
+        aux_b = spark.sparkContext.broadcast((lam, meta, partial, integer))
 
         def stage3(pdf: pd.DataFrame) -> pd.DataFrame:
             p = plan_b.value
-            lam_, meta_, partial_ = aux_b.value
+            lam_, meta_, partial_, integer_ = aux_b.value
             unit = int(pdf["partition"].iloc[0])
             part = Partition.of(p.tree, p.partition_level, unit)
             own = _own_from_rows(pdf)
@@ -567,7 +572,7 @@ def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray],
                                                            f"part-{unit:07d}-{units[0]:09d}")
 
             task = TopDown(p, lambda d, units: own[d][units - part.range(d)[0]], lam_, sink=write_task,
-                           batch=UNITS_PER_FILE)
+                           batch=UNITS_PER_FILE, integer=integer_)
             task.descend(p.partition_level, unit, x_plus)
             task.flush()
             levels = [d for d in p.levels if d > p.partition_level]
@@ -585,6 +590,7 @@ def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray],
         rows += int(done["rows"].sum())
     finish_output(partial, output, meta)
     timings["stage 3 (non-negative answers)"] = time.perf_counter() - start
-    say(f"  stage 3: wrote {rows:,} non-negative answers in {timings['stage 3 (non-negative answers)']:.1f} s")
+    say(f"  stage 3: wrote {rows:,} {'integer' if integer else 'non-negative'} answers in "
+        f"{timings['stage 3 (non-negative answers)']:.1f} s")
     return SparkGeoRelease(plan, output, spark.read.parquet(output), seeded=seed is not None, timings=timings,
-                           charge=charge, postprocess="nonnegative", change=change_rmse(plan, squared), about=about)
+                           charge=charge, postprocess=postprocess, change=change_rmse(plan, squared), about=about)
