@@ -93,7 +93,7 @@ def _gram_operator(A: Matrix) -> Matrix:
 def metric_projection(
     A: Matrix, X: np.ndarray, project: Callable[[np.ndarray], np.ndarray], noise_std: float,
     tol: float = NONNEGATIVE_TOL, maxiter: int = NONNEGATIVE_MAXITER, gram_norm: float | None = None,
-    weights: np.ndarray | None = None,
+    weights: np.ndarray | None = None, gram: Matrix | None = None, target: np.ndarray | None = None,
 ) -> np.ndarray:
     r"""The point of a convex set closest to the rows of ``X`` as measured through ``A``.
 
@@ -109,6 +109,13 @@ def metric_projection(
     ``project(X)``; it stops when one step moves the fitted strategy answers, each scaled by
     :math:`\sqrt{w_i}`, by at most ``tol`` noise standard deviations (root mean square per
     answer), and warns if ``maxiter`` steps come first.
+
+    ``gram`` (an operator for :math:`A^TA`, e.g. a dense one formed once) and ``target``
+    (``N x k``, standing for :math:`A^TAX^T` in the objective; the rows of ``X`` then only start
+    the search) serve a caller that fits :math:`V` on some columns ``S`` of a wider strategy to full
+    estimates :math:`\hat X`: it passes :math:`G_{SS}` and :math:`G_{S\cdot}\hat X^T`, since
+    :math:`\|A_SV_i - A\hat X_i\|^2` and :math:`V_i^TG_{SS}V_i - 2V_i^TG_{S\cdot}\hat X_i` differ by a
+    constant. ``gram_norm`` must then bound :math:`\|G_{SS}\|_2` (that of :math:`G` does).
     """
     X = np.atleast_2d(np.asarray(X, dtype=float))
     k = X.shape[0]
@@ -127,8 +134,8 @@ def metric_projection(
     if L == 0.0 or not v.any():
         return v
     L *= float(w8.max())
-    G = _gram_operator(A)
-    Gx = G @ X.T
+    G = _gram_operator(A) if gram is None else gram
+    Gx = G @ X.T if target is None else np.asarray(target, dtype=float).reshape(X.shape[1], k)
     Gv = G @ v.T
     w, Gw, momentum = v, Gv, 1.0
     threshold = tol * noise_std * math.sqrt(A.shape[0] * k)

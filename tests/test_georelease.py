@@ -699,3 +699,25 @@ def test_integer_refusals_come_before_noise(monkeypatch):
     with pytest.raises(ValueError, match="postprocess must be one of"):
         release_geography(plan, ArrayHistograms(H), postprocess="rounded")
     assert calls == []
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_dense_projections_on_the_parents_cells_equal_the_structured_ones(monkeypatch, held):
+    # small person domains project each family on its parent's non-zero cells with a dense Gram (and form
+    # the least-squares cells by one product): the same optimum as the structured path over every cell
+    import hdmm.georelease.nonneg as nonneg
+
+    rng = np.random.default_rng(7)
+    tree = states_and_counties(3, 2, 5, rng)
+    H = sp.csr_matrix(rng.poisson(0.3, size=(tree.leaves, DOMAIN.size)).astype(float))  # many zero cells
+    b = tree.leaf_bounds(1)
+    invariants = {"state": {f"s{s}": float(H[b[s]:b[s + 1]].sum()) for s in range(3)}} if held else None
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, invariants=invariants)
+    assert nonneg.dense_parts(plan) is not None
+    dense = release_geography(plan, ArrayHistograms(H), seed=5, postprocess="nonnegative")
+    monkeypatch.setattr(nonneg, "DENSE_CELLS", 0)
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, invariants=invariants)
+    assert nonneg.dense_parts(plan) is None
+    structured = release_geography(plan, ArrayHistograms(H), seed=5, postprocess="nonnegative")
+    for d in plan.levels:
+        np.testing.assert_allclose(dense.answers(d), structured.answers(d), atol=0.02 * plan.expected_rmse(d))

@@ -58,7 +58,7 @@ from .roundtree import check_integer, held_region, round_held
 
 __all__ = ["simplex_projection", "transport_projection", "balance", "thresholds", "known_totals", "NonNegative",
            "CellSpace", "cell_space", "family_groups", "TopDown", "held_measurements", "check_nonnegative",
-           "nonnegative_estimates", "change_rmse", "integer_totals", "POSTPROCESS", "MAX_FAMILY_CELLS",
+           "nonnegative_estimates", "change_rmse", "integer_totals", "dense_parts", "POSTPROCESS", "DENSE_CELLS", "MAX_FAMILY_CELLS",
            "MAX_HELD_MEASUREMENTS"]
 
 #: What a geography release's ``postprocess`` accepts: least squares, non-negative or integer estimates.
@@ -404,6 +404,31 @@ def cell_space(plan: GeoPlan) -> tuple[CellSpace, float]:
     return plan.memo("cell space", make)
 
 
+#: Largest person domain whose projections use a dense Gram and pseudo-inverse of the strategy (formed once
+#: per plan): a family's projection then runs on its parent's non-zero cells only.
+DENSE_CELLS = 4096
+
+
+def dense_parts(plan: GeoPlan) -> tuple[np.ndarray, np.ndarray, float] | None:
+    r""":math:`G = \tilde A^T\tilde A`, :math:`A_p^+` (dense) and :math:`\|G\|_2` for a person domain of at most
+    :data:`DENSE_CELLS` cells (``None`` otherwise), made once per plan.
+
+    With them a family's projection works on the cells :math:`S` where its parent is non-zero (its
+    children are 0 elsewhere): :math:`k\times|S|` unknowns and the Gram's block :math:`G_{SS}`, so the
+    work of a sparse unit (a block of a few dozen people) follows its parent's non-zero cells, not the
+    domain. A unit's least-squares cells are one matrix product for a whole family.
+    """
+    def make():
+        space, norm = cell_space(plan)
+        n = plan.person.strategy.shape[1]
+        if n > DENSE_CELLS or space.collapsed:
+            return None
+        G = np.asarray(space.strategy.gram().dense(), dtype=float)
+        pinv = np.asarray(plan.strategy_pinv.dense(), dtype=float)
+        return G, pinv, norm
+    return plan.memo("dense parts", make)
+
+
 def _totals_only(f: Matrix) -> bool:
     """Whether every row of ``f`` is a multiple of the all-ones row (its Gram a positive multiple of ``J``)."""
     G = np.asarray(f.gram().dense(), dtype=float)
@@ -439,6 +464,7 @@ class TopDown:
         self.sink, self.batch = sink, batch
         self._pending: dict[int, tuple[list[int], list[np.ndarray]]] = {d: ([], []) for d in plan.levels}
         self.space, self.gram_norm = cell_space(plan)
+        self.dense = dense_parts(plan)
         self.known = known_totals(plan)
         root = self.known[0][0]  # held whenever any family holds totals (check_nonnegative: all or none)
         self.scale = max(1.0, float(root)) if np.isfinite(root) else None  # of every transport projection
@@ -451,6 +477,11 @@ class TopDown:
         """The least-squares cells of ``units`` of level ``d`` (with the invariants' correction), reduced."""
         pinv = self.plan.strategy_pinv
         Z = self.z(d, units)
+        if self.dense is not None:  # one product for the whole family
+            X = np.asarray(Z, dtype=float) @ self.dense[1].T
+            if self.lam is not None:
+                X -= np.outer(self.lam[d][units], self.plan.total_parts[1])
+            return X
         out = []
         for i in range(len(units)):  # one vector at a time: faster than a block, and one full vector in memory
             x = pinv @ Z[i]
@@ -465,23 +496,40 @@ class TopDown:
         w = self.plan.level_weights
         return float(np.sqrt(self.plan.noise_variance)) / float(w[d] if w[d] > 0 else w.max())
 
-    def project(self, d: int, X: np.ndarray, project, weights: np.ndarray | None = None) -> np.ndarray:
-        return metric_projection(self.space.strategy, X, project, self._noise_std(d), gram_norm=self.gram_norm,
-                                 weights=weights)
+    def project(self, d: int, X: np.ndarray, project, weights: np.ndarray | None = None,
+                support: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``X`` projected through the strategy onto a convex set (its Euclidean projection
+        ``project``); with ``support`` (dense parts only), on those cells, the others 0."""
+        if support is None:
+            return metric_projection(self.space.strategy, X, project, self._noise_std(d), gram_norm=self.gram_norm,
+                                     weights=weights)
+        G = self.dense[0]
+        out = np.zeros_like(X)
+        if support.size:
+            out[:, support] = metric_projection(
+                self.space.strategy, X[:, support], project, self._noise_std(d), gram_norm=self.gram_norm,
+                weights=weights, gram=Explicit(G[np.ix_(support, support)]), target=G[support] @ X.T)
+        return out
 
     def family(self, d: int, X: np.ndarray, x_plus: np.ndarray, held: np.ndarray,
                weights: np.ndarray | None = None) -> np.ndarray:
         """Rows ``X`` (units of level ``d``, or sums of them with ``weights``) projected onto the
         non-negative cells adding up to ``x_plus``, and to the ``held`` totals unless they are NaN."""
+        support = None if self.dense is None else np.flatnonzero(x_plus > 0)  # the children are 0 elsewhere
+        cells = x_plus if support is None else x_plus[support]
         if np.isnan(held).all():
-            return self.project(d, X, lambda V: simplex_projection(V, x_plus), weights)
+            return self.project(d, X, lambda V: simplex_projection(V, cells), weights, support)
         dual = [None]  # successive points are close: each projection starts from the last one's dual
 
         def transport(V: np.ndarray) -> np.ndarray:
-            out, dual[0] = transport_projection(V, x_plus, held, beta=dual[0], dual=True, scale=self.scale)
+            out, dual[0] = transport_projection(V, cells, held, beta=dual[0], dual=True, scale=self.scale)
             return out
 
-        return balance(self.project(d, X, transport, weights), x_plus, held)
+        P = self.project(d, X, transport, weights, support)
+        if support is None:
+            return balance(P, x_plus, held)
+        P[:, support] = balance(P[:, support], cells, held)
+        return P
 
     def record(self, d: int, units: np.ndarray, X_plus: np.ndarray, X_ls: np.ndarray) -> None:
         """Keep (or hand to ``sink``) the answers of ``units`` of level ``d`` from their non-negative cells
