@@ -45,6 +45,7 @@ facilities" and "Other noninstitutional facilities"). Hence, for every CPH histo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from itertools import combinations
 from typing import Mapping
@@ -61,7 +62,7 @@ from .tables import weighted_union
 
 __all__ = [
     "HHGQ", "VOTING_AGE", "DAS_HISPANIC", "CENRACE_MASKS", "DAS_QUERIES", "PL94_2020_TABLES", "P5_CPH_ROWS",
-    "pl94_2020_domain", "das_query", "pl94_2020_tables", "pl94_2020", "cph_to_pl94_2020", "p5_cph",
+    "pl94_2020_domain", "das_query", "pl94_2020_tables", "pl94_2020", "cph_to_pl94_2020", "p5_cph", "PL94Histograms",
 ]
 
 #: The DAS's hhgq values (``hhgq_person_simple.py``), in code order.
@@ -255,6 +256,33 @@ def cph_to_pl94_2020(institutional: int = 4, noninstitutional: int = 7) -> sp.cs
         pl94_2020_domain().shape,
     )
     return sp.csr_matrix((np.ones(cph.size), (rows, np.arange(cph.size))), shape=(pl94_2020_domain().size, cph.size))
+
+
+@dataclass(frozen=True, eq=False)
+class PL94Histograms:
+    """A CPH-domain histogram source (e.g. :class:`census_workloads.geography.SyntheticHistograms`) seen over
+    the 2,016 DAS PL94 cells through :func:`cph_to_pl94_2020` (a :class:`hdmm.georelease.units.HistogramSource`).
+
+    The group quarters persons of the CPH go to one facility type each (``cph_to_pl94_2020``'s defaults),
+    so P5's facility-type rows of a release from it count those types only.
+    """
+
+    source: object
+
+    @property
+    def person_cells(self) -> int:
+        return pl94_2020_domain().size
+
+    def leaf_totals(self) -> np.ndarray:
+        return self.source.leaf_totals()
+
+    def histograms(self, lo: int, hi: int) -> sp.csr_matrix:
+        return (self.source.histograms(lo, hi) @ _cph_map().T).tocsr()
+
+
+@lru_cache(maxsize=1)
+def _cph_map() -> sp.csr_matrix:
+    return cph_to_pl94_2020()
 
 
 def p5_cph() -> Kronecker:

@@ -247,3 +247,18 @@ def test_config_validation():
     with pytest.raises(ValueError, match="positive Fraction"):
         ProductionConfig("x", 2.5, 1e-10, (LevelAllocation("County", "county", Fraction(1), good.queries,
                                                            good.query_shares),))
+
+
+def test_pl94_histograms_map_a_cph_source_cell_by_cell():
+    import scipy.sparse as sp
+
+    from census_workloads.pl94_2020 import PL94Histograms, cph_to_pl94_2020
+    from hdmm.georelease import ArrayHistograms
+
+    rng = np.random.default_rng(0)
+    H = sp.random(4, 492_660, density=1e-4, random_state=1, format="csr")
+    H.data = rng.integers(1, 5, H.nnz).astype(float)
+    mapped = PL94Histograms(ArrayHistograms(H))
+    assert mapped.person_cells == 2016
+    np.testing.assert_array_equal(mapped.leaf_totals(), np.asarray(H.sum(axis=1)).ravel())
+    np.testing.assert_array_equal(mapped.histograms(1, 3).toarray(), (cph_to_pl94_2020() @ H[1:3].T).T.toarray())
