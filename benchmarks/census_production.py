@@ -1,0 +1,179 @@
+"""PL94-171 (2020 tables) from the nation down, at the 2020 production budget: least squares, non-negative, integer.
+
+Run ``python benchmarks/census_production.py [--states 11,10,44] [--levels state,county,tract,block_group,block]
+[--engine local|spark]``; it writes ``benchmarks/results/census_production.md`` (and ``.json``).
+Every output (least squares, non-negative, integer) is released in its own process (peak memory is
+the resident memory of that process and its children, sampled every 0.5 s), with one BLAS thread.
+
+The setting, for every run:
+
+* data: the SYNTHETIC United States (census_workloads.geography: real 2010 state populations and
+  counties per state, made-up counties, tracts, block groups and blocks), 4,258 synthetic persons
+  per tract on average drawn from the CPH model, seen over the 2,016 DAS PL94 cells
+  (census_workloads.pl94_2020.PL94Histograms);
+* workload: the 2020 PL94-171 person tables P1-P5 (298 queries per unit);
+* privacy: production's rho = 293764/114921 for bounded neighbours, i.e. hdmm's
+  ZCDP(146882/114921) for add/remove neighbours for strategies whose bounded factor is 2 (checked:
+  census_workloads.allocations.bounded_factor), spent on the levels released (production's budget
+  of those levels when fewer than six);
+* person strategy: hdmm's, optimized for the tables under a total-population row of weight 30
+  (census_workloads.allocations.total_first), level weights optimized (every level's mean squared
+  error counts the same); invariants: the state totals (as production's);
+* error against the true answers of the synthetic data: census_workloads' accuracy report
+  (hdmm.georelease.report), with production's measurement sigma of total population per level
+  (census_workloads.das2020) as the goal of the integer output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from fractions import Fraction
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from geography import PeakMemory  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+OUTPUTS = {"least squares": None, "non-negative": "nonnegative", "integer": "integer"}
+TOTAL_WEIGHT = 30.0
+
+
+def setting(states: tuple[str, ...] | None, levels: tuple[str, ...], people_per_tract: int):
+    """The tree, data source, plan inputs and production's budget of the released levels."""
+    import hdmm
+    from census_workloads.allocations import bounded_factor, total_first
+    from census_workloads.das2020 import PL94_2020
+    from census_workloads.geography import SyntheticHistograms, us_tree
+    from census_workloads.pl94_2020 import PL94Histograms, pl94_2020
+
+    tree = us_tree(levels, states=states)
+    tracts = us_tree(levels[: levels.index("tract") + 1] if "tract" in levels else levels, states=states).leaves
+    source = PL94Histograms(SyntheticHistograms(people_per_tract * tracts, levels=levels, states=states, seed=1))
+    shares = sum(PL94_2020.level(name).share for name in tree.levels)
+    W = pl94_2020()
+    strategy = hdmm.plan(total_first(W, TOTAL_WEIGHT), "auto", hdmm.ZCDP(1.0), seed=0).strategy
+    beta = Fraction(bounded_factor(strategy)).limit_denominator(10**6)
+    privacy = hdmm.ZCDP(PL94_2020.rho * shares / beta)
+    return tree, source, W, strategy, privacy, shares
+
+
+def run(states, levels, people_per_tract: int, output: str, engine: str) -> dict:
+    from census_workloads.das2020 import PL94_2020
+    from hdmm.georelease import geo_plan, release_geography
+    from hdmm.georelease.report import accuracy_report, true_answers
+
+    out: dict = {"output": output, "engine": engine}
+    with PeakMemory() as memory:
+        start = time.perf_counter()
+        tree, source, W, strategy, privacy, shares = setting(states, levels, people_per_tract)
+        totals = source.leaf_totals()
+        b = tree.leaf_bounds("state")
+        invariants = {"state": {code: float(totals[b[s]:b[s + 1]].sum()) for s, code in enumerate(tree.codes("state"))}}
+        plan = geo_plan(tree, W, privacy, strategy=strategy, invariants=invariants, partition="county")
+        out["plan seconds"] = time.perf_counter() - start
+        out["units"] = {name: int(n) for name, n in zip(tree.levels, tree.sizes)}
+        out["people"] = int(totals.sum())
+        out["privacy"] = plan.privacy.description
+        out["level weights"] = {tree.levels[d]: float(plan.level_weights[d]) for d in plan.measured}
+        start = time.perf_counter()
+        options = {} if engine == "local" else {"output": f"/tmp/hdmm-census-production-{os.getpid()}"}
+        release = release_geography(plan, source, seed=1, postprocess=OUTPUTS[output], engine=engine, **options)
+        out["release seconds"] = time.perf_counter() - start
+        out["release steps"] = dict(release.timings)
+        start = time.perf_counter()
+        truth = true_answers(plan, source)
+        report = accuracy_report({output: release}, truth)
+        out["report seconds"] = time.perf_counter() - start
+        out["errors"] = report.errors.to_dict(orient="records")
+        out["bias"] = report.bias.to_dict(orient="records")
+        out["expected RMSE"] = {tree.levels[d]: plan.expected_rmse(d) for d in plan.levels}
+        out["production sigma"] = {name: PL94_2020.sigma(name) if name not in ("nation",) else None
+                                   for name in tree.levels}
+        out["budget share of the levels"] = str(shares)
+    out["peak memory GB"] = memory.peak / 1e9
+    return out
+
+
+def _child(args) -> dict:
+    states = None if args.states == "all" else tuple(args.states.split(","))
+    return run(states, tuple(args.levels.split(",")), args.people_per_tract, args.child, args.engine)
+
+
+def _report(results: list[dict], args) -> str:
+    lines = ["# PL94-171 (2020 tables) from the nation down at the 2020 production budget", "",
+             f"`python benchmarks/census_production.py --states {args.states} --levels {args.levels} "
+             f"--engine {args.engine}` (module docstring: SYNTHETIC data, production's rho, state totals held).", ""]
+    first = results[0]
+    lines += [f"- units: {', '.join(f'{k} {v:,}' for k, v in first['units'].items())}; people {first['people']:,}",
+              f"- privacy: {first['privacy']} (production's budget share of these levels: {first['budget share of the levels']})",
+              f"- level weights: {', '.join(f'{k} {v:.3f}' for k, v in first['level weights'].items())}", ""]
+    lines += ["| output | plan s | release s | report s | peak memory GB | release steps |", "|---|---|---|---|---|---|"]
+    for r in results:
+        steps = ", ".join(f"{k} {v:.1f}" for k, v in r["release steps"].items())
+        lines.append(f"| {r['output']} | {r['plan seconds']:.1f} | {r['release seconds']:.1f} | "
+                     f"{r['report seconds']:.1f} | {r['peak memory GB']:.2f} | {steps} |")
+    lines += ["", "Total population and all PL94 queries, per level (RMSE and MAE against the true answers; "
+              "production's sigma is its noisy measurement's, the goal of the integer output):", "",
+              "| output | level | units | total RMSE | total MAE | production sigma | all queries RMSE | expected RMSE (least squares) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        by = {}
+        for row in r["errors"]:
+            by.setdefault(row["level"], {})[row["measure"]] = row
+        for level, rows in by.items():
+            t, a = rows["total population"], rows["all queries"]
+            sigma = r["production sigma"].get(level)
+            lines.append(f"| {r['output']} | {level} | {t['units']:,} | {t['RMSE']:.3f} | {t['MAE']:.3f} | "
+                         f"{'-' if sigma is None else f'{sigma:.3f}'} | {a['RMSE']:.3f} | {r['expected RMSE'][level]:.3f} |")
+    lines += ["", "Mean signed error of total population by unit size (true population), +/- one standard error:", "",
+              "| output | level | size | units | mean signed error | standard error |", "|---|---|---|---|---|---|"]
+    for r in results:
+        for row in r["bias"]:
+            lines.append(f"| {r['output']} | {row['level']} | {row['size']} | {row['units']:,} | "
+                         f"{row['mean signed error']:.3f} | {row['standard error']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--states", default="11,10,44", help="FIPS codes separated by ',' or 'all' (default DC, DE, RI)")
+    parser.add_argument("--levels", default="state,county,tract,block_group,block")
+    parser.add_argument("--people-per-tract", type=int, default=4258)
+    parser.add_argument("--engine", default="local", choices=["local", "spark"])
+    parser.add_argument("--outputs", default=",".join(OUTPUTS))
+    parser.add_argument("--name", default="census_production", help="results file name (without extension)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(_child(args)))
+        return
+    results = []
+    for output in args.outputs.split(","):
+        cmd = [sys.executable, __file__, "--child", output, "--states", args.states, "--levels", args.levels,
+               "--people-per-tract", str(args.people_per_tract), "--engine", args.engine]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.stderr.write(done.stderr)
+            raise SystemExit(f"{output} failed")
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(f"{output}: release {results[-1]['release seconds']:.1f} s, peak {results[-1]['peak memory GB']:.2f} GB",
+              flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(results, indent=1, default=float))
+    (RESULTS / f"{args.name}.md").write_text(_report(results, args))
+    print((RESULTS / f"{args.name}.md").read_text())
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()
