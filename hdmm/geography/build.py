@@ -147,7 +147,7 @@ def parents_levels(pairs: Mapping[object, object] | Iterable[tuple[object, objec
         raise GeographyError(f"the child -> parent pairs form a cycle through unit {code!r}; break it")
     height = int(depth.max()) + 1
     if height > len(levels):
-        first = _ordered_units(codes, up, depth, len(levels))[0][0]
+        first = _ordered_units(codes, up, depth, len(levels))[len(levels)][0]
         raise GeographyError(
             f"the tree is deeper than its {len(levels)} levels {list(levels)}: unit {str(codes[first])!r} would be "
             f"at level {len(levels)}; name one level per depth")
