@@ -45,6 +45,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+import pandas as pd
 
 from .build import build_level, check_levels, check_table, parents_levels, unit_names
 from .codes import GeographyError, lookup, preview, read_codes, records_phrase, weights_array
@@ -296,9 +297,11 @@ class GeographyTree:
         ``codes`` are distinct codes) and shows a few of the tree's leaf codes, never a code of
         ``codes``: which codes the data hold is private.
         """
-        column = read_codes(codes)
-        found = np.append(self._find(self.depth, column.values), -1)
-        out = found[column.ranks].astype(np.intp)
+        if isinstance(codes, (pd.Series, pd.Index)):  # one binary search per code: no sort of the codes given
+            text = codes.astype(str).to_numpy(dtype=str)
+        else:
+            text = np.array([str(c) for c in codes], dtype=str)
+        out = self._find(self.depth, text).astype(np.intp)
         if np.any(out < 0):
             raise GeographyError(
                 f"{records_phrase(out < 0, weights_array(weights, out.size))} leaf codes that are not leaves of the "
