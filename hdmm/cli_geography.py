@@ -1,4 +1,4 @@
-"""``hdmm release --geography``: a person workload for every unit of nation, states, counties, tracts.
+"""``hdmm release --geography``: a person workload for every unit of nation, states, counties, tracts and below.
 
 ::
 
@@ -87,11 +87,11 @@ def _levels(text: str) -> list[str]:
 
 def _tree(args: argparse.Namespace, levels: list[str]) -> GeographyTree:
     if args.tree is None:
-        from census_workloads.geography import us_tree
+        from census_workloads.geography import LEVELS, us_tree
 
-        if tuple(levels) not in (("state",), ("state", "county"), ("state", "county", "tract")):
-            raise ValueError("the built-in geography has the levels state, county, tract: give --geography state, "
-                             "state,county or state,county,tract")
+        if tuple(levels) != LEVELS[:len(levels)]:
+            raise ValueError(f"the built-in geography has the levels {','.join(LEVELS)}: give --geography as the "
+                             "first of them, e.g. state,county,tract or state,county,tract,block_group,block")
         return us_tree(tuple(levels))
     path = args.tree
     if not path.endswith((".csv", ".parquet")):
