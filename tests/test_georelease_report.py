@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -121,6 +123,8 @@ def test_two_outputs_and_a_release():
     expected = np.sqrt(np.mean((release.totals("tract") - [3, 0, 12]) ** 2))
     assert rmse.loc["tract", "least squares"] == pytest.approx(expected)
     assert (report.bias.loc[report.bias["output"] == "truth", "mean signed error"] == 0).all()
+    unnamed = accuracy_report({"least squares": release}, replace(truth, privacy=""))
+    assert unnamed.privacy == plan.privacy.description == unnamed.bias.attrs["privacy"]
 
 
 def test_bad_outputs_are_named():

@@ -232,7 +232,8 @@ def accuracy_report(outputs: Mapping[str, object], truth: TrueAnswers, *, bins: 
         is a :class:`~hdmm.georelease.GeoRelease` (its ``answers`` and ``totals``) or a mapping
         ``level -> units x queries`` (or ``units x (queries + 1)``, the units' totals last).
     truth
-        From :func:`true_answers`.
+        From :func:`true_answers` (or a :class:`TrueAnswers` made by hand); the privacy shown is its
+        ``privacy``, else the plan's of the first :class:`~hdmm.georelease.GeoRelease` output.
     bins
         Lower bounds of the size bins (:data:`SIZE_BINS`).
     total
@@ -272,9 +273,11 @@ def accuracy_report(outputs: Mapping[str, object], truth: TrueAnswers, *, bins: 
     errors = pd.DataFrame(error_rows, columns=["level", "output", "measure", "units", "queries", "MAE", "RMSE"])
     bias = pd.DataFrame(bias_rows, columns=["level", "output", "size", "units", "mean signed error",
                                             "standard error", "RMSE"])
+    privacy = truth.privacy or next((o.plan.privacy.description for o in outputs.values()
+                                     if isinstance(getattr(o, "plan", None), GeoPlan)), "")
     for frame in (errors, bias):
         frame["level"] = pd.Categorical(frame["level"], categories=list(truth.levels), ordered=True)
         frame["output"] = pd.Categorical(frame["output"], categories=list(outputs), ordered=True)
-        frame.attrs["privacy"] = truth.privacy
+        frame.attrs["privacy"] = privacy
     bias["size"] = pd.Categorical(bias["size"], categories=labels, ordered=True)
-    return AccuracyReport(errors, bias, truth.privacy, tuple(outputs))
+    return AccuracyReport(errors, bias, privacy, tuple(outputs))
