@@ -7,21 +7,28 @@
   (``engine="local"``) or on Apache Spark (``engine="spark"``, :mod:`hdmm.georelease.spark`).
 * :class:`RecordHistograms`, :class:`ArrayHistograms` (:mod:`hdmm.georelease.units`): the data.
 * :class:`Invariants` (:mod:`hdmm.georelease.invariants`): public totals held exactly.
+* :func:`accuracy_report`, :func:`true_answers` (:mod:`hdmm.georelease.report`): errors of the
+  outputs against the truth per level, table and unit size; plots in :mod:`hdmm.georelease.report_plots`.
 """
 
 from .invariants import Invariants
 from .levels import optimize_level_weights
 from .plan import GeoPlan, geo_plan
 from .release import GeoRelease, release_geography
+from .report import AccuracyReport, TrueAnswers, accuracy_report, true_answers
 from .units import ArrayHistograms, RecordHistograms
 
 __all__ = [
+    "AccuracyReport",
     "ArrayHistograms",
     "GeoPlan",
     "GeoRelease",
     "Invariants",
     "RecordHistograms",
+    "TrueAnswers",
+    "accuracy_report",
     "geo_plan",
     "optimize_level_weights",
     "release_geography",
+    "true_answers",
 ]
