@@ -309,3 +309,20 @@ def test_held_region_is_rounded_at_once():
     check_tree(tree, cells, check_integer(tree, {"county": held}), out)
     best, _ = tree_exhaustive(tree, cells, check_integer(tree, {"county": held}))
     assert np.isclose(sum(np.abs(out.cells[d] - cells[d]).sum() for d in cells), best)
+
+
+def test_round_below_streams():
+    """Families are consumed a chunk at a time: the first tables come before the generator is exhausted."""
+    rng = np.random.default_rng(2)
+    seen = []
+
+    def families():
+        for n in range(30):
+            seen.append(n)
+            X, c, _ = fractional_table(rng, 3, 4, held=False)
+            yield X, c.astype(np.int64)
+
+    stream = round_below(families(), batch_entries=20)
+    R, w = next(stream)
+    assert len(seen) < 30 and w == 0
+    assert len(list(stream)) == 29

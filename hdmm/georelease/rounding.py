@@ -314,7 +314,7 @@ def round_below(families: Iterable[tuple[np.ndarray, np.ndarray]], batch_entries
     ...                                                 np.array([2, 0, 1]))])]
     [([[2, 0, 1], [0, 0, 0]], 1)]
     """
-    items = []
+    items, held = [], 0
     for X, P in families:
         X = _entries(X)
         P = _whole(P, "the parent's cells")
@@ -326,6 +326,16 @@ def round_below(families: Iterable[tuple[np.ndarray, np.ndarray]], batch_entries
             raise RoundingError(f"the parent's cell {j} is {P[j]} but its children's add up to {X[:, j].sum()!r}: "
                                 "the children cannot be rounded to it; round consistent tables")
         items.append((X, P))
+        held += int(np.count_nonzero(X))
+        if held >= batch_entries:  # a chunk at a time: the caller may stream families
+            yield from _below(items, batch_entries)
+            items, held = [], 0
+    if items:
+        yield from _below(items, batch_entries)
+
+
+def _below(items: list, batch_entries: int) -> list[tuple[np.ndarray, int]]:
+    """:func:`round_below` of validated ``(X, P)``: rows widened family by family until each rounds."""
     out: list = [None] * len(items)
     todo, w = list(range(len(items))), 0
     while todo:
@@ -343,7 +353,7 @@ def round_below(families: Iterable[tuple[np.ndarray, np.ndarray]], batch_entries
         if failed and w > max(items[f][0].shape[1] for f in failed):  # free rows: cannot fail (docstring)
             raise ArithmeticError("a consistent family could not be rounded with free rows; please report this")
         todo, w = failed, (1 if w == 0 else 2 * w)
-    yield from out
+    return out
 
 
 def _soft_rows(s: np.ndarray, X: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray]:
