@@ -8,18 +8,19 @@ ceiling of the real one, and the held totals exact.
 
 Two stages:
 
-* **The held region** :math:`H`: the units whose totals are held (closed upward: a unit whose
-  children are all held is held at their sum), or the root alone when nothing is held. It is rounded
-  at once (:func:`round_held`), as one network: the source feeds each root cell, each cell of a unit
-  of :math:`H` feeds the same cell of its children in :math:`H`, and the cells of each unit of the
-  frontier (in :math:`H`, children outside) drain into a node for the unit, which passes its held total
-  (exactly; the root's rounded total when nothing is held) to the sink. The real cells are a feasible
-  flow, so an integer one exists.
-* **Below the frontier**, family by family (:func:`hdmm.georelease.rounding.round_below`): the
-  children under their parent's integer cells, each child's total within ``w`` of the floor and
-  ceiling of its real total, ``w`` the smallest of 0, 1, 2, 4, ... that the parent's cells allow
-  (reported per level: a parent's cells are rounded without seeing its children, so ``w = 0`` is not
-  always possible; with free totals every cell rounds on its own).
+* **The region rounded at once** (:func:`round_held`): the held region :math:`H` (the units whose
+  totals are held, closed upward: a unit whose children are all held is held at their sum; the root
+  alone when nothing is held) and every unit down to level ``joint`` (default: the root). One
+  network: the source feeds each root cell, each cell of a unit feeds the same cell of its children
+  in the region, the cells of the region's deepest units drain into a node per unit, and each unit's
+  node passes its total to its parent's node (the root's to the sink) within the floor and ceiling
+  of its real total, or exactly where held. The real cells are a feasible flow, so an integer one
+  exists: every total in the region is the floor or ceiling of its real one, the held ones exact.
+* **Below the region**, family by family (:func:`hdmm.georelease.rounding.round_below`, which
+  streams): the children under their parent's integer cells, each child's total within ``w`` of the
+  floor and ceiling of its real total, ``w`` the smallest of 0, 1, 2, 4, ... that the parent's cells
+  allow (reported per level: a parent's cells are rounded without seeing its children, so ``w = 0``
+  is not always possible; with free totals every cell rounds on its own).
 
 Rounding the held region family by family instead can fail: the parent's rounded cells may not be
 reachable by its children with their totals held (section 8.8 gives a 3 x 4 family). A family in which
