@@ -162,7 +162,8 @@ def main() -> None:
         return
     n = 2_000 if args.quick else args.families
     lines = ["# Controlled rounding: throughput and distance to the optimum", "",
-             f"`python benchmarks/rounding.py{' --quick' if args.quick else ''}` on {platform.machine()}, "
+             f"`python benchmarks/rounding.py{' --quick' if args.quick else ''}{' --full' if args.full else ''}` on "
+             f"{platform.machine()}, "
              f"{os.cpu_count()} cores (shared with other jobs), Python {platform.python_version()}, numpy "
              f"{np.__version__}, scipy {scipy.__version__}; single thread; batches of {BATCH_ENTRIES:,} "
              "positive entries.", "",
