@@ -63,8 +63,9 @@ MAX_FAMILY_MISS = 0.5
 #: Largest cost of a move (the change of |R_ij - X_ij|) allowed in each stage of :func:`integer_flow`.
 STAGES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
-#: Positive entries per graph in :func:`round_families` (about 0.5 GiB of graph at the limit).
-BATCH_ENTRIES = 2**22
+#: Positive entries per graph in :func:`round_families`: 2**18 (about 100 block groups; smaller graphs were
+#: faster than 2**20 or 2**22 per family, measured in benchmarks/rounding.py).
+BATCH_ENTRIES = 2**18
 
 
 class RoundingError(ValueError):
