@@ -178,6 +178,7 @@ def round_held(tree: GeographyTree, cells: Mapping[int, np.ndarray], closed: Map
         miss += float(np.abs(real - target)[held].sum())
         near = np.rint(real)
         whole = np.abs(real - near) <= ROUND_RTOL * np.maximum(1.0, real)
+        miss += float(np.abs(real - near)[whole & ~held].sum())
         lo = np.where(held, target, np.where(whole, near, np.floor(real)))
         hi = np.where(held, target, np.where(whole, near, np.ceil(real)))
         up = np.ones(units.size, dtype=np.int64) if d == 0 else \
