@@ -184,7 +184,8 @@ def main() -> None:
         lines.append(f"| free | {args.density:.2f} | {r['families']:,} | {r['entries']:,} | {r['seconds']:.1f} | "
                      f"{r['per_s']:,.0f} | {r['seconds'] / 60:.1f} (measured) |")
         print(lines[-1], flush=True)
-    lines += ["", f"Peak resident memory of the process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} "
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    lines += ["", f"Peak resident memory of the process: {peak:,.0f} "
               "MiB (families held in memory included).", "",
               "## L1 distance against the optimum", "",
              "Mean over families of `sum |R - X|`: ours, the optimum (linear program, HiGHS), and the bound of "

@@ -105,7 +105,8 @@ def _misses(actual: np.ndarray, target: np.ndarray, what: str) -> float:
     allowed = ROUND_RTOL * np.maximum(1.0, np.abs(target))
     if np.any(miss > allowed):
         i = int(np.argmax(miss - allowed))
-        raise RoundingError(f"{what} {i} of the table adds up to {float(actual[i])!r}, not to its total {float(target[i])!r} "
+        raise RoundingError(f"{what} {i} of the table adds up to {float(actual[i])!r}, not to its total "
+                            f"{float(target[i])!r} "
                             f"(allowed miss {allowed[i]:.3g}); make the table meet its totals before rounding")
     return float(miss.sum())
 
@@ -308,9 +309,9 @@ def round_below(families: Iterable[tuple[np.ndarray, np.ndarray]], batch_entries
     :math:`[\lfloor s_i\rfloor, \lceil s_i\rceil]` for ``X``'s row sums ``s``: the rows are held within
     ``v`` of those bounds for the first ``v`` of 0, 1, 2, 4, ... that admits a rounding (``w``, the
     deviation met, is at most ``v``; more only where the parent leaves a row no choice). ``w`` can
-    exceed 0: ``P`` was chosen without seeing the children (docs/math.md, section 8.8). With free rows every column rounds on its own,
-    so some ``w`` always works. Families are batched as in :func:`round_families`; only the columns
-    with :math:`P_j > 0` enter (the others are 0).
+    exceed 0: ``P`` was chosen without seeing the children (docs/math.md, section 8.8). With free rows
+    every column rounds on its own, so some ``w`` always works. Families are batched (and streamed) as in
+    :func:`round_families`; only the columns with :math:`P_j > 0` enter (the others are 0).
 
     >>> [(R.tolist(), w) for R, w in round_below([(np.array([[1.69, 0.0, 0.045], [0.0, 0.721, 0.0]]),
     ...                                                 np.array([2, 0, 1]))])]

@@ -251,7 +251,8 @@ def round_tree(tree: GeographyTree, cells: Mapping[int | str, np.ndarray],
     cells = {tree.level_index(level): np.asarray(X, dtype=float) for level, X in cells.items()}
     deepest = max(cells)
     if sorted(cells) != list(range(deepest + 1)):
-        raise GeographyError(f"integer cells are rounded from the root down: give the cells of every level 0..{deepest}")
+        raise GeographyError("integer cells are rounded from the root down: give the cells of every level "
+                             f"0..{deepest}")
     m = cells[0].shape[1]
     for d, X in cells.items():
         if X.shape != (tree.sizes[d], m):
@@ -293,4 +294,5 @@ def _check_families(tree: GeographyTree, d: int, cells: Mapping[int, np.ndarray]
     miss = np.abs(sums - target) - ROUND_RTOL * np.maximum(1.0, target)
     if np.any(miss > 0):
         u = int(parents[np.unravel_index(np.argmax(miss), miss.shape)[0]])
-        raise RoundingError(f"the units below {tree.label(d, u)} do not add up to its cells; round consistent estimates")
+        raise RoundingError(f"the units below {tree.label(d, u)} do not add up to its cells; round consistent "
+                            "estimates")
