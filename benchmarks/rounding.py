@@ -111,6 +111,39 @@ def gap(n: int, density: float, held: bool, seed: int = 1) -> dict:
             "at_optimum": float(np.mean(ours <= best + 1e-6))}
 
 
+def tree_timing(cells_per_block: int = 25, m: int = 2016, seed: int = 0) -> str:
+    """:func:`hdmm.georelease.roundtree.round_tree` on a synthetic tree: nation, 2 states (held), 10 counties,
+    100 tracts, 300 block groups, 10,200 blocks of ``cells_per_block`` positive cells out of ``m``."""
+    from hdmm.geography import GeographyTree
+    from hdmm.georelease.roundtree import round_tree
+
+    rng = np.random.default_rng(seed)
+    pairs, frontier = {}, ["US"]
+    for fan in (2, 5, 10, 3, 34):
+        frontier = [f"{p}.{j}" for p in frontier for j in range(fan)]
+        pairs.update({c: c.rsplit(".", 1)[0] for c in frontier})
+    tree = GeographyTree.from_parents(pairs, ["nation", "state", "county", "tract", "block group", "block"])
+    leaves = np.zeros((tree.leaves, m))
+    for b in range(tree.leaves):
+        leaves[b, rng.choice(m, cells_per_block, replace=False)] = rng.random(cells_per_block) * 3
+    states = tree.aggregate(1, leaves).sum(axis=1)
+    leaves *= tree.spread(1, (np.rint(states) / states)[:, None])
+    cells = {d: tree.aggregate(d, leaves) for d in range(tree.depth + 1)}
+    lines = [f"`round_tree` on {tree!r}, {m} cells, {cells_per_block} positive cells per block, states held; "
+             "family by family below the states (`joint=0`) and the whole tree at once (`joint='block'`).", "",
+             "| joint | seconds | level | units | RMSE of unit totals, integer - real | largest w |",
+             "|---|---:|---|---:|---:|---:|"]
+    for joint in (0, tree.depth):
+        start = time.perf_counter()
+        out = round_tree(tree, cells, {"state": np.rint(states)}, joint=joint)
+        seconds = time.perf_counter() - start
+        for d in range(tree.depth + 1):
+            rmse = float(np.sqrt(np.mean((out.cells[d].sum(axis=1) - cells[d].sum(axis=1)) ** 2)))
+            lines.append(f"| {tree.levels[joint]} | {seconds:.1f} | {tree.levels[d]} | {tree.sizes[d]:,} | "
+                         f"{rmse:.3f} | {out.widened.get(d, 0)} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", type=int, default=20_000)
@@ -118,11 +151,19 @@ def main() -> None:
     parser.add_argument("--density", type=float, default=1 / 3)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--full", action="store_true", help=f"also round all {TARGET:,} families (free totals)")
+    parser.add_argument("--tree", action="store_true", help="only time round_tree and append it to --out")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "rounding.md"))
     args = parser.parse_args()
+    if args.tree:
+        text = tree_timing()
+        print(text)
+        with open(args.out, "a") as f:
+            f.write("\n## A tree\n\n`python benchmarks/rounding.py --tree`: " + text + "\n")
+        return
     n = 2_000 if args.quick else args.families
     lines = ["# Controlled rounding: throughput and distance to the optimum", "",
-             f"`python benchmarks/rounding.py{' --quick' if args.quick else ''}` on {platform.machine()}, "
+             f"`python benchmarks/rounding.py{' --quick' if args.quick else ''}{' --full' if args.full else ''}` on "
+             f"{platform.machine()}, "
              f"{os.cpu_count()} cores (shared with other jobs), Python {platform.python_version()}, numpy "
              f"{np.__version__}, scipy {scipy.__version__}; single thread; batches of {BATCH_ENTRIES:,} "
              "positive entries.", "",
@@ -143,7 +184,8 @@ def main() -> None:
         lines.append(f"| free | {args.density:.2f} | {r['families']:,} | {r['entries']:,} | {r['seconds']:.1f} | "
                      f"{r['per_s']:,.0f} | {r['seconds'] / 60:.1f} (measured) |")
         print(lines[-1], flush=True)
-    lines += ["", f"Peak resident memory of the process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} "
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    lines += ["", f"Peak resident memory of the process: {peak:,.0f} "
               "MiB (families held in memory included).", "",
               "## L1 distance against the optimum", "",
              "Mean over families of `sum |R - X|`: ours, the optimum (linear program, HiGHS), and the bound of "

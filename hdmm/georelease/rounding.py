@@ -18,12 +18,13 @@ integer within its bounds, measure each node's imbalance, and route the imbalanc
 residual network (an edge may move up to its upper bound, down to its lower bound) with one call of
 scipy's compiled maximum flow (Dinic), from a super source feeding the surplus nodes to a super sink
 draining the deficits. Because ``X - round(X)`` routes them fractionally, an integer routing exists
-and the maximum flow saturates. **Cost awareness:** moving a cell by one from its nearest integer
-costs :math:`1 - 2|X_{ij} - \mathrm{round}(X_{ij})|` in :math:`\sum|R - X|`; the routing is tried
-first with only the moves costing at most ``STAGES[0]``, then the next stage's, and only families
-not yet routed go to the next stage (the last allows every move, so it always succeeds). Nothing more
-is guaranteed about :math:`\sum|R-X|` than :math:`|R - X| < 1` entrywise; tests measure it against
-exhaustive search and benchmarks/results/rounding.md against the linear-programming optimum.
+and the maximum flow saturates. **Cost awareness:** moving ``R_ij`` by one changes
+:math:`\sum|R - X|` by :math:`|X_{ij} - R_{ij} \mp 1| - |X_{ij} - R_{ij}|`; stage ``s`` routes what it
+can over the moves costing at most ``STAGES[s]`` and keeps it (from any ``R`` within the bounds the
+argument above still holds), the last stage over every move, so it always succeeds. Nothing more is
+guaranteed about :math:`\sum|R-X|` than :math:`|R - X| < 1` entrywise; measured, it is at the
+exhaustive-search optimum on most small tables (tests) and about 1% above the linear program's optimum
+on block-group families (benchmarks/results/rounding.md).
 
 **Tolerance.** Solvers give ``X`` whose column sums meet the integer ``c`` only to rounding. An
 entry within ``ROUND_RTOL * max(1, x)`` of an integer is taken as that integer, and a total (column
@@ -62,8 +63,9 @@ MAX_FAMILY_MISS = 0.5
 #: Largest cost of a move (the change of |R_ij - X_ij|) allowed in each stage of :func:`integer_flow`.
 STAGES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
-#: Positive entries per graph in :func:`round_families` (about 0.5 GiB of graph at the limit).
-BATCH_ENTRIES = 2**22
+#: Positive entries per graph in :func:`round_families`: 2**18 (about 100 block groups; smaller graphs were
+#: faster than 2**20 or 2**22 per family, measured in benchmarks/rounding.py).
+BATCH_ENTRIES = 2**18
 
 
 class RoundingError(ValueError):
@@ -103,7 +105,8 @@ def _misses(actual: np.ndarray, target: np.ndarray, what: str) -> float:
     allowed = ROUND_RTOL * np.maximum(1.0, np.abs(target))
     if np.any(miss > allowed):
         i = int(np.argmax(miss - allowed))
-        raise RoundingError(f"{what} {i} of the table adds up to {float(actual[i])!r}, not to its total {float(target[i])!r} "
+        raise RoundingError(f"{what} {i} of the table adds up to {float(actual[i])!r}, not to its total "
+                            f"{float(target[i])!r} "
                             f"(allowed miss {allowed[i]:.3g}); make the table meet its totals before rounding")
     return float(miss.sum())
 
@@ -306,15 +309,15 @@ def round_below(families: Iterable[tuple[np.ndarray, np.ndarray]], batch_entries
     :math:`[\lfloor s_i\rfloor, \lceil s_i\rceil]` for ``X``'s row sums ``s``: the rows are held within
     ``v`` of those bounds for the first ``v`` of 0, 1, 2, 4, ... that admits a rounding (``w``, the
     deviation met, is at most ``v``; more only where the parent leaves a row no choice). ``w`` can
-    exceed 0: ``P`` was chosen without seeing the children (docs/math.md, section 8.8). With free rows every column rounds on its own,
-    so some ``w`` always works. Families are batched as in :func:`round_families`; only the columns
-    with :math:`P_j > 0` enter (the others are 0).
+    exceed 0: ``P`` was chosen without seeing the children (docs/math.md, section 8.8). With free rows
+    every column rounds on its own, so some ``w`` always works. Families are batched (and streamed) as in
+    :func:`round_families`; only the columns with :math:`P_j > 0` enter (the others are 0).
 
     >>> [(R.tolist(), w) for R, w in round_below([(np.array([[1.69, 0.0, 0.045], [0.0, 0.721, 0.0]]),
     ...                                                 np.array([2, 0, 1]))])]
     [([[2, 0, 1], [0, 0, 0]], 1)]
     """
-    items = []
+    items, held = [], 0
     for X, P in families:
         X = _entries(X)
         P = _whole(P, "the parent's cells")
@@ -326,6 +329,16 @@ def round_below(families: Iterable[tuple[np.ndarray, np.ndarray]], batch_entries
             raise RoundingError(f"the parent's cell {j} is {P[j]} but its children's add up to {X[:, j].sum()!r}: "
                                 "the children cannot be rounded to it; round consistent tables")
         items.append((X, P))
+        held += int(np.count_nonzero(X))
+        if held >= batch_entries:  # a chunk at a time: the caller may stream families
+            yield from _below(items, batch_entries)
+            items, held = [], 0
+    if items:
+        yield from _below(items, batch_entries)
+
+
+def _below(items: list, batch_entries: int) -> list[tuple[np.ndarray, int]]:
+    """:func:`round_below` of validated ``(X, P)``: rows widened family by family until each rounds."""
     out: list = [None] * len(items)
     todo, w = list(range(len(items))), 0
     while todo:
@@ -343,7 +356,7 @@ def round_below(families: Iterable[tuple[np.ndarray, np.ndarray]], batch_entries
         if failed and w > max(items[f][0].shape[1] for f in failed):  # free rows: cannot fail (docstring)
             raise ArithmeticError("a consistent family could not be rounded with free rows; please report this")
         todo, w = failed, (1 if w == 0 else 2 * w)
-    yield from out
+    return out
 
 
 def _soft_rows(s: np.ndarray, X: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray]:

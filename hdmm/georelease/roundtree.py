@@ -8,18 +8,19 @@ ceiling of the real one, and the held totals exact.
 
 Two stages:
 
-* **The held region** :math:`H`: the units whose totals are held (closed upward: a unit whose
-  children are all held is held at their sum), or the root alone when nothing is held. It is rounded
-  at once (:func:`round_held`), as one network: the source feeds each root cell, each cell of a unit
-  of :math:`H` feeds the same cell of its children in :math:`H`, and the cells of each unit of the
-  frontier (in :math:`H`, children outside) drain into a node for the unit, which passes its held total
-  (exactly; the root's rounded total when nothing is held) to the sink. The real cells are a feasible
-  flow, so an integer one exists.
-* **Below the frontier**, family by family (:func:`hdmm.georelease.rounding.round_below`): the
-  children under their parent's integer cells, each child's total within ``w`` of the floor and
-  ceiling of its real total, ``w`` the smallest of 0, 1, 2, 4, ... that the parent's cells allow
-  (reported per level: a parent's cells are rounded without seeing its children, so ``w = 0`` is not
-  always possible; with free totals every cell rounds on its own).
+* **The region rounded at once** (:func:`round_held`): the held region :math:`H` (the units whose
+  totals are held, closed upward: a unit whose children are all held is held at their sum; the root
+  alone when nothing is held) and every unit down to level ``joint`` (default: the root). One
+  network: the source feeds each root cell, each cell of a unit feeds the same cell of its children
+  in the region, the cells of the region's deepest units drain into a node per unit, and each unit's
+  node passes its total to its parent's node (the root's to the sink) within the floor and ceiling
+  of its real total, or exactly where held. The real cells are a feasible flow, so an integer one
+  exists: every total in the region is the floor or ceiling of its real one, the held ones exact.
+* **Below the region**, family by family (:func:`hdmm.georelease.rounding.round_below`, which
+  streams): the children under their parent's integer cells, each child's total within ``w`` of the
+  floor and ceiling of its real total, ``w`` the smallest of 0, 1, 2, 4, ... that the parent's cells
+  allow (reported per level: a parent's cells are rounded without seeing its children, so ``w = 0``
+  is not always possible; with free totals every cell rounds on its own).
 
 Rounding the held region family by family instead can fail: the parent's rounded cells may not be
 reachable by its children with their totals held (section 8.8 gives a 3 x 4 family). A family in which
@@ -113,11 +114,12 @@ class IntegerCells:
     widened: dict[int, int]
 
 
-def round_held(tree: GeographyTree, cells: Mapping[int, np.ndarray], closed: Mapping[int, np.ndarray]
-               ) -> dict[int, np.ndarray]:
-    """The integer cells of the held region's units (``{level: rows of its units}``, module docstring)."""
-    region = held_region(tree, closed)
-    held_root = not np.isnan(closed[0][0])
+def round_held(tree: GeographyTree, cells: Mapping[int, np.ndarray], closed: Mapping[int, np.ndarray],
+               depth: int = 0) -> dict[int, np.ndarray]:
+    """The integer cells of the region's units (``{level: rows of its units}``, module docstring): the held
+    region and every unit down to level ``depth``, rounded at once with every unit's total the floor or the
+    ceiling of its real one (exact where held)."""
+    region = _region(tree, closed, depth)
     levels = sorted(region)
     m = np.asarray(cells[0]).shape[1]
     ids, keys, values = {}, {}, {}
@@ -151,42 +153,46 @@ def round_held(tree: GeographyTree, cells: Mapping[int, np.ndarray], closed: Map
             sums = np.bincount(where, weights=x, minlength=keys[d - 1].size)
             miss += _family_miss(tree, d, region, values[d - 1], sums, keys[d - 1], m)
         edges(parent_ids, ids[d], x, np.floor(x), np.ceil(x), np.ones(x.size))
+    unit_ids = {}
+    for d in levels:
+        unit_ids[d] = nodes + np.arange(region[d].size)
+        nodes += region[d].size
     frontier = _frontier(tree, region)
-    total, real_total = 0, 0.0
-    for d, units in frontier.items():
-        unit_ids = nodes + np.arange(units.size)
-        nodes += units.size
+    for d, units in frontier.items():  # the frontier's cells drain into their unit's node
         pos = np.searchsorted(region[d], units)
         row_of_entry = np.searchsorted(region[d], keys[d] // m)
         on = np.isin(row_of_entry, pos)
-        entry_unit = np.searchsorted(pos, row_of_entry[on])
         x = values[d][on]
-        edges(ids[d][on], unit_ids[entry_unit], x, np.floor(x), np.ceil(x), np.zeros(x.size))
-        real = np.bincount(entry_unit, weights=x, minlength=units.size)
-        if held_root:
-            target = np.asarray(closed[d])[units]
-            allowed = ROUND_RTOL * np.maximum(1.0, target)
-            if np.any(np.abs(real - target) > allowed):
-                u = units[int(np.argmax(np.abs(real - target) - allowed))]
-                raise RoundingError(f"the real cells of {tree.label(d, u)} add up to {real[units == u][0]!r}, not to "
-                                    f"its held total {np.asarray(closed[d])[u]:g}; hold the totals in the estimates")
-            miss += float(np.abs(real - target).sum())
-            lo = hi = target
-        else:
-            near = np.rint(real)
-            whole = np.abs(real - near) <= ROUND_RTOL * np.maximum(1.0, real)
-            lo, hi = np.where(whole, near, np.floor(real)), np.where(whole, near, np.ceil(real))
-        edges(unit_ids, np.ones(units.size, dtype=np.int64), real, lo, hi, np.zeros(units.size))
-        total += float(np.ceil(real).sum())
-        real_total += float(real.sum())
+        edges(ids[d][on], unit_ids[d][row_of_entry[on]], x, np.floor(x), np.ceil(x), np.zeros(x.size))
+    for d in levels:  # each unit's node passes its total to its parent's (the root's to the sink)
+        units = region[d]
+        real = np.asarray(cells[d], dtype=float)[units].sum(axis=1)
+        target = np.asarray(closed[d], dtype=float)[units]
+        held = ~np.isnan(target)
+        allowed = ROUND_RTOL * np.maximum(1.0, np.where(held, target, 0.0))
+        off = held & (np.abs(real - np.where(held, target, 0.0)) > allowed)
+        if off.any():
+            u = int(units[np.flatnonzero(off)[0]])
+            raise RoundingError(f"the real cells of {tree.label(d, u)} add up to {float(real[units == u][0])!r}, not "
+                                f"to its held total {float(closed[d][u]):g}; hold the totals in the estimates")
+        miss += float(np.abs(real - target)[held].sum())
+        near = np.rint(real)
+        whole = np.abs(real - near) <= ROUND_RTOL * np.maximum(1.0, real)
+        miss += float(np.abs(real - near)[whole & ~held].sum())
+        lo = np.where(held, target, np.where(whole, near, np.floor(real)))
+        hi = np.where(held, target, np.where(whole, near, np.ceil(real)))
+        up = np.ones(units.size, dtype=np.int64) if d == 0 else \
+            unit_ids[d - 1][np.searchsorted(region[d - 1], tree.parents(d)[units])]
+        edges(unit_ids[d], up, real, lo, hi, np.zeros(units.size))
+        if d == 0:
+            edges([1], [0], real, lo, hi, [0.0])  # the sink returns the root's total to the source
     if miss >= MAX_FAMILY_MISS:
-        raise RoundingError(f"the held region's real cells miss their sums and totals by {miss:g} in all (at most "
+        raise RoundingError(f"the region's real cells miss their sums and totals by {miss:g} in all (at most "
                             f"{MAX_FAMILY_MISS}); round consistent estimates that meet the held totals")
-    edges([1], [0], [real_total], [0], [int(total) + 1], [0.0])
     y, ok = integer_flow(*(np.concatenate(p) for p in (tails, heads)), *(np.concatenate(p) for p in (vals, los, his)),
                          np.zeros(nodes, dtype=np.int64), 1, np.concatenate(weights))
     if not ok[0]:
-        raise ArithmeticError("the held region could not be rounded; please report this")
+        raise ArithmeticError("the region could not be rounded; please report this")
     out, offset = {}, 0
     for d in levels:
         size = keys[d].size
@@ -195,6 +201,14 @@ def round_held(tree: GeographyTree, cells: Mapping[int, np.ndarray], closed: Map
         out[d] = R
         offset += size
     return out
+
+
+def _region(tree: GeographyTree, closed: Mapping[int, np.ndarray], depth: int) -> dict[int, np.ndarray]:
+    """The held region and every unit down to level ``depth``: the units rounded at once."""
+    region = held_region(tree, closed)
+    for d in range(depth + 1):
+        region[d] = np.arange(tree.sizes[d])
+    return region
 
 
 def _frontier(tree: GeographyTree, region: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
@@ -224,18 +238,21 @@ def _family_miss(tree, d, region, parent_values, sums, parent_keys, m) -> float:
 
 
 def round_tree(tree: GeographyTree, cells: Mapping[int | str, np.ndarray],
-               held: Mapping[int | str, np.ndarray] | None = None) -> IntegerCells:
+               held: Mapping[int | str, np.ndarray] | None = None, joint: int | str = 0) -> IntegerCells:
     """Integer cells for the levels of ``cells`` (the root and every level down to the deepest given).
 
     ``cells[d]`` holds every unit's real cells (``units x cells``), consistent top down; ``held`` the
-    held totals per level (NaN where none; :func:`check_integer`). Rounds the held region at once and
-    every family below it level by level; a caller with more units than memory can instead call
+    held totals per level (NaN where none; :func:`check_integer`). Rounds the held region and every unit
+    down to level ``joint`` at once (every unit's total there the floor or ceiling of its real one, or
+    exact where held), and every family below it level by level; ``joint`` as deep as the tree makes one
+    graph of all the tree's positive cells. A caller with more units than memory can instead call
     :func:`round_held` and stream families through :func:`hdmm.georelease.rounding.round_below`.
     """
     cells = {tree.level_index(level): np.asarray(X, dtype=float) for level, X in cells.items()}
     deepest = max(cells)
     if sorted(cells) != list(range(deepest + 1)):
-        raise GeographyError(f"integer cells are rounded from the root down: give the cells of every level 0..{deepest}")
+        raise GeographyError("integer cells are rounded from the root down: give the cells of every level "
+                             f"0..{deepest}")
     m = cells[0].shape[1]
     for d, X in cells.items():
         if X.shape != (tree.sizes[d], m):
@@ -244,8 +261,9 @@ def round_tree(tree: GeographyTree, cells: Mapping[int | str, np.ndarray],
             raise RoundingError(f"the cells of level {tree.levels[d]!r} hold negative or non-finite values; round "
                                 "non-negative estimates (hdmm.georelease.nonneg)")
     closed = check_integer(tree, held)
-    rounded = round_held(tree, {d: cells[d] for d in cells}, {d: closed[d] for d in closed if d <= deepest})
-    region = held_region(tree, closed)
+    depth = min(tree.level_index(joint), deepest)
+    rounded = round_held(tree, cells, {d: closed[d] for d in closed if d <= deepest}, depth)
+    region = _region(tree, {d: closed[d] for d in closed if d <= deepest}, depth)
     out = {d: np.zeros((tree.sizes[d], m), dtype=np.int64) for d in range(deepest + 1)}
     done = {d: np.zeros(tree.sizes[d], dtype=bool) for d in range(deepest + 1)}
     for d, R in rounded.items():
@@ -276,4 +294,5 @@ def _check_families(tree: GeographyTree, d: int, cells: Mapping[int, np.ndarray]
     miss = np.abs(sums - target) - ROUND_RTOL * np.maximum(1.0, target)
     if np.any(miss > 0):
         u = int(parents[np.unravel_index(np.argmax(miss), miss.shape)[0]])
-        raise RoundingError(f"the units below {tree.label(d, u)} do not add up to its cells; round consistent estimates")
+        raise RoundingError(f"the units below {tree.label(d, u)} do not add up to its cells; round consistent "
+                            "estimates")
