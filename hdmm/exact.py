@@ -71,7 +71,7 @@ from .matrix import Diagonal, Explicit, Identity, Kronecker, Matrix, Ones, Sum, 
 from .optimizers.pidentity import PIdentity
 from .workload import Ranges
 
-__all__ = ["QBITS", "quantize", "is_dyadic", "exact_centres", "on_grid_exact", "ExactUnsupported"]
+__all__ = ["exact_centres_many", "QBITS", "quantize", "is_dyadic", "exact_centres", "on_grid_exact", "ExactUnsupported"]
 
 #: Significant bits kept of each real array of a strategy, relative to its largest entry.
 QBITS = 30
@@ -445,8 +445,9 @@ def _check_counts(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     if not np.all(x == np.floor(x)):
         i = int(np.flatnonzero(x != np.floor(x))[0])
+        value, i = x.reshape(-1)[i], i % x.shape[-1]  # the index within its data vector
         raise ValueError(
-            f"the data vector holds non-integer counts (e.g. {x[i]!r} at index {i}); hdmm measures whole record "
+            f"the data vector holds non-integer counts (e.g. {value!r} at index {i}); hdmm measures whole record "
             "counts exactly: round or aggregate the data to integers first"
         )
     if np.any(np.abs(x) >= 2**53):
@@ -467,9 +468,19 @@ def exact_centres(A: Matrix, x, spacing: float) -> np.ndarray:
     ExactUnsupported
         If ``A`` is not dyadic or has a structure without an exact product.
     """
-    centres = _centres(A, x, spacing)
+    x = np.asarray(x)
+    return exact_centres_many(A, x.reshape(1, -1), spacing)[0]
+
+
+def exact_centres_many(A: Matrix, X, spacing: float) -> np.ndarray:
+    r""":func:`exact_centres` of every row of ``X`` (``k x N`` counts) at once: ``k x rows``, the same numbers.
+
+    The digits of all ``k`` data vectors go through the strategy's structure together (its columns
+    axis), so many small units cost about one product each instead of one pass of Python each.
+    """
+    centres = _centres(A, X, spacing)
     if centres.dtype == object:
-        top = max((abs(int(c)) for c in centres), default=0)
+        top = max((abs(int(c)) for c in centres.ravel()), default=0)
         if top.bit_length() + math.frexp(spacing)[1] > 1020:
             raise ValueError(
                 "the strategy's answers on this data vector overflow to infinity: the counts are too large for "
@@ -478,19 +489,19 @@ def exact_centres(A: Matrix, x, spacing: float) -> np.ndarray:
     return centres
 
 
-def _centres(A: Matrix, x, spacing: float) -> np.ndarray:
+def _centres(A: Matrix, X, spacing: float) -> np.ndarray:
+    """``round(A X^T / s)^T`` for the rows of ``X`` (``k x N``): ``k x rows``."""
     mantissa, exp = math.frexp(spacing) if math.isfinite(spacing) and spacing > 0 else (0.0, 0)
     if mantissa != 0.5:
         raise ValueError(f"the grid spacing must be a positive power of two, got {spacing!r}")
     k = 1 - exp  # spacing = 2**-k
-    xi = _check_counts(x)
-    big = int(np.max(xi)) if xi.size else 0
-    X = _Exact(xi.reshape(1, -1, 1), max(big, 1), 0)
-    Y = _apply(A, X)
+    xi = _check_counts(X)
+    big = int(np.max(np.abs(xi))) if xi.size else 0
+    Y = _apply(A, _Exact(xi.T.reshape(1, xi.shape[1], xi.shape[0]), max(big, 1), 0))
     h = Y.E - k
     if h <= 0:
         Y = Y.normalised()
-        return _digits_to_int(Y.T[:, :, 0], -h)
+        return _digits_to_int(Y.T, -h).T
     Y = Y.normalised()
     q, r = divmod(h - 1, _DIGIT)
     T = Y.T
@@ -501,18 +512,18 @@ def _centres(A: Matrix, x, spacing: float) -> np.ndarray:
     Y = _Exact(T, 2**(_DIGIT + 1), Y.E)
     Y = Y.normalised()
     q, r = divmod(h, _DIGIT)
-    digits = Y.T[q:, :, 0] if Y.T.shape[0] > q else np.zeros((1,) + Y.T.shape[1:2], dtype=np.int64)
-    return _floor_shift(digits, r)
+    digits = Y.T[q:] if Y.T.shape[0] > q else np.zeros((1,) + Y.T.shape[1:], dtype=np.int64)
+    return _floor_shift(digits, r).T
 
 
 def _digits_to_int(digits: np.ndarray, shift: int) -> np.ndarray:
     """``sum_j digits[j] 2**(16 j) * 2**shift`` (normalised digits), int64 if it fits."""
     if _DIGIT * digits.shape[0] + shift <= 61:
-        out = np.zeros(digits.shape[1], dtype=np.int64)
+        out = np.zeros(digits.shape[1:], dtype=np.int64)
         for j in range(digits.shape[0] - 1, -1, -1):
             out = (out << _DIGIT) + digits[j]
         return out << shift
-    out = np.zeros(digits.shape[1], dtype=object)
+    out = np.zeros(digits.shape[1:], dtype=object)
     for j in range(digits.shape[0] - 1, -1, -1):
         out = out * (1 << _DIGIT) + digits[j].astype(object)
     return out * (1 << shift)
@@ -523,7 +534,7 @@ def _floor_shift(digits: np.ndarray, r: int) -> np.ndarray:
     if _DIGIT * digits.shape[0] <= 61:
         return _digits_to_int(digits, 0) >> r
     value = _digits_to_int(digits, 0)
-    return np.array([v >> r for v in value], dtype=object)
+    return np.vectorize(lambda v: v >> r, otypes=[object])(value)
 
 
 def on_grid_exact(centres: np.ndarray, spacing: float, noise: np.ndarray) -> np.ndarray:

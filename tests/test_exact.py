@@ -208,3 +208,34 @@ def test_plans_for_long_gaussian_domains_choose_a_strategy_measured_exactly():
     with for_release():
         assert factor_method(G, hdmm.ZCDP(0.5)) == "p-identity"
     assert factor_method(G, hdmm.ZCDP(0.5)) == "square root"
+
+
+@pytest.mark.parametrize("index", range(19))
+def test_many_data_vectors_at_once_give_each_ones_centres(index):
+    from hdmm.exact import exact_centres_many
+
+    rng = np.random.default_rng(100 + index)
+    A = quantize(strategies(rng)[index])
+    for top in (10, 10**15):  # the int64 digits and the Python-int path
+        X = rng.integers(0, top, size=(3, A.shape[1]), endpoint=True).astype(float)
+        for s in (2.0**-30, 2.0**5):
+            many = exact_centres_many(A, X, s)
+            assert many.shape == (3, A.shape[0])
+            for row, x in zip(many, X):
+                assert [int(v) for v in row] == [int(v) for v in exact_centres(A, x, s)] == reference(A, x, s)
+
+
+def test_measure_many_equals_measure_row_by_row():
+    import hdmm
+    from hdmm.kernel import measure, measure_many
+
+    plan = hdmm.plan(hdmm.Prefix(6), "auto", hdmm.ZCDP(0.5), seed=0)
+    X = np.random.default_rng(0).integers(0, 50, size=(4, 6)).astype(float)
+    many = measure_many(plan, X, [11, 12, 13, 14])
+    for row, seed, got in zip(X, [11, 12, 13, 14], many):
+        np.testing.assert_array_equal(got.answers, measure(plan, row, rng=seed).answers)
+        assert got.seeded and got.charge is None
+    with pytest.raises(ValueError, match="non-integer counts"):
+        measure_many(plan, X + 0.5, [None] * 4)
+    with pytest.raises(ValueError, match="k noise sources"):
+        measure_many(plan, X, [None])

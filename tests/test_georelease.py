@@ -229,8 +229,8 @@ def _count_noise(monkeypatch):
     calls = []
     import hdmm.georelease.units as units
 
-    original = units.measure
-    monkeypatch.setattr(units, "measure", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = units.measure_many
+    monkeypatch.setattr(units, "measure_many", lambda *a, **k: calls.append(1) or original(*a, **k))
     return calls
 
 

@@ -214,7 +214,7 @@ def test_spark_nonnegative_refusals_come_before_noise(spark, country, tmp_path, 
     county = int(np.flatnonzero(np.diff(tree.child_bounds(1)) > 1)[0])  # a state with several counties
     first = int(tree.child_bounds(1)[county])
     plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, invariants={"county": {tree.codes("county")[first]: 1.0}})
-    monkeypatch.setattr(units, "measure", lambda *a, **k: pytest.fail("noise drawn"))
+    monkeypatch.setattr(units, "measure_many", lambda *a, **k: pytest.fail("noise drawn"))
     with pytest.raises(GeographyError, match="all or none"):
         release_geography(plan, spark.createDataFrame(records), engine="spark", domain=DOMAIN,
                           output=str(tmp_path / "never"), postprocess="nonnegative")

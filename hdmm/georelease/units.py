@@ -19,7 +19,6 @@ Seeds are for tests and reproducible research only: anyone who knows one can rem
 from __future__ import annotations
 
 import hashlib
-import warnings
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,7 +28,7 @@ import scipy.sparse as sp
 
 from ..domain import Domain
 from ..geography import GeographyError, GeographyTree
-from ..kernel import measure
+from ..kernel import measure_many
 from ..kron_union import FactorMismatchError, kron_union
 from ..matrix import Explicit, Kronecker, Matrix, VStack, Weighted
 from ..mechanism import reconstruct
@@ -253,16 +252,24 @@ def answer_operator(plan: GeoPlan) -> Matrix | None:
     return VStack(terms + [total])
 
 
+#: Units measured by one call of the kernel (their dense counts held at once).
+UNITS_PER_CALL = 256
+
+#: A subtree with at most this many leaves is read and measured at once (its units a level at a time).
+LEAVES_PER_READ = 4096
+
+
 def _measurements(plan: GeoPlan, unit, level: int, first: int, X, seed: int | None):
-    """``(i, measurement)`` of every row of ``X`` (units ``first + i`` of ``level``), through the kernel."""
-    name, codes = plan.tree.levels[level], plan.tree.codes(level)
-    for i in range(X.shape[0]):
-        x = X[i].toarray().ravel() if sp.issparse(X) else np.asarray(X[i], dtype=float)
-        rng = None if seed is None else unit_seed(seed, name, codes[first + i])
-        with warnings.catch_warnings():
-            # an empty unit is legitimate, and which units are empty is private: say nothing
-            warnings.filterwarnings("ignore", message="the data vector is all zeros")
-            yield i, measure(unit, x, rng=rng)
+    """``(i, measurement)`` of every row of ``X`` (units ``first + i`` of ``level``), through the kernel,
+    ``UNITS_PER_CALL`` units a call, each unit with its own noise stream."""
+    name = plan.tree.levels[level]
+    codes = None if seed is None else plan.tree.codes(level)
+    for lo in range(0, X.shape[0], UNITS_PER_CALL):
+        hi = min(lo + UNITS_PER_CALL, X.shape[0])
+        block = X[lo:hi].toarray() if sp.issparse(X) else np.asarray(X[lo:hi], dtype=float)
+        rngs = [None if seed is None else unit_seed(seed, name, codes[first + i]) for i in range(lo, hi)]
+        for i, measured in enumerate(measure_many(unit, block, rngs)):
+            yield lo + i, measured
 
 
 def measure_units(plan: GeoPlan, level: int, first: int, X: sp.csr_matrix | np.ndarray, seed: int | None,
@@ -317,9 +324,10 @@ def measure_partition(plan: GeoPlan, part: Partition, histograms, seed: int | No
 def _measure_subtree(plan: GeoPlan, level: int, unit: int, read, seed: int | None, space: str
                      ) -> tuple[dict[int, np.ndarray], np.ndarray]:
     tree, finest = plan.tree, plan.solver.finest
-    if level >= finest - 1:
-        part = Partition.of(tree, level, unit)
-        H = read(*part.leaves())
+    part = Partition.of(tree, level, unit)
+    lo, hi = part.leaves()
+    if level >= finest - 1 or hi - lo <= LEAVES_PER_READ:
+        H = read(lo, hi)
         own = {d: measure_units(plan, d, part.range(d)[0], unit_histograms(tree, part, d, H), seed, space)
                for d in plan.measured if d >= level}
         return own, np.asarray(H.sum(axis=0)).ravel()
