@@ -71,6 +71,13 @@ def main() -> None:
         "(`hdmm.georelease.report.accuracy_report`). With one release per output the figures are one draw: "
         "the expected RMSE of least squares per query is " + ", ".join(
             f"{tree.levels[d]} {plan.expected_rmse(d):.3f}" for d in plan.levels) + ".", "",
+        "How to read it: `geography-accuracy-error.png` has one bar per output and level, the RMSE of the units' "
+        "total population (the per-table figures are in the tables below); `geography-accuracy-bias.png` has one "
+        "panel per level with more than one unit, one point per output and size bin: the mean signed error of the "
+        "units' total population in the bin (positive: the output adds people) with +/- 1 standard error. The "
+        "bias TopDown was criticised for shows as points above zero on the left (small units) and below zero on "
+        "the right (large units). The notebook `notebooks/geography_accuracy.ipynb` draws the same plots for "
+        "Vermont's nation, state and counties.", "",
         "Seconds (one BLAS thread, on a shared 2-core machine): " + ", ".join(
             f"{k} {v:.0f}" for k, v in seconds.items()) + ".", "",
         "## Error by level (`geography-accuracy-error.png`: RMSE of the total population per level)", "",

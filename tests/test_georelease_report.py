@@ -14,7 +14,7 @@ from hdmm.geography import GeographyTree
 from hdmm.georelease import ArrayHistograms, geo_plan, release_geography
 from hdmm.georelease.report import (SIZE_BINS, TrueAnswers, accuracy_report, size_bin_labels, table_of,
                                     total_query, true_answers)
-from hdmm.matrix import Explicit, Identity
+from hdmm.matrix import Explicit, Identity, VStack
 
 #: nation -> counties c0 (tracts t0, t1) and c1 (tract t2)
 TREE = GeographyTree.from_parents({"c0": "US", "c1": "US", "t0": "c0", "t1": "c0", "t2": "c1"},
@@ -163,3 +163,26 @@ def test_plots_are_written(tmp_path):
     assert (tmp_path / "error.png").stat().st_size > 1000 and (tmp_path / "bias.png").stat().st_size > 1000
     assert len(fig.axes) == 1  # the nation has one unit: only the tracts are drawn
     assert isinstance(report.bias, pd.DataFrame)
+
+
+def test_workload_columns_equal_dense_columns():
+    from hdmm.georelease.report import workload_columns
+
+    W2 = VStack([hdmm.Kronecker([hdmm.Identity(2), hdmm.Prefix(3), hdmm.Total(4)]),
+                      2.0 * hdmm.Kronecker([hdmm.Total(2), hdmm.Identity(3), hdmm.Prefix(4)])])
+    dense = W2.dense()
+    cells = np.array([0, 5, 23, 7, 7])
+    np.testing.assert_allclose(workload_columns(W2, cells), dense[:, cells])
+
+
+@pytest.mark.parametrize("factor_limit", [1 << 20, 0])  # the columns of W, or products with dense cell vectors
+def test_true_answers_sparse_and_dense_paths_agree(monkeypatch, factor_limit):
+    import hdmm.georelease.report as report
+
+    monkeypatch.setattr(report, "MAX_FACTOR_ENTRIES", factor_limit)
+    monkeypatch.setattr(report, "COLUMN_ENTRIES", 2 * 3)  # groups of one or two units
+    rng = np.random.default_rng(5)
+    big = np.where(rng.random((3, 3)) < 0.5, 0.0, rng.integers(1, 4, size=(3, 3)))
+    truth = true_answers(tiny_plan(), ArrayHistograms(sp.csr_matrix(big)))
+    np.testing.assert_array_equal(truth.answers["tract"], big @ W.dense().T)
+    np.testing.assert_array_equal(truth.answers["nation"], big.sum(axis=0, keepdims=True) @ W.dense().T)

@@ -46,17 +46,24 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
+from ..kron_union import FactorMismatchError, kron_union
 from ..matrix import Matrix
 from .plan import GeoPlan
 
 __all__ = ["SIZE_BINS", "TrueAnswers", "AccuracyReport", "true_answers", "accuracy_report", "table_of",
-           "size_bin_labels", "total_query"]
+           "size_bin_labels", "total_query", "workload_columns"]
 
 #: Lower bounds of the unit size bins (true population): 0, 1-9, 10-49, ..., 5000+.
 SIZE_BINS = (0, 1, 10, 50, 100, 500, 1000, 5000)
 
 #: Leaves read at once by :func:`true_answers` (a sparse ``leaves x cells`` block).
 LEAVES_PER_READ = 4096
+
+#: Largest dense block of workload columns (queries x cells) :func:`true_answers` forms at once.
+COLUMN_ENTRIES = 1 << 22
+
+#: Largest factor (entries) of the workload's Kronecker form that :func:`workload_columns` densifies.
+MAX_FACTOR_ENTRIES = 1 << 20
 
 
 @dataclass(frozen=True, eq=False)
@@ -152,9 +159,11 @@ def true_answers(plan: GeoPlan, source, *, levels: Sequence[str | int] | None = 
     """The true answers and populations of every unit of the released levels (or ``levels``).
 
     ``source`` is a :class:`~hdmm.georelease.units.HistogramSource`. Leaves are read
-    :data:`LEAVES_PER_READ` at a time (whole units of the finest level asked for); each unit of
-    that level with people costs one product of the person workload with its dense cell vector,
-    and empty units none. Coarser levels are sums of their children's answers (exact: counts).
+    :data:`LEAVES_PER_READ` at a time (whole units of the finest level asked for). The units of
+    that level are answered from the workload's columns at their non-zero cells
+    (:func:`workload_columns`: work follows the non-zero cells) or, for a workload without a
+    Kronecker form, by one product with each non-empty unit's dense cell vector. Coarser levels
+    are sums of their children's answers (exact: counts).
     """
     tree, W = plan.tree, plan.person.workload
     wanted = sorted(plan.levels if levels is None else {tree.level_index(x) for x in levels})
@@ -172,8 +181,7 @@ def true_answers(plan: GeoPlan, source, *, levels: Sequence[str | int] | None = 
         S = sp.csr_matrix((np.ones(owner.size), (owner, np.arange(owner.size))), shape=(last - first, hi - lo))
         X = (S @ H).tocsr()
         totals[first:last] = np.asarray(X.sum(axis=1)).ravel()
-        for i in np.flatnonzero(np.diff(X.indptr)).tolist():
-            answers[first + i] = W @ X[i].toarray().ravel()
+        answers[first:last] = _answer_rows(plan, X)
         first = last
     out_answers, out_totals = {}, {}
     for d in wanted:
@@ -185,6 +193,71 @@ def true_answers(plan: GeoPlan, source, *, levels: Sequence[str | int] | None = 
         out_answers[name], out_totals[name] = S @ answers, S @ totals
     return TrueAnswers(tuple(tree.levels[d] for d in wanted), tuple(str(x) for x in W.labels), out_answers,
                        out_totals, plan.privacy.description)
+
+
+def workload_columns(W: Matrix, cells: np.ndarray, memo: dict | None = None) -> np.ndarray | None:
+    r"""``W[:, cells]`` (``queries x k``, dense) from ``W``'s union of Kronecker products, or ``None``.
+
+    Column :math:`c` of :math:`\sum_j c_j \bigotimes_i F_{ij}` stacked by terms is, per term,
+    :math:`c_j \bigotimes_i F_{ij}[:, c_i]` with :math:`(c_1, \dots)` the cell's index per attribute:
+    small dense factors, no cell vector. ``None`` when ``W`` has no such form or a factor is larger than
+    :data:`MAX_FACTOR_ENTRIES` (then answer by products with dense cell vectors).
+    """
+    memo = {} if memo is None else memo
+    if "factors" not in memo:
+        try:
+            union = kron_union(W)
+        except FactorMismatchError:
+            union = None
+        if union is None or any(f.shape[0] * f.shape[1] > MAX_FACTOR_ENTRIES for fs in union.factors for f in fs):
+            memo["factors"] = None
+        else:
+            memo["factors"] = (union, [[np.asarray(f.dense()) for f in fs] for fs in union.factors])
+    if memo["factors"] is None:
+        return None
+    union, dense = memo["factors"]
+    index = np.unravel_index(np.asarray(cells, dtype=np.int64), union.sizes)
+    blocks = []
+    for j in range(union.num_terms):
+        block = np.ones((1, index[0].size))
+        for i, k in enumerate(union.index[j]):
+            F = dense[i][k][:, index[i]]
+            block = (block[:, None, :] * F[None, :, :]).reshape(block.shape[0] * F.shape[0], index[i].size)
+        blocks.append(union.weights[j] * block)
+    return np.vstack(blocks)
+
+
+def _answer_rows(plan: GeoPlan, X: sp.csr_matrix) -> np.ndarray:
+    """``X W^T`` for the units' sparse histograms ``X``: by the columns of ``W`` at the units' non-zero cells
+    (:func:`workload_columns`, groups of units holding at most :data:`COLUMN_ENTRIES` entries) where the
+    units are sparse (fewer distinct cells than an eighth of the cells per unit times the units over the
+    queries), else by one product with each non-empty unit's dense cell vector."""
+    W = plan.person.workload
+    q = W.shape[0]
+    out = np.zeros((X.shape[0], q))
+    memo = plan.memo("report workload columns", dict)
+    nnz = np.diff(X.indptr)
+    start = 0
+    while start < X.shape[0]:
+        stop = start + 1 + int(np.searchsorted(np.cumsum(nnz[start + 1:]), COLUMN_ENTRIES // q - nnz[start],
+                                                side="right"))
+        rows = X[start:stop]
+        if rows.nnz == 0:  # empty units answer zero
+            start = stop
+            continue
+        cells, inverse = np.unique(rows.indices, return_inverse=True)
+        busy = int(np.count_nonzero(nnz[start:stop]))
+        # the columns cost about q per distinct cell, a product with a dense cell vector about N per unit
+        cheap = cells.size * q <= busy * W.shape[1] // 8 and nnz[start] * q <= COLUMN_ENTRIES
+        columns = workload_columns(W, cells, memo) if cheap else None
+        if columns is not None:
+            compact = sp.csr_matrix((rows.data, inverse.ravel(), rows.indptr), shape=(stop - start, cells.size))
+            out[start:stop] = np.asarray(compact @ columns.T)
+        else:
+            for i in np.flatnonzero(nnz[start:stop]).tolist():
+                out[start + i] = W @ rows[i].toarray().ravel()
+        start = stop
+    return out
 
 
 def _summing(edges: np.ndarray, n: int) -> sp.csr_matrix:
