@@ -8,8 +8,8 @@ the resident memory of that process and its children, sampled every 0.5 s), with
 The setting, for every run:
 
 * data: the SYNTHETIC United States (census_workloads.geography: real 2010 state populations and
-  counties per state, made-up counties, tracts, block groups and blocks), 4,258 synthetic persons
-  per tract on average drawn from the CPH model, seen over the 2,016 DAS PL94 cells
+  counties per state, made-up counties, tracts, block groups and blocks), as many synthetic persons
+  as the states' 2010 populations, drawn from the CPH model, seen over the 2,016 DAS PL94 cells
   (census_workloads.pl94_2020.PL94Histograms);
 * workload: the 2020 PL94-171 person tables P1-P5 (298 queries per unit);
 * privacy: production's rho = 293764/114921 for bounded neighbours, i.e. hdmm's
@@ -48,26 +48,26 @@ OUTPUTS = {"least squares": None, "non-negative": "nonnegative", "integer": "int
 TOTAL_WEIGHT = 30.0
 
 
-def setting(states: tuple[str, ...] | None, levels: tuple[str, ...], people_per_tract: int):
+def setting(states: tuple[str, ...] | None, levels: tuple[str, ...], total_weight: float = TOTAL_WEIGHT):
     """The tree, data source, plan inputs and production's budget of the released levels."""
     import hdmm
     from census_workloads.allocations import bounded_factor, total_first
     from census_workloads.das2020 import PL94_2020
-    from census_workloads.geography import SyntheticHistograms, us_tree
+    from census_workloads.geography import SyntheticHistograms, us_geography, us_tree
     from census_workloads.pl94_2020 import PL94Histograms, pl94_2020
 
     tree = us_tree(levels, states=states)
-    tracts = us_tree(levels[: levels.index("tract") + 1] if "tract" in levels else levels, states=states).leaves
-    source = PL94Histograms(SyntheticHistograms(people_per_tract * tracts, levels=levels, states=states, seed=1))
+    people = int(us_geography(levels[:1], states=states)["population"].sum())  # the states' 2010 populations
+    source = PL94Histograms(SyntheticHistograms(people, levels=levels, states=states, seed=1))
     shares = sum(PL94_2020.level(name).share for name in tree.levels)
     W = pl94_2020()
-    strategy = hdmm.plan(total_first(W, TOTAL_WEIGHT), "auto", hdmm.ZCDP(1.0), seed=0).strategy
+    strategy = hdmm.plan(total_first(W, total_weight), "auto", hdmm.ZCDP(1.0), seed=0).strategy
     beta = Fraction(bounded_factor(strategy)).limit_denominator(10**6)
     privacy = hdmm.ZCDP(PL94_2020.rho * shares / beta)
     return tree, source, W, strategy, privacy, shares
 
 
-def run(states, levels, people_per_tract: int, output: str, engine: str) -> dict:
+def run(states, levels, output: str, engine: str, total_weight: float = TOTAL_WEIGHT) -> dict:
     from census_workloads.das2020 import PL94_2020
     from hdmm.georelease import geo_plan, release_geography
     from hdmm.georelease.report import accuracy_report, true_answers
@@ -75,7 +75,8 @@ def run(states, levels, people_per_tract: int, output: str, engine: str) -> dict
     out: dict = {"output": output, "engine": engine}
     with PeakMemory() as memory:
         start = time.perf_counter()
-        tree, source, W, strategy, privacy, shares = setting(states, levels, people_per_tract)
+        tree, source, W, strategy, privacy, shares = setting(states, levels, total_weight)
+        out["total weight"] = total_weight
         totals = source.leaf_totals()
         b = tree.leaf_bounds("state")
         invariants = {"state": {code: float(totals[b[s]:b[s + 1]].sum()) for s, code in enumerate(tree.codes("state"))}}
@@ -106,13 +107,14 @@ def run(states, levels, people_per_tract: int, output: str, engine: str) -> dict
 
 def _child(args) -> dict:
     states = None if args.states == "all" else tuple(args.states.split(","))
-    return run(states, tuple(args.levels.split(",")), args.people_per_tract, args.child, args.engine)
+    return run(states, tuple(args.levels.split(",")), args.child, args.engine, args.total_weight)
 
 
 def _report(results: list[dict], args) -> str:
     lines = ["# PL94-171 (2020 tables) from the nation down at the 2020 production budget", "",
              f"`python benchmarks/census_production.py --states {args.states} --levels {args.levels} "
-             f"--engine {args.engine}` (module docstring: SYNTHETIC data, production's rho, state totals held).", ""]
+             f"--engine {args.engine} --total-weight {args.total_weight:g}` (module docstring: SYNTHETIC data, "
+             "production's rho, state totals held).", ""]
     first = results[0]
     lines += [f"- units: {', '.join(f'{k} {v:,}' for k, v in first['units'].items())}; people {first['people']:,}",
               f"- privacy: {first['privacy']} (production's budget share of these levels: {first['budget share of the levels']})",
@@ -148,9 +150,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--states", default="11,10,44", help="FIPS codes separated by ',' or 'all' (default DC, DE, RI)")
     parser.add_argument("--levels", default="state,county,tract,block_group,block")
-    parser.add_argument("--people-per-tract", type=int, default=4258)
     parser.add_argument("--engine", default="local", choices=["local", "spark"])
     parser.add_argument("--outputs", default=",".join(OUTPUTS))
+    parser.add_argument("--total-weight", type=float, default=TOTAL_WEIGHT,
+                        help="weight of the total-population row steering the person strategy")
     parser.add_argument("--name", default="census_production", help="results file name (without extension)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -160,7 +163,7 @@ def main() -> None:
     results = []
     for output in args.outputs.split(","):
         cmd = [sys.executable, __file__, "--child", output, "--states", args.states, "--levels", args.levels,
-               "--people-per-tract", str(args.people_per_tract), "--engine", args.engine]
+               "--engine", args.engine, "--total-weight", str(args.total_weight)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             sys.stderr.write(done.stderr)
