@@ -15,18 +15,7 @@ from hdmm.georelease import ArrayHistograms, RecordHistograms, geo_plan, optimiz
 from hdmm.georelease.levels import tree_objective
 from hdmm.georelease.passes import Partition, TreePasses, partition_down, partition_up, top_passes
 from hdmm.georelease.units import unit_seed
-
-
-def random_tree(depth: int, rng: np.random.Generator, fanout: int = 3) -> GeographyTree:
-    pairs, frontier = {}, ["r"]
-    for _ in range(depth):
-        below = []
-        for parent in frontier:
-            for j in range(int(rng.integers(1, fanout + 1))):
-                pairs[f"{parent}.{j}"] = parent
-                below.append(f"{parent}.{j}")
-        frontier = below
-    return GeographyTree.from_parents(pairs, [f"L{d}" for d in range(depth + 1)])
+from trees import random_tree
 
 
 def small_country(seed: int = 0) -> GeographyTree:

@@ -13,6 +13,7 @@ from hdmm.geography import GeographyError, GeographyTree
 from hdmm.georelease.rounding import (RoundingError, compact, controlled_round, round_below, round_families,
                                       round_vector)
 from hdmm.georelease.roundtree import check_integer, round_tree
+from trees import random_tree as shared_random_tree
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -163,15 +164,7 @@ def test_round_below_widens_only_when_the_parent_forces_it():
 
 # ---------------------------------------------------------------------------------------------- trees
 def random_tree(rng, depth, fanout=3):
-    pairs, frontier = {}, ["r"]
-    for _ in range(depth):
-        below = []
-        for parent in frontier:
-            for j in range(int(rng.integers(1, fanout + 1))):
-                pairs[f"{parent}.{j}"] = parent
-                below.append(f"{parent}.{j}")
-        frontier = below
-    return GeographyTree.from_parents(pairs, [f"L{d}" for d in range(depth + 1)])
+    return shared_random_tree(depth, rng, fanout)
 
 
 def tree_cells(tree, rng, m, held_level=None, density=0.7):
