@@ -51,6 +51,7 @@ from itertools import combinations
 from typing import Mapping
 
 import numpy as np
+import pandas as pd
 import scipy.sparse as sp
 from hdmm.domain import Domain
 from hdmm.matrix import Kronecker, Matrix, VStack
@@ -63,6 +64,7 @@ from .tables import weighted_union
 __all__ = [
     "HHGQ", "VOTING_AGE", "DAS_HISPANIC", "CENRACE_MASKS", "DAS_QUERIES", "PL94_2020_TABLES", "P5_CPH_ROWS",
     "pl94_2020_domain", "das_query", "pl94_2020_tables", "pl94_2020", "cph_to_pl94_2020", "p5_cph", "PL94Histograms",
+    "pl94_2020_records",
 ]
 
 #: The DAS's hhgq values (``hhgq_person_simple.py``), in code order.
@@ -256,6 +258,38 @@ def cph_to_pl94_2020(institutional: int = 4, noninstitutional: int = 7) -> sp.cs
         pl94_2020_domain().shape,
     )
     return sp.csr_matrix((np.ones(cph.size), (rows, np.arange(cph.size))), shape=(pl94_2020_domain().size, cph.size))
+
+
+def pl94_2020_records(records: pd.DataFrame, institutional: int = 4, noninstitutional: int = 7) -> pd.DataFrame:
+    """CPH person records (columns sex, hispanic, race, relationship, age, labelled as
+    :func:`census_workloads.cph_domain`'s values) as records of the DAS PL94 histogram (hhgq, votingage,
+    hispanic, cenrace, labelled as :func:`pl94_2020_domain`'s): the map of :func:`cph_to_pl94_2020`
+    record by record. Other columns (e.g. the geography's) are kept.
+
+    >>> from census_workloads import synthetic_persons
+    >>> list(pl94_2020_records(synthetic_persons(3, seed=0)).columns)
+    ['hhgq', 'votingage', 'hispanic', 'cenrace']
+    """
+    cph = cph_domain()
+    codes = {}
+    for name in ("hispanic", "race", "relationship", "age"):
+        index = pd.Index(cph.values(name))
+        codes[name] = index.get_indexer(records[name].astype(object))
+        if np.any(codes[name] < 0):
+            raise ValueError(f"column {name!r} holds values that are not {name} values of the CPH domain")
+    das_race = np.empty(len(CENRACE_MASKS), dtype=np.int64)
+    das_race[[mask - 1 for mask in CENRACE_MASKS]] = np.arange(len(CENRACE_MASKS))
+    das = pl94_2020_domain()
+    columns = {
+        "hhgq": _hhgq_of_relationship(institutional, noninstitutional)[codes["relationship"]],
+        "votingage": (np.asarray(cph.values("age"))[codes["age"]].astype(np.int64) >= 18).astype(np.int64),
+        "hispanic": 1 - codes["hispanic"],
+        "cenrace": das_race[codes["race"]],
+    }
+    out = pd.DataFrame({name: pd.Categorical.from_codes(c, categories=list(das.values(name)))
+                        for name, c in columns.items()}, index=records.index)
+    rest = [c for c in records.columns if c not in ("sex", "hispanic", "race", "relationship", "age")]
+    return pd.concat([out, records[rest]], axis=1)
 
 
 @dataclass(frozen=True, eq=False)

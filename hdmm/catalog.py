@@ -78,6 +78,12 @@ def _census(name: str) -> NamedWorkload:
         "pl94": (pl94, False, "PL94-171 person tables P1-P4 (288 queries), national"),
         "pl94-states": (lambda: pl94(state=True), True, "PL94-171 person tables nationally and for each state"),
     }
+    if name == "pl94-2020":
+        from census_workloads.pl94_2020 import pl94_2020, pl94_2020_domain
+
+        return NamedWorkload(pl94_2020(), pl94_2020_domain(), "synthetic-persons-pl94-2020",
+                             "PL94-171 person tables P1-P5 of 2020 (298 queries) over the 2,016 cells the 2020 "
+                             "Census measured (hhgq, voting age, Hispanic origin, race)")
     build, state, description = builders[name]
     data = "synthetic-persons-states" if state else "synthetic-persons"
     return NamedWorkload(build(), cph_domain(state=state), data, description)
@@ -97,6 +103,7 @@ WORKLOADS: dict[str, Callable[[], NamedWorkload]] = {
     "sf1-states": lambda: _census("sf1-states"),
     "pl94": lambda: _census("pl94"),
     "pl94-states": lambda: _census("pl94-states"),
+    "pl94-2020": lambda: _census("pl94-2020"),
     "adult": _adult,
 }
 

@@ -204,7 +204,12 @@ def _records(args: argparse.Namespace, named: NamedWorkload, source: str) -> tup
     if source == "synthetic":
         from census_workloads import synthetic_persons
 
-        return synthetic_persons(args.people, seed=args.data_seed, states=named.data.endswith("states")), True
+        people = synthetic_persons(args.people, seed=args.data_seed, states=named.data.endswith("states"))
+        if named.data.endswith("pl94-2020"):
+            from census_workloads.pl94_2020 import pl94_2020_records
+
+            people = pl94_2020_records(people)
+        return people, True
     if source == "adult":
         from .datasets import load_adult
 

@@ -7,6 +7,7 @@ import warnings
 from fractions import Fraction
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import hdmm
@@ -262,3 +263,24 @@ def test_pl94_histograms_map_a_cph_source_cell_by_cell():
     assert mapped.person_cells == 2016
     np.testing.assert_array_equal(mapped.leaf_totals(), np.asarray(H.sum(axis=1)).ravel())
     np.testing.assert_array_equal(mapped.histograms(1, 3).toarray(), (cph_to_pl94_2020() @ H[1:3].T).T.toarray())
+
+
+def test_pl94_2020_records_map_record_by_record_as_the_histograms_do():
+    from census_workloads import cph_domain, synthetic_persons
+    from census_workloads.pl94_2020 import cph_to_pl94_2020, pl94_2020_domain, pl94_2020_records
+
+    people = synthetic_persons(3000, seed=2).assign(state="06")
+    mapped = pl94_2020_records(people)
+    assert list(mapped.columns) == ["hhgq", "votingage", "hispanic", "cenrace", "state"]
+    np.testing.assert_array_equal(pl94_2020_domain().vectorize(mapped.drop(columns="state")),
+                                  cph_to_pl94_2020() @ cph_domain().vectorize(people.drop(columns="state")))
+
+
+def test_the_command_line_releases_the_2020_tables_on_synthetic_people(tmp_path, capsys):
+    from hdmm.cli import main
+
+    out = tmp_path / "pl94.csv"
+    assert main(["release", "--workload", "pl94-2020", "--rho", "146882/114921", "--people", "3000",
+                 "--noise-seed", "1", "--postprocess", "integer", "--output", str(out)]) == 0
+    assert "P5" in capsys.readouterr().out
+    assert len(pd.read_csv(out)) == 298
