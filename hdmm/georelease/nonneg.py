@@ -50,7 +50,8 @@ import numpy as np
 from ..geography import GeographyError
 from ..kron_union import FactorMismatchError, kron_union
 from ..matrix import Explicit, Kronecker, Matrix, VStack, Weighted
-from ..postprocess import largest_gram_eigenvalue, metric_projection, project_nonnegative
+from ..postprocess import (NONNEGATIVE_MAXITER, NONNEGATIVE_TOL, largest_gram_eigenvalue, metric_projection,
+                           project_nonnegative)
 from .passes import Partition
 from .plan import GeoPlan
 from .rounding import round_below
@@ -404,6 +405,17 @@ def cell_space(plan: GeoPlan) -> tuple[CellSpace, float]:
     return plan.memo("cell space", make)
 
 
+#: The transportation polytope has no cheap Frank-Wolfe gap, so families with held totals stop on FISTA's
+#: step instead, which stalls long before the optimum on an ill-conditioned Gram: they stop at this much
+#: smaller step (noise standard deviations, RMS), with up to ``TRANSPORT_MAXITER`` steps.
+TRANSPORT_STEP_TOL = 1e-6
+TRANSPORT_MAXITER = 20000
+
+
+def _maxiter(tol: float) -> int:
+    return TRANSPORT_MAXITER if tol < NONNEGATIVE_TOL else NONNEGATIVE_MAXITER
+
+
 #: Largest person domain whose projections use a dense Gram and pseudo-inverse of the strategy (formed once
 #: per plan): a family's projection then runs on its parent's non-zero cells only.
 DENSE_CELLS = 4096
@@ -497,18 +509,20 @@ class TopDown:
         return float(np.sqrt(self.plan.noise_variance)) / float(w[d] if w[d] > 0 else w.max())
 
     def project(self, d: int, X: np.ndarray, project, weights: np.ndarray | None = None,
-                support: np.ndarray | None = None) -> np.ndarray:
+                support: np.ndarray | None = None, gap=None, tol: float = NONNEGATIVE_TOL) -> np.ndarray:
         """Rows ``X`` projected through the strategy onto a convex set (its Euclidean projection
-        ``project``); with ``support`` (dense parts only), on those cells, the others 0."""
+        ``project``; ``gap``, its Frank-Wolfe gap, certifies the stop); with ``support`` (dense parts
+        only), on those cells, the others 0."""
         if support is None:
             return metric_projection(self.space.strategy, X, project, self._noise_std(d), gram_norm=self.gram_norm,
-                                     weights=weights)
+                                     weights=weights, gap=gap, tol=tol, maxiter=_maxiter(tol))
         G = self.dense[0]
         out = np.zeros_like(X)
         if support.size:
             out[:, support] = metric_projection(
                 self.space.strategy, X[:, support], project, self._noise_std(d), gram_norm=self.gram_norm,
-                weights=weights, gram=Explicit(G[np.ix_(support, support)]), target=G[support] @ X.T)
+                weights=weights, gram=Explicit(G[np.ix_(support, support)]), target=G[support] @ X.T, gap=gap, tol=tol,
+                maxiter=_maxiter(tol))
         return out
 
     def family(self, d: int, X: np.ndarray, x_plus: np.ndarray, held: np.ndarray,
@@ -518,14 +532,16 @@ class TopDown:
         support = None if self.dense is None else np.flatnonzero(x_plus > 0)  # the children are 0 elsewhere
         cells = x_plus if support is None else x_plus[support]
         if np.isnan(held).all():
-            return self.project(d, X, lambda V: simplex_projection(V, cells), weights, support)
+            def gap(V: np.ndarray, grad: np.ndarray) -> float:  # each cell's best vertex: all of it in one child
+                return float(np.sum(grad * V) - cells @ grad.min(axis=0))
+            return self.project(d, X, lambda V: simplex_projection(V, cells), weights, support, gap)
         dual = [None]  # successive points are close: each projection starts from the last one's dual
 
         def transport(V: np.ndarray) -> np.ndarray:
             out, dual[0] = transport_projection(V, cells, held, beta=dual[0], dual=True, scale=self.scale)
             return out
 
-        P = self.project(d, X, transport, weights, support)
+        P = self.project(d, X, transport, weights, support, tol=TRANSPORT_STEP_TOL)
         if support is None:
             return balance(P, x_plus, held)
         P[:, support] = balance(P[:, support], cells, held)
@@ -565,7 +581,9 @@ class TopDown:
         root_ls = self.cells(0, np.array([0]))
         held = self.known[0][0]
         total = max(float(root_ls.sum()), 0.0) if np.isnan(held) else float(held)
-        root = self.project(0, root_ls, lambda V: project_nonnegative(V[0], total)[None, :])
+        def gap(V: np.ndarray, grad: np.ndarray) -> float:  # the best vertex: the whole total in one cell
+            return float(grad[0] @ V[0] - total * grad[0].min())
+        root = self.project(0, root_ls, lambda V: project_nonnegative(V[0], total)[None, :], gap=gap)
         self.record(0, np.array([0]), root, root_ls)
         return root[0]
 
