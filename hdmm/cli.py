@@ -700,7 +700,7 @@ def _add_privacy(p: argparse.ArgumentParser, default_epsilon: float | None = Non
 
 def _add_workload(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", required=True,
-                   help="a named workload (sf1, sf1-states, pl94, pl94-states, adult) or a JSON workload file")
+                   help="a named workload (sf1, sf1-states, pl94, pl94-states, pl94-2020, adult) or a JSON workload file")
 
 
 def _add_search(p: argparse.ArgumentParser) -> None:

@@ -75,7 +75,9 @@ def test_workload_files_that_would_fail_later_are_refused_when_read(tmp_path, te
 
 
 def test_named_workloads():
-    assert set(WORKLOADS) == {"sf1", "sf1-states", "pl94", "pl94-states", "adult"}
+    assert set(WORKLOADS) == {"sf1", "sf1-states", "pl94", "pl94-states", "pl94-2020", "adult"}
+    pl94_2020 = named_workload("pl94-2020")
+    assert pl94_2020.workload.shape == (298, 2016) and pl94_2020.data == "synthetic-persons-pl94-2020"
     sf1 = named_workload("sf1")
     assert sf1.workload.shape == (4151, 492660) and sf1.domain.size == 492660 and sf1.data == "synthetic-persons"
     adult = named_workload("adult")
