@@ -182,7 +182,8 @@ def measure_many(plan: Plan, X, rngs) -> list[Measurement]:
     rows = np.vstack([check_data_vector(x, A.shape[1]) for x in X]) if len(X) else X
     sources = [random_bits(rng) for rng in rngs]
     if not plan.spacing > 0:
-        raise ValueError("the plan has no noise grid (spacing 0): make it with hdmm.plan or hdmm.planning.strategy_plan")
+        raise ValueError("the plan has no noise grid (spacing 0): make it with hdmm.plan or "
+                         "hdmm.planning.strategy_plan")
     check_calibration(plan)
     centres = exact_centres_many(A, rows, plan.spacing)  # refused before any noise
     out = []

@@ -32,7 +32,8 @@ cell's clipped noise to every large sum. The cells are those :class:`CellSpace` 
 attributes the strategy only totals). The answers move by what :attr:`NonNegative.change` reports
 (RMSE of the change per level). Integer estimates (``postprocess="integer"``, :meth:`TopDown.start`) round
 the held region at once and then every family under its parent's integer cells, projecting the
-children onto those integers first (docs/math.md section 8.8). The walk is depth first: it holds the projected cells of one family
+children onto those integers first (docs/math.md sections 8.8 and 8.9). The walk is depth first: it holds
+the projected cells of one family
 per level of the path it is on. A family where only some children have invariants is refused
 (declare all of them, or none).
 
@@ -59,8 +60,8 @@ from .roundtree import check_integer, held_region, round_held
 
 __all__ = ["simplex_projection", "transport_projection", "balance", "thresholds", "known_totals", "NonNegative",
            "CellSpace", "cell_space", "family_groups", "TopDown", "held_measurements", "check_nonnegative",
-           "nonnegative_estimates", "change_rmse", "integer_totals", "dense_parts", "POSTPROCESS", "DENSE_CELLS", "MAX_FAMILY_CELLS",
-           "MAX_HELD_MEASUREMENTS"]
+           "nonnegative_estimates", "change_rmse", "integer_totals", "dense_parts", "POSTPROCESS", "DENSE_CELLS",
+           "MAX_FAMILY_CELLS", "MAX_HELD_MEASUREMENTS"]
 
 #: What a geography release's ``postprocess`` accepts: least squares, non-negative or integer estimates.
 POSTPROCESS = (None, "nonnegative", "integer")
@@ -521,8 +522,8 @@ class TopDown:
         if support.size:
             out[:, support] = metric_projection(
                 self.space.strategy, X[:, support], project, self._noise_std(d), gram_norm=self.gram_norm,
-                weights=weights, gram=Explicit(G[np.ix_(support, support)]), target=G[support] @ X.T, gap=gap, tol=tol,
-                maxiter=_maxiter(tol))
+                weights=weights, gram=Explicit(G[np.ix_(support, support)]), target=G[support] @ X.T, gap=gap,
+                tol=tol, maxiter=_maxiter(tol))
         return out
 
     def family(self, d: int, X: np.ndarray, x_plus: np.ndarray, held: np.ndarray,
