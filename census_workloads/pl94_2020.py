@@ -237,6 +237,13 @@ def _hhgq_of_relationship(institutional: int, noninstitutional: int) -> np.ndarr
     return hhgq
 
 
+def _das_race() -> np.ndarray:
+    """The DAS cenrace code of each CPH race code (CPH code ``k - 1`` is the race bit mask ``k``)."""
+    das_race = np.empty(len(CENRACE_MASKS), dtype=np.int64)
+    das_race[[mask - 1 for mask in CENRACE_MASKS]] = np.arange(len(CENRACE_MASKS))
+    return das_race
+
+
 def cph_to_pl94_2020(institutional: int = 4, noninstitutional: int = 7) -> sp.csr_matrix:
     """The 0/1 matrix ``M`` (2,016 x 492,660) taking a CPH histogram to the DAS PL94 histogram.
 
@@ -250,8 +257,7 @@ def cph_to_pl94_2020(institutional: int = 4, noninstitutional: int = 7) -> sp.cs
     cph = cph_domain()
     sex, hispanic, race, relationship, age = np.unravel_index(np.arange(cph.size), cph.shape)
     del sex
-    das_race = np.empty(len(CENRACE_MASKS), dtype=np.int64)
-    das_race[[mask - 1 for mask in CENRACE_MASKS]] = np.arange(len(CENRACE_MASKS))
+    das_race = _das_race()
     rows = np.ravel_multi_index(
         (_hhgq_of_relationship(institutional, noninstitutional)[relationship], (age >= 18).astype(np.int64),
          1 - hispanic, das_race[race]),
@@ -277,8 +283,7 @@ def pl94_2020_records(records: pd.DataFrame, institutional: int = 4, noninstitut
         codes[name] = index.get_indexer(records[name].astype(object))
         if np.any(codes[name] < 0):
             raise ValueError(f"column {name!r} holds values that are not {name} values of the CPH domain")
-    das_race = np.empty(len(CENRACE_MASKS), dtype=np.int64)
-    das_race[[mask - 1 for mask in CENRACE_MASKS]] = np.arange(len(CENRACE_MASKS))
+    das_race = _das_race()
     das = pl94_2020_domain()
     columns = {
         "hhgq": _hhgq_of_relationship(institutional, noninstitutional)[codes["relationship"]],
