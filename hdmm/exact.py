@@ -392,6 +392,72 @@ def _apply(A: Matrix, X: _Exact) -> _Exact:
     raise ExactUnsupported(f"no exact product for a {type(A).__name__} strategy (see hdmm.exact.quantize)")
 
 
+#: A structured strategy (not Identity, Ones, Ranges, Explicit or Diagonal) of at most ``DENSE_NODE`` entries
+#: and ``DENSE_COLUMNS`` columns, applied to at least ``DENSE_MIN_COLUMNS`` data vectors at once (or to any
+#: number once its dense matrix exists), is applied as its exact dense matrix: formed once per strategy object (its structured product on the identity, digits and
+#: exponent kept), then one float product per digit, on the data's non-zeros when they are sparse. For many
+#: sparse units (blocks) this costs (rows x non-zero cells) per unit instead of a pass through the structure.
+DENSE_NODE = 2**22
+DENSE_COLUMNS = 4096
+DENSE_MIN_COLUMNS = 8
+#: Data at most this dense (non-zero fraction) is multiplied as a sparse matrix.
+_SPARSE_DATA = 0.05
+_DENSE_CACHE: dict[int, tuple[Matrix, np.ndarray, int, int]] = {}
+_DENSE_CACHE_SIZE = 8
+
+
+def _densable(A: Matrix) -> bool:
+    return (not isinstance(A, (Identity, Ones, Ranges, Explicit, Diagonal))
+            and A.shape[1] <= DENSE_COLUMNS and A.shape[0] * A.shape[1] <= DENSE_NODE)
+
+
+def _dense_digits(A: Matrix) -> tuple[np.ndarray, int, int]:
+    """``A = 2**-E sum_j D_j 2**(16 j)`` exactly (normalised digits ``D_j``), made once per object: returns
+    ``[D_0^T | D_1^T | ...]`` as one ``columns x (digits * rows)`` float array of integers, the digits and ``E``."""
+    hit = _DENSE_CACHE.get(id(A))
+    if hit is not None and hit[0] is A:
+        return hit[1:]
+    n = A.shape[1]
+    D = _apply(A, _Exact(np.eye(n, dtype=np.int64)[None], 1, 0)).normalised()
+    stacked = np.ascontiguousarray(np.hstack([D.T[j].T for j in range(D.T.shape[0])]).astype(np.float64))
+    if len(_DENSE_CACHE) >= _DENSE_CACHE_SIZE:
+        _DENSE_CACHE.pop(next(iter(_DENSE_CACHE)))
+    _DENSE_CACHE[id(A)] = (A, stacked, D.T.shape[0], D.E)
+    return stacked, D.T.shape[0], D.E
+
+
+def _dense_product(A: Matrix, X: _Exact) -> _Exact:
+    """``A X`` through ``A``'s exact dense digits: every digit pair's product is exact in float64, since each
+    partial sum is an integer below ``2**16 * columns * X.m < 2**53`` (``X`` normalised first if needed)."""
+    stacked, digits, E = _dense_digits(A)
+    n, m = A.shape[1], A.shape[0]
+    X = X.ready(2**_DIGIT * n)
+    J, _, cols = X.T.shape
+    out = np.zeros((digits + J - 1, m, cols), dtype=np.int64)
+    for b in range(J):
+        Xb = X.T[b]
+        if np.count_nonzero(Xb) <= _SPARSE_DATA * Xb.size:
+            P = sp.csr_array(Xb.T.astype(np.float64)) @ stacked  # cols x (digits * m), the non-zeros only
+        else:
+            P = Xb.T.astype(np.float64) @ stacked
+        P = np.rint(P).astype(np.int64).reshape(cols, digits, m).transpose(1, 2, 0)
+        out[b:b + digits] += P
+    bound = min(digits, J) * 2**_DIGIT * n * X.m
+    return _Exact(out, bound, E + X.E)
+
+
+def _product(A: Matrix, X: _Exact) -> _Exact:
+    """``A X`` exactly: through the dense digits of ``A`` (or of a weighted ``A``'s base) when that pays
+    (:data:`DENSE_NODE`), else through its structure."""
+    if isinstance(A, Weighted) and _densable(A.base):
+        N, e = _numerator(np.array([A.weight]))
+        return _scale(_product(A.base, X), N.reshape(1, 1), e)
+    cached = _DENSE_CACHE.get(id(A), (None,))[0] is A
+    if _densable(A) and (cached or X.T.shape[2] >= DENSE_MIN_COLUMNS):
+        return _dense_product(A, X)
+    return _apply(A, X)
+
+
 def _explicit(N, X: _Exact, e: int) -> _Exact:
     """``N @ X`` for integer-valued ``N`` (dense or sparse), exponent ``+ e``; wide numerators in 16-bit chunks."""
     c = max(_row_sum(N), 1)
@@ -497,7 +563,8 @@ def _centres(A: Matrix, X, spacing: float) -> np.ndarray:
     k = 1 - exp  # spacing = 2**-k
     xi = _check_counts(X)
     big = int(np.max(np.abs(xi))) if xi.size else 0
-    Y = _apply(A, _Exact(xi.T.reshape(1, xi.shape[1], xi.shape[0]), max(big, 1), 0))
+    X = _Exact(xi.T.reshape(1, xi.shape[1], xi.shape[0]), max(big, 1), 0)
+    Y = _product(A, X)
     h = Y.E - k
     if h <= 0:
         Y = Y.normalised()
@@ -518,6 +585,7 @@ def _centres(A: Matrix, X, spacing: float) -> np.ndarray:
 
 def _digits_to_int(digits: np.ndarray, shift: int) -> np.ndarray:
     """``sum_j digits[j] 2**(16 j) * 2**shift`` (normalised digits), int64 if it fits."""
+    digits = _trim(digits)
     if _DIGIT * digits.shape[0] + shift <= 61:
         out = np.zeros(digits.shape[1:], dtype=np.int64)
         for j in range(digits.shape[0] - 1, -1, -1):
@@ -529,8 +597,20 @@ def _digits_to_int(digits: np.ndarray, shift: int) -> np.ndarray:
     return out * (1 << shift)
 
 
+def _trim(digits: np.ndarray) -> np.ndarray:
+    """Normalised digits without the top digits that only extend the sign (a 0 above a digit below
+    ``2**15``, a -1 above one at least ``2**15``, in every entry): the same values, in fewer digits."""
+    while digits.shape[0] > 1:
+        top, below = digits[-1], digits[-2]
+        if not np.all(((top == 0) & (below < 2**(_DIGIT - 1))) | ((top == -1) & (below >= 2**(_DIGIT - 1)))):
+            break
+        digits = np.concatenate([digits[:-2], (below + top * 2**_DIGIT)[None]])  # the new top digit is signed
+    return digits
+
+
 def _floor_shift(digits: np.ndarray, r: int) -> np.ndarray:
     """``floor(sum_j digits[j] 2**(16 j) / 2**r)`` for normalised digits."""
+    digits = _trim(digits)
     if _DIGIT * digits.shape[0] <= 61:
         return _digits_to_int(digits, 0) >> r
     value = _digits_to_int(digits, 0)

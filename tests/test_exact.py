@@ -30,6 +30,8 @@ def exact_dense(A) -> np.ndarray:
         T = [[Fraction(float(t)) for t in row] for row in A.params]
         top = [[v[j] if i == j else Fraction(0) for j in range(len(v))] for i in range(len(v))]
         return np.array(top + [[t * v[j] for j, t in enumerate(row)] for row in T], dtype=object)
+    if isinstance(A, Weighted):
+        return exact_dense(A.base) * Fraction(float(A.weight))
     if isinstance(A, Kronecker):
         out = np.array([[Fraction(1)]], dtype=object)
         for F in A.factors:
@@ -223,6 +225,43 @@ def test_many_data_vectors_at_once_give_each_ones_centres(index):
             assert many.shape == (3, A.shape[0])
             for row, x in zip(many, X):
                 assert [int(v) for v in row] == [int(v) for v in exact_centres(A, x, s)] == reference(A, x, s)
+
+
+@pytest.mark.parametrize("index", range(19))
+def test_dense_digits_path_gives_the_structured_paths_centres(index):
+    """Many units through a strategy's exact dense matrix (sparse or dense data, weighted or not, counts
+    needing several digits): the centres of the exact rationals, as through the structure."""
+    from hdmm import exact
+
+    rng = np.random.default_rng(200 + index)
+    base = quantize(strategies(rng)[index])
+    for A in (base, Weighted(base, 0.196)):
+        for top, density in ((40, 0.02), (10**15, 1.0)):
+            X = rng.integers(0, top, size=(exact.DENSE_MIN_COLUMNS + 4, A.shape[1]), endpoint=True).astype(float)
+            X *= rng.random(X.shape) < density
+            X[0, 0] = max(X[0, 0], 1.0)
+            for s in (2.0**-37, 2.0**3):
+                many = exact.exact_centres_many(A, X, s)
+                if not isinstance(base, (Identity, Ones, Ranges, Explicit, Diagonal)):
+                    assert exact._DENSE_CACHE[id(base)][0] is base  # the dense path ran
+                for row, x in zip(many[:3], X[:3]):
+                    assert [int(v) for v in row] == reference(A, x, s)
+                Y = exact._apply(A, exact._Exact(X.T.astype(np.int64)[None], int(X.max()), 0)).normalised()
+                Z = exact._product(A, exact._Exact(X.T.astype(np.int64)[None], int(X.max()), 0)).normalised()
+                value = lambda V: exact._digits_to_int(V.T, 0)  # noqa: E731
+                shift = Z.E - Y.E
+                assert np.array_equal(np.asarray(value(Y), dtype=object) * (2 ** max(shift, 0)),
+                                      np.asarray(value(Z), dtype=object) * (2 ** max(-shift, 0)))
+
+
+def test_sign_extension_digits_are_trimmed():
+    from hdmm.exact import _digits_to_int, _trim
+
+    values = np.array([[-5, 7, -(2**40), 2**44 - 1]], dtype=np.int64)
+    digits = np.stack([(values >> (16 * j)) & 0xFFFF for j in range(6)] + [values >> 96])  # padded with the sign
+    trimmed = _trim(digits)
+    assert trimmed.shape[0] == 3 and _digits_to_int(trimmed, 0).dtype == np.int64
+    np.testing.assert_array_equal(_digits_to_int(trimmed, 0), values)
 
 
 def test_measure_many_equals_measure_row_by_row():
