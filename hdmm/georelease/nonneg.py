@@ -53,10 +53,12 @@ from ..kron_union import FactorMismatchError, kron_union
 from ..matrix import Explicit, Kronecker, Matrix, VStack, Weighted
 from ..postprocess import (NONNEGATIVE_MAXITER, NONNEGATIVE_TOL, largest_gram_eigenvalue, metric_projection,
                            project_nonnegative)
+from .activeset import family_gap, family_projection
 from .passes import Partition
 from .plan import GeoPlan
 from .rounding import round_below
 from .roundtree import check_integer, held_region, round_held
+from .simplex import simplex_projection, thresholds
 
 __all__ = ["simplex_projection", "transport_projection", "balance", "thresholds", "known_totals", "NonNegative",
            "CellSpace", "cell_space", "family_groups", "TopDown", "held_measurements", "check_nonnegative",
@@ -73,43 +75,6 @@ MAX_FAMILY_CELLS = 2**24
 
 #: Largest number of strategy answers (every unit's, doubles) held for the top-down pass: 2**30, 8 GiB.
 MAX_HELD_MEASUREMENTS = 2**30
-
-
-def thresholds(V: np.ndarray, totals: np.ndarray) -> np.ndarray:
-    r"""Per column ``j``: the :math:`\theta_j` with :math:`\sum_i \max(V_{ij} - \theta_j, 0) = t_j`.
-
-    Michelot's algorithm on every column at once: :math:`\theta = (\sum_{i \in S} V_{ij} - t_j)/|S|`
-    over the values :math:`S` still kept (all at first), then :math:`S \leftarrow \{i \in S: V_{ij}
-    \ge \theta\}`, until no column's :math:`S` shrinks. :math:`\theta` only grows and :math:`S` only
-    shrinks, so it ends after at most ``k`` passes (a handful in practice) and needs no sort. A total
-    of 0 gives the column's largest value (everything to 0). Should rounding lift :math:`\theta`
-    above the values kept (tied largest values), :math:`\theta` is their value less :math:`t_j/|S|`.
-    """
-    V = np.asarray(V, dtype=float)
-    t = np.asarray(totals, dtype=float)
-    if np.any(t < 0):
-        raise ValueError("simplex totals must be >= 0")
-    kept = np.ones(V.shape, dtype=bool)
-    count = np.full(V.shape[1], float(V.shape[0]))
-    theta = (V.sum(axis=0) - t) / count
-    while True:
-        still = kept & (V >= theta)
-        remaining = still.sum(axis=0, dtype=float)
-        empty = remaining == 0  # rounding put theta above tied largest values: they are the answer
-        if empty.any():
-            top = np.where(kept[:, empty], V[:, empty], -np.inf).max(axis=0)
-            theta[empty] = top - t[empty] / count[empty]
-            still[:, empty], remaining[empty] = kept[:, empty], count[empty]
-        if np.array_equal(remaining, count):
-            return theta
-        kept, count = still, remaining
-        theta = ((V * kept).sum(axis=0) - t) / count  # 5x faster than sum(where=) on SF1's families
-
-
-def simplex_projection(V: np.ndarray, totals: np.ndarray) -> np.ndarray:
-    r"""Each column of ``V`` projected onto :math:`\{v \ge 0, \sum_i v_i = t_j\}` (Euclidean):
-    :math:`\max(v - \theta_j, 0)` (:func:`thresholds`)."""
-    return np.maximum(np.asarray(V, dtype=float) - thresholds(V, totals), 0.0)
 
 
 #: Relative tolerance of the row totals in :func:`transport_projection` (the column sums are exact).
@@ -533,9 +498,12 @@ class TopDown:
         support = None if self.dense is None else np.flatnonzero(x_plus > 0)  # the children are 0 elsewhere
         cells = x_plus if support is None else x_plus[support]
         if np.isnan(held).all():
-            def gap(V: np.ndarray, grad: np.ndarray) -> float:  # each cell's best vertex: all of it in one child
-                return float(np.sum(grad * V) - cells @ grad.min(axis=0))
-            return self.project(d, X, lambda V: simplex_projection(V, cells), weights, support, gap)
+            if support is not None and support.size:
+                exact = self._active_set(d, X, support, cells, weights)
+                if exact is not None:
+                    return exact
+            return self.project(d, X, lambda V: simplex_projection(V, cells), weights, support,
+                                lambda V, grad: family_gap(V, grad, cells))
         dual = [None]  # successive points are close: each projection starts from the last one's dual
 
         def transport(V: np.ndarray) -> np.ndarray:
@@ -547,6 +515,21 @@ class TopDown:
             return balance(P, x_plus, held)
         P[:, support] = balance(P[:, support], cells, held)
         return P
+
+    def _active_set(self, d: int, X: np.ndarray, support: np.ndarray, cells: np.ndarray,
+                    weights: np.ndarray | None) -> np.ndarray | None:
+        """:meth:`family` without held totals on the parent's non-zero cells ``support``, solved exactly by
+        :func:`hdmm.georelease.activeset.family_projection` (``None`` where it does not apply or settle),
+        to the same certified tolerance as the gradient method."""
+        G = self.dense[0]
+        bound = 0.5 * (NONNEGATIVE_TOL * self._noise_std(d)) ** 2 * self.space.strategy.shape[0] * X.shape[0]
+        V = family_projection(G[np.ix_(support, support)], X @ G[:, support], cells, X[:, support], bound,
+                              weights, self.gram_norm)
+        if V is None:
+            return None
+        out = np.zeros_like(X)
+        out[:, support] = simplex_projection(V, cells)  # the sums to rounding, as the gradient method's
+        return out
 
     def record(self, d: int, units: np.ndarray, X_plus: np.ndarray, X_ls: np.ndarray) -> None:
         """Keep (or hand to ``sink``) the answers of ``units`` of level ``d`` from their non-negative cells

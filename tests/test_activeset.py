@@ -1,0 +1,57 @@
+"""The exact family projection (hdmm.georelease.activeset) against closed forms and the gradient method."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hdmm.georelease.activeset import family_projection
+from hdmm.georelease.simplex import simplex_projection
+
+
+def objective(G, B, V, w=None):
+    w = np.ones(len(V)) if w is None else w
+    return float(np.sum(w * (0.5 * np.einsum("ki,ij,kj->k", V, G, V) - np.sum(B * V, axis=1))))
+
+
+def test_identity_gram_gives_the_simplex_projection_of_each_cell():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(7, 5)) * 3
+    p = rng.random(5) * 4 + 0.1
+    V = family_projection(np.eye(5), X, p, X, bound=1e-14)
+    np.testing.assert_allclose(V, simplex_projection(X, p), atol=1e-7)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 8), st.integers(1, 8), st.booleans(), st.integers(0, 2**32 - 1))
+def test_rank_deficient_grams_reach_the_certified_optimum(k, s, r, weighted, seed):
+    rng = np.random.default_rng(seed)
+    A = rng.normal(size=(r, s))  # rank r < s: a singular Gram, as a strategy measuring only the workload's needs
+    G = A.T @ A
+    X = rng.normal(size=(k, s)) * 5
+    B = X @ G
+    p = rng.random(s) * 10 + 1e-3
+    w = np.ones(k) if not weighted else rng.random(k) + 0.2
+    bound = 1e-8 * k * s
+    V = family_projection(G, B, p, X, bound=bound, weights=w)
+    assert V is not None
+    assert V.min() >= 0 and np.allclose(V.sum(axis=0), p, rtol=1e-12, atol=1e-12)
+    # f(V) - f* <= the Frank-Wolfe gap: over the feasible set, <grad, V - S> is largest with all of p_j
+    # in the child of the smallest partial derivative, cell by cell
+    grad = w[:, None] * (V @ G - B)
+    gap = float(np.sum(grad * V) - sum(p[j] * grad[:, j].min() for j in range(s)))
+    assert gap <= bound * (1 + 1e-9)
+    # no feasible vertex or random feasible point does better than f(V) - bound
+    for _ in range(20):
+        U = rng.dirichlet(np.ones(k), size=s).T * p
+        assert objective(G, B, U, w) >= objective(G, B, V, w) - bound * (1 + 1e-9)
+
+
+def test_families_too_large_or_with_empty_cells_are_left_to_the_caller():
+    G = np.eye(3)
+    X = np.ones((2, 3))
+    assert family_projection(G, X, np.array([1.0, 0.0, 2.0]), X, bound=1e-9) is None
+    from hdmm.georelease import activeset
+    big = int(np.sqrt(activeset.MAX_ENTRIES)) + 1
+    assert family_projection(np.eye(big), np.ones((1, big)), np.ones(big), np.ones((1, big)), bound=1.0) is None
