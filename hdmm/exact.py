@@ -43,6 +43,13 @@ unit's plan) still has an exact product: numerators too wide for one float produ
 and subtractions of integers), each chunk applied as above and shifted back by :math:`i` digits.
 Quantization only keeps the number of digits, hence the cost, small.
 
+**Small strategies, many units.** A structured strategy of at most ``DENSE_NODE`` entries and
+``DENSE_COLUMNS`` columns (e.g. PL94's 259 x 2,016) is formed once as its exact dense matrix: the
+structured product above applied to the identity, kept as normalised digits :math:`D_j` with one
+exponent. Then :math:`Ax = 2^{-E}\sum_j 2^{16j} D_jx` is one float product per digit pair, each exact by
+the same bound (:math:`|D_j| < 2^{16}`, so partial sums stay below :math:`2^{16}\,n\,m < 2^{53}`), and
+on sparse data only the non-zero counts enter: a block of a few people costs rows x its non-zero cells.
+
 **The cheap path** is the same computation with no normalisation needed: for an
 integer-valued strategy whose intermediates stay below :math:`2^{53}` (e.g. a Kronecker product
 of 0/1 factors with :math:`\prod_i c(N_i)\cdot\max_j x_j < 2^{53}`) the counts are used as one

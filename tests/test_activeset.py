@@ -48,10 +48,13 @@ def test_rank_deficient_grams_reach_the_certified_optimum(k, s, r, weighted, see
         assert objective(G, B, U, w) >= objective(G, B, V, w) - bound * (1 + 1e-9)
 
 
-def test_families_too_large_or_with_empty_cells_are_left_to_the_caller():
+def test_families_too_large_or_with_empty_cells_are_left_to_the_caller(monkeypatch):
     G = np.eye(3)
     X = np.ones((2, 3))
     assert family_projection(G, X, np.array([1.0, 0.0, 2.0]), X, bound=1e-9) is None
     from hdmm.georelease import activeset
-    big = int(np.sqrt(activeset.MAX_ENTRIES)) + 1
+    big = activeset.MAX_CELLS + 1
     assert family_projection(np.eye(big), np.ones((1, big)), np.ones(big), np.ones((1, big)), bound=1.0) is None
+    monkeypatch.setattr(activeset, "MAX_ENTRIES", 1000)
+    k = 1000 // 16 + 1  # every child free in 4 cells: too many inverses to hold
+    assert family_projection(np.eye(4), np.ones((k, 4)), np.full(4, float(k)), np.ones((k, 4)), bound=0.0) is None

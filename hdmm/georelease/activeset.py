@@ -9,8 +9,8 @@ with :math:`G = G_{SS}` the strategy's Gram on those cells, :math:`b_i = G_{S\cd
 least-squares cells and :math:`p > 0` the parent's cells (:class:`hdmm.georelease.nonneg.TopDown`).
 Accelerated projected gradient needs thousands of steps here: :math:`G` is singular (a strategy
 measures only what the workload needs, e.g. 259 directions of PL94's 2,016 cells) and ill-conditioned
-on the rest. This module solves it exactly instead, for families small enough to hold ``k`` dense
-:math:`|S|\times|S|` matrices (:data:`MAX_ENTRIES`).
+on the rest. This module solves it exactly instead, for families of at most :data:`MAX_CELLS` cells
+whose children's free entries fit :data:`MAX_ENTRIES`.
 
 **Proximal point.** :math:`f` is not strictly convex, so each outer step solves the strictly convex
 :math:`f(V) + \tfrac\varepsilon2\|V - C\|_F^2` with the centre :math:`C` the previous solution (first the
@@ -36,7 +36,9 @@ Pires 1994; Kim and Park 2011), a sweep that does not reduce their number uses u
 their number falls again.
 Every cell keeps a free child (its children add up to :math:`p_j > 0`), so the system is regular.
 Without a convergence guarantee for a general :math:`G`, a subproblem that has not settled after
-``MAX_SWEEPS`` sweeps returns ``None``, and the caller falls back to the gradient method.
+``MAX_SWEEPS`` sweeps is tried again with a tenfold :math:`\varepsilon` (better conditioned, measured to
+settle in about ten sweeps where :math:`10^{-6}` stalled), the later steps keeping it; beyond
+``MAX_EPSILON`` it returns ``None`` and the caller falls back to the gradient method.
 
 >>> G = np.array([[2.0, 1.0], [1.0, 2.0]])
 >>> B = np.array([[3.0, -1.0], [0.0, 2.0]])      # two children's G x_i on two cells
@@ -51,14 +53,20 @@ import numpy as np
 
 from .simplex import simplex_projection
 
-__all__ = ["family_projection", "family_gap", "EPSILON", "MAX_ENTRIES", "MAX_SWEEPS", "MAX_STEPS", "BACKUP_EXCHANGES"]
+__all__ = ["family_projection", "family_gap", "EPSILON", "MAX_ENTRIES", "MAX_CELLS", "MAX_SWEEPS", "MAX_STEPS",
+           "BACKUP_EXCHANGES", "MAX_EPSILON"]
 
 #: The proximal weight, relative to :math:`\|G\|_2`.
 EPSILON = 1e-6
-#: Largest ``children x cells**2`` solved here (the batch of inverses held at once: 2**22 doubles, 32 MiB).
-MAX_ENTRIES = 2**22
-#: Active-set sweeps allowed per proximal step before giving up (``None``).
-MAX_SWEEPS = 500
+#: Largest ``children x free cells**2`` (the batch of inverses held at once: 2**26 doubles, 512 MiB); a family
+#: whose free entries outgrow it goes back to the caller (``None``).
+MAX_ENTRIES = 2**26
+#: Most cells solved here (the cells' multipliers are one dense system of this size).
+MAX_CELLS = 2048
+#: The largest proximal weight tried, relative to :math:`\|G\|_2` (module docstring).
+MAX_EPSILON = 1e-2
+#: Active-set sweeps allowed per proximal step before its weight grows tenfold.
+MAX_SWEEPS = 60
 #: Sweeps that may exchange every wrong entry without reducing their number before only one is exchanged.
 BACKUP_EXCHANGES = 3
 #: Proximal steps allowed before giving up (``None``).
@@ -71,25 +79,50 @@ def family_gap(V: np.ndarray, grad: np.ndarray, p: np.ndarray) -> float:
     return float(np.sum(grad * V) - p @ grad.min(axis=0))
 
 
+class _TooLarge(Exception):
+    """The children's free entries outgrew ``MAX_ENTRIES``."""
+
+
+def _free_solve(G: np.ndarray, w: np.ndarray, eps: float, c: np.ndarray, p: np.ndarray,
+                free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``V`` and ``alpha`` for fixed free entries: each child's system on its own free cells only (padded to
+    the largest count, so one batched inverse), the cells' multipliers from the summed inverses."""
+    k, s = c.shape
+    counts = free.sum(axis=1)
+    width = max(int(counts.max()), 1)
+    if k * width * width > MAX_ENTRIES:
+        raise _TooLarge
+    idx = np.argsort(~free, axis=1, kind="stable")[:, :width]  # each child's free cells first
+    valid = np.arange(width)[None, :] < counts[:, None]
+    idx = np.where(valid, idx, 0)
+    pair = valid[:, :, None] & valid[:, None, :]
+    eye = np.eye(width)
+    H = w[:, None, None] * G[idx[:, :, None], idx[:, None, :]] + eps * eye[None]
+    inv = np.linalg.inv(np.where(pair, H, eye[None]))
+    inv *= pair
+    flat = (idx[:, :, None] * s + idx[:, None, :]).ravel()
+    total = np.bincount(flat, weights=inv.ravel(), minlength=s * s).reshape(s, s)
+    cg = np.take_along_axis(c, idx, axis=1) * valid
+    rhs = np.bincount(idx.ravel(), weights=np.einsum("kij,kj->ki", inv, cg).ravel(), minlength=s)
+    alpha = np.linalg.solve(total, rhs - p)
+    Vg = np.einsum("kij,kj->ki", inv, (cg - alpha[idx]) * valid)
+    V = np.zeros((k, s))
+    rows = np.broadcast_to(np.arange(k)[:, None], idx.shape)
+    V[rows[valid], idx[valid]] = Vg[valid]
+    return V, alpha
+
+
 def _active_set(G: np.ndarray, w: np.ndarray, eps: float, c: np.ndarray, p: np.ndarray,
                 free: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """The solution of the proximal subproblem (linear term ``c``) and its free entries, from ``free``."""
-    k, s = c.shape
-    eye = np.eye(s)
-    H = w[:, None, None] * G[None] + eps * eye[None]
     tol = 1e-9 * max(1.0, float(p.max()))
     fewest, allowance = free.size + 1, BACKUP_EXCHANGES
     for _ in range(MAX_SWEEPS):
-        f = free.astype(float)
-        mask = f[:, :, None] * f[:, None, :]
         try:
-            M = np.linalg.inv(H * mask + eye[None] * (1.0 - f)[:, :, None])
-            M *= mask
-            alpha = np.linalg.solve(M.sum(axis=0), np.einsum("kij,kj->i", M, c) - p)
+            V, alpha = _free_solve(G, w, eps, c, p, free)
         except np.linalg.LinAlgError:  # a cell without a free child: not settled
             return None
-        V = np.einsum("kij,kj->ki", M, c - alpha[None, :])
-        mu = np.einsum("kij,kj->ki", H, V) - c + alpha[None, :]
+        mu = w[:, None] * (V @ G) + eps * V - c + alpha[None, :]
         if not (np.all(np.isfinite(V)) and np.all(np.isfinite(mu))):
             return None
         scale = tol * max(1.0, float(np.abs(mu).max()))
@@ -122,15 +155,23 @@ def family_projection(G: np.ndarray, B: np.ndarray, p: np.ndarray, X: np.ndarray
     k, s = B.shape
     w = np.ones(k) if weights is None else np.asarray(weights, dtype=float)
     p = np.asarray(p, dtype=float)
-    if k * s * s > MAX_ENTRIES or s == 0 or np.any(p <= 0):
+    if s > MAX_CELLS or s == 0 or np.any(p <= 0):
         return None
-    eps = EPSILON * (float(np.linalg.eigvalsh(G)[-1]) if norm is None else float(norm))
-    if eps <= 0:
+    scale = float(np.linalg.eigvalsh(G)[-1]) if norm is None else float(norm)
+    if scale <= 0:
         return None
+    eps = EPSILON * scale
     centre = np.asarray(X, dtype=float)
-    free = np.ones((k, s), dtype=bool)
+    free = simplex_projection(centre, p) > 0  # a sparse first guess: the Euclidean projection's support,
+    free[np.argmax(centre, axis=0), np.arange(s)] = True  # with a free child in every cell
     for _ in range(MAX_STEPS):
-        solved = _active_set(G, w, eps, w[:, None] * B + eps * centre, p, free)
+        try:
+            solved = _active_set(G, w, eps, w[:, None] * B + eps * centre, p, free)
+            while solved is None and eps < MAX_EPSILON * scale:  # a stronger proximal term: better conditioned
+                eps *= 10.0
+                solved = _active_set(G, w, eps, w[:, None] * B + eps * centre, p, free)
+        except _TooLarge:
+            return None
         if solved is None:
             return None
         V, free = solved
