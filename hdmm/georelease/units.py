@@ -225,7 +225,8 @@ MAX_FACTOR_CELLS = 4096
 
 
 def answer_operator(plan: GeoPlan) -> Matrix | None:
-    r""":math:`[W_p; \mathbf 1^T]\,A_p^+` as one union of Kronecker products, or ``None`` if ``A_p`` is no Kronecker product.
+    r""":math:`[W_p; \mathbf 1^T]\,A_p^+` as one union of Kronecker products (a dense matrix for a small domain of
+    another structure), or ``None``.
 
     For :math:`A_p = c \bigotimes_j A_j` and a workload term :math:`\bigotimes_j W_{ij}`, the term of
     :math:`W_pA_p^+` is :math:`c^{-1}\bigotimes_j (W_{ij}A_j^+)`, small dense factors applied to the
@@ -234,7 +235,13 @@ def answer_operator(plan: GeoPlan) -> Matrix | None:
     """
     structure = plan.person.structure
     if structure.form != "kronecker":
-        return None
+        n = plan.person.strategy.shape[1]
+        if n > MAX_FACTOR_CELLS or plan.person.strategy.shape[0] * n > 2**22:
+            return None
+        # a small domain (PL94's 2,016 cells): the dense (queries + 1) x rows product, formed once
+        pinv = np.asarray(plan.strategy_pinv.dense(), dtype=float)
+        W = np.asarray(plan.person.workload.dense(), dtype=float)
+        return Explicit(np.vstack([W @ pinv, pinv.sum(axis=0, keepdims=True)]))
     c, a_factors = structure.union.term(0)
     if max(f.shape[1] for f in a_factors) > MAX_FACTOR_CELLS:  # e.g. one identity over the whole domain
         return None
