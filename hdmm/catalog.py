@@ -27,12 +27,15 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .domain import Domain
 from .marginals import DimKMarginals
 from .matrix import Identity, Matrix
 from .workload import AllRange, IdentityTotal, Prefix, Total, WidthKRange, product, union
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["NamedWorkload", "WORKLOADS", "BLOCKS", "ADULT_ATTRIBUTES", "named_workload", "workload_from_spec",
            "load_workload"]
@@ -67,6 +70,15 @@ class NamedWorkload:
     domain: Domain
     data: str | None
     description: str
+
+    def built_in_records(self, people: pd.DataFrame) -> pd.DataFrame:
+        """The built-in synthetic persons seen over this workload's domain (the DAS's 2020 PL94 attributes
+        for ``pl94-2020``; the CPH attributes, unchanged, otherwise)."""
+        if self.data is not None and self.data.endswith("pl94-2020"):
+            from census_workloads.pl94_2020 import pl94_2020_records
+
+            return pl94_2020_records(people)
+        return people
 
 
 def _census(name: str) -> NamedWorkload:

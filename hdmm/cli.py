@@ -205,11 +205,7 @@ def _records(args: argparse.Namespace, named: NamedWorkload, source: str) -> tup
         from census_workloads import synthetic_persons
 
         people = synthetic_persons(args.people, seed=args.data_seed, states=named.data.endswith("states"))
-        if named.data.endswith("pl94-2020"):
-            from census_workloads.pl94_2020 import pl94_2020_records
-
-            people = pl94_2020_records(people)
-        return people, True
+        return named.built_in_records(people), True
     if source == "adult":
         from .datasets import load_adult
 

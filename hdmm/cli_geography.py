@@ -133,11 +133,7 @@ def _records(args: argparse.Namespace, tree: GeographyTree, named: NamedWorkload
     if synthetic:
         from census_workloads.geography import synthetic_persons_in
 
-        people = synthetic_persons_in(args.people, tuple(levels), seed=args.data_seed)
-        if named.data.endswith("pl94-2020"):
-            from census_workloads.pl94_2020 import pl94_2020_records
-
-            people = pl94_2020_records(people)
+        people = named.built_in_records(synthetic_persons_in(args.people, tuple(levels), seed=args.data_seed))
         return people, f"{args.people:,} built-in SYNTHETIC people"
     if not args.data.endswith((".csv", ".parquet")):
         raise UsageError(f"--data {args.data}: expected a .csv or .parquet file of records")
