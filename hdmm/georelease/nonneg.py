@@ -193,7 +193,8 @@ def integer_totals(plan: GeoPlan, engine: str = "local") -> dict[int, np.ndarray
     held all or none, closed upward) cover whole levels from the root down: the held region.
     """
     tree = plan.tree
-    closed = check_integer(tree, {d: v for d, v in known_totals(plan).items() if np.isfinite(v).any()})
+    closed = plan.memo("integer totals", lambda: check_integer(
+        tree, {d: v for d, v in known_totals(plan).items() if np.isfinite(v).any()}))  # once per plan (data free)
     h = max(held_region(tree, closed))
     if engine == "spark" and h > plan.partition_level:
         raise GeographyError(
