@@ -745,3 +745,22 @@ def test_a_gap_certified_projection_reaches_the_optimum_on_an_ill_conditioned_me
                     options={"ftol": 1e-15, "maxiter": 2000})
     assert objective(V) - best.fun <= 0.5 * (tol * sigma) ** 2 * 6 * 3 + 1e-9
     np.testing.assert_allclose(V.sum(axis=0), parent, atol=1e-12)
+
+
+def test_small_domains_answer_through_one_dense_operator_as_through_reconstruction(monkeypatch):
+    # a person strategy that is no Kronecker product (marginals here; PL94's residuals in production) on a small
+    # domain: least-squares answers through the dense (queries + 1) x rows operator equal the per-unit route
+    import hdmm.georelease.units as units
+
+    rng = np.random.default_rng(11)
+    tree = states_and_counties(2, 2, 4, rng)
+    H = sp.csr_matrix(rng.poisson(2.0, size=(tree.leaves, DOMAIN.size)).astype(float))
+    strategy = hdmm.Marginals((2, 3), {(): 1.0, (0,): 1.0, (1,): 1.0, (0, 1): 1.0})
+    plan = geo_plan(tree, WP, hdmm.ZCDP(0.5), strategy=strategy)
+    assert isinstance(units.answer_operator(plan), hdmm.Explicit)
+    fast = release_geography(plan, ArrayHistograms(H), seed=3)
+    monkeypatch.setattr(units, "answer_operator", lambda plan: None)
+    plan = geo_plan(tree, WP, hdmm.ZCDP(0.5), strategy=strategy)
+    slow = release_geography(plan, ArrayHistograms(H), seed=3)
+    for d in plan.levels:
+        np.testing.assert_allclose(fast.answers(d), slow.answers(d), rtol=1e-9, atol=1e-9)
