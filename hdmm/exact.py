@@ -620,6 +620,10 @@ def _floor_shift(digits: np.ndarray, r: int) -> np.ndarray:
     digits = _trim(digits)
     if _DIGIT * digits.shape[0] <= 61:
         return _digits_to_int(digits, 0) >> r
+    J = digits.shape[0]
+    if J <= 4 and _DIGIT * J - r <= 62:  # in int64: the top (signed) digit shifted, plus the low digits' floor
+        low = _digits_to_int(digits[:-1], 0)  # the low digits are all unsigned: 0 <= low < 2**48
+        return (digits[-1] << (_DIGIT * (J - 1) - r)) + (low >> r)
     value = _digits_to_int(digits, 0)
     return np.vectorize(lambda v: v >> r, otypes=[object])(value)
 

@@ -278,3 +278,16 @@ def test_measure_many_equals_measure_row_by_row():
         measure_many(plan, X + 0.5, [None] * 4)
     with pytest.raises(ValueError, match="k noise sources"):
         measure_many(plan, X, [None])
+
+
+def test_floor_shift_of_four_digits_stays_exact_in_int64():
+    from hdmm.exact import _floor_shift
+
+    rng = np.random.default_rng(0)
+    values = [int(v) for v in rng.integers(-2**62, 2**62, 300)] + [-1, 0, 1, -(2**63) + 5, 2**63 - 7, -(2**50), 2**50]
+    digits = np.array([[(v >> (16 * j)) & 0xFFFF if j < 3 else v >> 48 for v in values] for j in range(4)],
+                      dtype=np.int64)
+    for r in range(16):
+        assert [int(g) for g in _floor_shift(digits, r)] == [v >> r for v in values]
+    small = digits[:, -2:]  # |values| < 2**51: int64 for every shift of at least 2
+    assert _floor_shift(small, 2).dtype == np.int64
