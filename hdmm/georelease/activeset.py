@@ -36,9 +36,10 @@ Pires 1994; Kim and Park 2011), a sweep that does not reduce their number uses u
 their number falls again.
 Every cell keeps a free child (its children add up to :math:`p_j > 0`), so the system is regular.
 Without a convergence guarantee for a general :math:`G`, a subproblem that has not settled after
-``MAX_SWEEPS`` sweeps is tried again with a tenfold :math:`\varepsilon` (better conditioned, measured to
-settle in about ten sweeps where :math:`10^{-6}` stalled), the later steps keeping it; beyond
-``MAX_EPSILON`` it returns ``None`` and the caller falls back to the gradient method.
+``MAX_SWEEPS`` sweeps is tried again with a tenfold :math:`\varepsilon` (better conditioned), the later
+steps keeping it; beyond ``MAX_EPSILON`` it returns ``None`` and the caller falls back to the gradient
+method. Each child's system is solved on its own free cells only (the children's systems padded to the
+largest and inverted in one batch), so the work follows the free entries, not :math:`|S|`.
 
 >>> G = np.array([[2.0, 1.0], [1.0, 2.0]])
 >>> B = np.array([[3.0, -1.0], [0.0, 2.0]])      # two children's G x_i on two cells
