@@ -51,7 +51,7 @@ import numpy as np
 from ..geography import GeographyError
 from ..kron_union import FactorMismatchError, kron_union
 from ..matrix import Explicit, Kronecker, Matrix, VStack, Weighted
-from ..postprocess import (NONNEGATIVE_MAXITER, NONNEGATIVE_TOL, largest_gram_eigenvalue, metric_projection,
+from ..postprocess import (NONNEGATIVE_MAXITER, largest_gram_eigenvalue, metric_projection,
                            project_nonnegative)
 from .activeset import family_gap, family_projection
 from .passes import Partition
@@ -376,8 +376,8 @@ def cell_space(plan: GeoPlan) -> tuple[CellSpace, float]:
 #: The certified tolerance of the top-down projections with a Frank-Wolfe gap (the root's and the families'
 #: without held totals): the fitted strategy answers within 1% of a noise standard deviation (RMS) of the
 #: exact projection's. Ten times looser than a single release's ``NONNEGATIVE_TOL``: the gap over-states the
-#: distance to the optimum on these ill-conditioned Grams (on the District of Columbia's county family it
-#: certified 0.9 when the objective was within 1e-4), and a hundredth of the noise is far below the error.
+#: distance to the optimum on these ill-conditioned Grams (benchmarks/results/tuning-notes.md), and a
+#: hundredth of the noise is far below the error.
 TOPDOWN_TOL = 1e-2
 
 #: Children of a family solved at once on the dense path; a larger family (the tracts of a large county)
@@ -392,7 +392,7 @@ TRANSPORT_MAXITER = 20000
 
 
 def _maxiter(tol: float) -> int:
-    return TRANSPORT_MAXITER if tol < NONNEGATIVE_TOL / 10 else NONNEGATIVE_MAXITER
+    return TRANSPORT_MAXITER if tol <= TRANSPORT_STEP_TOL else NONNEGATIVE_MAXITER
 
 
 #: A parent's cell of at most this fraction of its largest is rounding dust (of an earlier projection): the
