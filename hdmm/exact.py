@@ -401,9 +401,10 @@ def _apply(A: Matrix, X: _Exact) -> _Exact:
 
 #: A structured strategy (not Identity, Ones, Ranges, Explicit or Diagonal) of at most ``DENSE_NODE`` entries
 #: and ``DENSE_COLUMNS`` columns, applied to at least ``DENSE_MIN_COLUMNS`` data vectors at once (or to any
-#: number once its dense matrix exists), is applied as its exact dense matrix: formed once per strategy object (its structured product on the identity, digits and
-#: exponent kept), then one float product per digit, on the data's non-zeros when they are sparse. For many
-#: sparse units (blocks) this costs (rows x non-zero cells) per unit instead of a pass through the structure.
+#: number once its dense matrix exists), is applied as its exact dense matrix: formed once per strategy object
+#: (its structured product on the identity, digits and exponent kept), then one float product per digit, on
+#: the data's non-zeros when they are sparse. For many sparse units (blocks) this costs (rows x non-zero cells)
+#: per unit instead of a pass through the structure.
 DENSE_NODE = 2**22
 DENSE_COLUMNS = 4096
 DENSE_MIN_COLUMNS = 8
