@@ -56,6 +56,7 @@ from ..postprocess import (NONNEGATIVE_MAXITER, largest_gram_eigenvalue, metric_
 from .activeset import family_gap, family_projection
 from .passes import Partition
 from .plan import GeoPlan
+from .rootfit import workload_projection
 from .rounding import round_below
 from .roundtree import check_integer, held_region, round_held
 from .simplex import simplex_projection, thresholds
@@ -424,6 +425,34 @@ def dense_parts(plan: GeoPlan) -> tuple[np.ndarray, np.ndarray, float] | None:
     return plan.memo("dense parts", make)
 
 
+def strategy_beyond_workload(plan: GeoPlan) -> bool:
+    r"""Whether the (reduced) strategy measures directions outside the workload's row space (made once per plan).
+
+    If it does not (:math:`\operatorname{rank}[W; \tilde A] = \operatorname{rank}W`, as for PL94's residual
+    strategy, which measures exactly the workload's marginals), :math:`\|\tilde A(\cdot)\|` sees only answers
+    the workload asks, and the root is projected through the strategy like every family. If it does (SF1's
+    p-Identity measures every cell: rank 28,980 against 4,151 queries), the strategy's norm trades the
+    workload's answers for directions nobody asked, so the root is fitted through the workload
+    (:func:`hdmm.georelease.rootfit.workload_projection`). Decided exactly on domains of at most
+    :data:`DENSE_CELLS` cells, by the rank of a Kronecker strategy's factors against the number of queries
+    otherwise; when neither decides, the workload's metric (whose error bound holds for any strategy).
+    """
+    def make():
+        space = cell_space(plan)[0]
+        W, A = space.workload, space.strategy
+        if W is None:
+            return False
+        if A.shape[1] <= DENSE_CELLS:
+            Wd, Ad = np.asarray(W.dense(), dtype=float), np.asarray(A.dense(), dtype=float)
+            return bool(np.linalg.matrix_rank(np.vstack([Wd, Ad])) > np.linalg.matrix_rank(Wd))
+        base = A.base if isinstance(A, Weighted) else A
+        if isinstance(base, Kronecker):
+            rank = int(np.prod([np.linalg.matrix_rank(np.asarray(f.dense(), dtype=float)) for f in base.factors]))
+            return rank > W.shape[0]
+        return True
+    return plan.memo("strategy beyond workload", make)
+
+
 def _totals_only(f: Matrix) -> bool:
     """Whether every row of ``f`` is a multiple of the all-ones row (its Gram a positive multiple of ``J``)."""
     G = np.asarray(f.gram().dense(), dtype=float)
@@ -582,9 +611,22 @@ class TopDown:
                 self.sink(d, np.asarray(units), np.vstack(rows))
 
     def root(self) -> np.ndarray:
-        """The root's non-negative cells (recorded), with its held total or its least-squares one (at least 0)."""
+        """The root's non-negative cells (recorded), with its held total if any: fitted through the workload
+        (:func:`hdmm.georelease.rootfit.workload_projection`) if :func:`strategy_beyond_workload`, else
+        through the strategy with its held total or its least-squares one (at least 0)."""
         root_ls = self.cells(0, np.array([0]))
         held = self.known[0][0]
+        W = self.space.workload
+        if strategy_beyond_workload(self.plan):
+            if self.progress is not None:
+                self.progress("  non-negative: fitting the root's cells through the workload")
+            workload_norm = self.plan.memo("workload norm", lambda: largest_gram_eigenvalue(W))
+            sigma = TOPDOWN_TOL * self._noise_std(0)  # the certified tolerance, as the families'
+            root = workload_projection(W, self.space.strategy, root_ls[0], None if np.isnan(held) else float(held),
+                                       workload_norm=workload_norm, strategy_norm=self.gram_norm, negligible=sigma,
+                                       slack=0.5 * sigma**2 * W.shape[0])[None, :]
+            self.record(0, np.array([0]), root, root_ls)
+            return root[0]
         total = max(float(root_ls.sum()), 0.0) if np.isnan(held) else float(held)
         def gap(V: np.ndarray, grad: np.ndarray) -> float:  # the best vertex: the whole total in one cell
             return float(grad[0] @ V[0] - total * grad[0].min())
