@@ -27,6 +27,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from ..domain import Domain
+from ..exact import DENSE_NODE
 from ..geography import GeographyError, GeographyTree
 from ..kernel import measure_many
 from ..kron_union import FactorMismatchError, kron_union
@@ -236,7 +237,7 @@ def answer_operator(plan: GeoPlan) -> Matrix | None:
     structure = plan.person.structure
     if structure.form != "kronecker":
         n = plan.person.strategy.shape[1]
-        if n > MAX_FACTOR_CELLS or plan.person.strategy.shape[0] * n > 2**22:
+        if n > MAX_FACTOR_CELLS or plan.person.strategy.shape[0] * n > DENSE_NODE:  # as the exact measurement's
             return None
         # a small domain (PL94's 2,016 cells): the dense (queries + 1) x rows product, formed once
         pinv = np.asarray(plan.strategy_pinv.dense(), dtype=float)
