@@ -24,6 +24,10 @@ The setting, for every run:
   (hdmm.georelease.report), with production's measurement sigma of total population per level
   (census_workloads.das2020) as the goal of the integer output; on Spark (whose answers, in Parquet,
   equal the local engine's: tests/test_georelease_spark.py) only time and memory are reported.
+
+With ``--workload sf1 [--epsilon 1]``: SF1 Persons (census_workloads.sf1_persons, 4,151 queries per unit)
+over its 492,660 cells instead, as many synthetic persons, pure DP epsilon, hdmm's person strategy
+(geo_plan's default), no invariants.
 """
 
 from __future__ import annotations
@@ -50,8 +54,10 @@ OUTPUTS = {"least squares": None, "non-negative": "nonnegative", "integer": "int
 TOTAL_WEIGHT = 30.0
 
 
-def setting(states: tuple[str, ...] | None, levels: tuple[str, ...], total_weight: float = TOTAL_WEIGHT):
-    """The tree, data source, plan inputs and production's budget of the released levels."""
+def setting(states: tuple[str, ...] | None, levels: tuple[str, ...], total_weight: float = TOTAL_WEIGHT,
+            workload: str = "pl94", epsilon: float = 1.0):
+    """The tree, data source, plan inputs and production's budget of the released levels (PL94; SF1 Persons at
+    pure DP ``epsilon``, without invariants, with ``workload="sf1"``)."""
     import hdmm
     from census_workloads.allocations import bounded_factor, total_first
     from census_workloads.das2020 import PL94_2020
@@ -60,6 +66,10 @@ def setting(states: tuple[str, ...] | None, levels: tuple[str, ...], total_weigh
 
     tree = us_tree(levels, states=states)
     people = int(us_geography(levels[:1], states=states)["population"].sum())  # the states' 2010 populations
+    if workload == "sf1":  # SF1 Persons over its 492,660 cells, pure DP, the person strategy hdmm's default
+        from census_workloads import sf1_persons
+        return (tree, SyntheticHistograms(people, levels=levels, states=states, seed=1), sf1_persons(), None,
+                hdmm.PureDP(epsilon), 1)
     source = PL94Histograms(SyntheticHistograms(people, levels=levels, states=states, seed=1))
     shares = sum(PL94_2020.level(name).share for name in tree.levels)
     W = pl94_2020()
@@ -69,7 +79,8 @@ def setting(states: tuple[str, ...] | None, levels: tuple[str, ...], total_weigh
     return tree, source, W, strategy, privacy, shares
 
 
-def run(states, levels, output: str, engine: str, total_weight: float = TOTAL_WEIGHT) -> dict:
+def run(states, levels, output: str, engine: str, total_weight: float = TOTAL_WEIGHT, workload: str = "pl94",
+        epsilon: float = 1.0) -> dict:
     from census_workloads.das2020 import PL94_2020
     from hdmm.georelease import geo_plan, release_geography
     from hdmm.georelease.report import accuracy_report, true_answers
@@ -77,12 +88,14 @@ def run(states, levels, output: str, engine: str, total_weight: float = TOTAL_WE
     out: dict = {"output": output, "engine": engine}
     with PeakMemory() as memory:
         start = time.perf_counter()
-        tree, source, W, strategy, privacy, shares = setting(states, levels, total_weight)
+        tree, source, W, strategy, privacy, shares = setting(states, levels, total_weight, workload, epsilon)
         out["total weight"] = total_weight
         totals = source.leaf_totals()
         b = tree.leaf_bounds("state")
         invariants = {"state": {code: float(totals[b[s]:b[s + 1]].sum()) for s, code in enumerate(tree.codes("state"))}}
-        plan = geo_plan(tree, W, privacy, strategy=strategy, invariants=invariants, partition="county")
+        if workload == "sf1":
+            invariants = None
+        plan = geo_plan(tree, W, privacy, strategy=strategy, invariants=invariants, partition="county", seed=0)
         out["plan seconds"] = time.perf_counter() - start
         out["units"] = {name: int(n) for name, n in zip(tree.levels, tree.sizes)}
         out["people"] = int(totals.sum())
@@ -104,7 +117,7 @@ def run(states, levels, output: str, engine: str, total_weight: float = TOTAL_WE
             out["errors"], out["bias"] = [], []  # equal the local engine's, tests/test_georelease_spark.py)
         out["report seconds"] = time.perf_counter() - start
         out["expected RMSE"] = {tree.levels[d]: plan.expected_rmse(d) for d in plan.levels}
-        out["production sigma"] = {name: PL94_2020.sigma(name) if name not in ("nation",) else None
+        out["production sigma"] = {name: PL94_2020.sigma(name) if name != "nation" and workload == "pl94" else None
                                    for name in tree.levels}
         out["budget share of the levels"] = str(shares)
     out["peak memory GB"] = memory.peak / 1e9
@@ -113,14 +126,21 @@ def run(states, levels, output: str, engine: str, total_weight: float = TOTAL_WE
 
 def _child(args) -> dict:
     states = None if args.states == "all" else tuple(args.states.split(","))
-    return run(states, tuple(args.levels.split(",")), args.child, args.engine, args.total_weight)
+    return run(states, tuple(args.levels.split(",")), args.child, args.engine, args.total_weight, args.workload,
+               args.epsilon)
 
 
 def _report(results: list[dict], args) -> str:
-    lines = ["# PL94-171 (2020 tables) from the nation down at the 2020 production budget", "",
-             f"`python benchmarks/census_production.py --states {args.states} --levels {args.levels} "
-             f"--engine {args.engine} --total-weight {args.total_weight:g}` (module docstring: SYNTHETIC data, "
-             "production's rho, state totals held).", ""]
+    if args.workload == "sf1":
+        lines = ["# SF1 Persons from the nation down, pure DP", "",
+                 f"`python benchmarks/census_production.py --workload sf1 --epsilon {args.epsilon:g} --states "
+                 f"{args.states} --levels {args.levels} --engine {args.engine}` (module docstring: SYNTHETIC data, "
+                 "no invariants).", ""]
+    else:
+        lines = ["# PL94-171 (2020 tables) from the nation down at the 2020 production budget", "",
+                 f"`python benchmarks/census_production.py --states {args.states} --levels {args.levels} "
+                 f"--engine {args.engine} --total-weight {args.total_weight:g}` (module docstring: SYNTHETIC data, "
+                 "production's rho, state totals held).", ""]
     first = results[0]
     lines += [f"- units: {', '.join(f'{k} {v:,}' for k, v in first['units'].items())}; people {first['people']:,}",
               f"- privacy: {first['privacy']} (production's budget share of these levels: {first['budget share of the levels']})",
@@ -163,6 +183,8 @@ def main() -> None:
     parser.add_argument("--outputs", default=",".join(OUTPUTS))
     parser.add_argument("--total-weight", type=float, default=TOTAL_WEIGHT,
                         help="weight of the total-population row steering the person strategy")
+    parser.add_argument("--workload", default="pl94", choices=["pl94", "sf1"])
+    parser.add_argument("--epsilon", type=float, default=1.0, help="pure DP epsilon of the SF1 runs")
     parser.add_argument("--name", default="census_production", help="results file name (without extension)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -172,7 +194,8 @@ def main() -> None:
     results = []
     for output in args.outputs.split(","):
         cmd = [sys.executable, __file__, "--child", output, "--states", args.states, "--levels", args.levels,
-               "--engine", args.engine, "--total-weight", str(args.total_weight)]
+               "--engine", args.engine, "--total-weight", str(args.total_weight), "--workload", args.workload,
+               "--epsilon", str(args.epsilon)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             sys.stderr.write(done.stderr)

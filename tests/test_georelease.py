@@ -764,3 +764,16 @@ def test_small_domains_answer_through_one_dense_operator_as_through_reconstructi
     slow = release_geography(plan, ArrayHistograms(H), seed=3)
     for d in plan.levels:
         np.testing.assert_allclose(fast.answers(d), slow.answers(d), rtol=1e-9, atol=1e-9)
+
+
+def test_the_units_measured_per_kernel_call_do_not_change_the_release(monkeypatch):
+    from hdmm.georelease import units
+
+    tree = small_country(3)
+    H = sp.csr_matrix(np.random.default_rng(3).integers(0, 3, size=(tree.leaves, DOMAIN.size)).astype(float))
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP)
+    whole = release_geography(plan, ArrayHistograms(H), seed=4)
+    monkeypatch.setattr(units, "CELLS_PER_CALL", 2 * DOMAIN.size)  # two units a call
+    split = release_geography(plan, ArrayHistograms(H), seed=4)
+    for d in plan.levels:
+        np.testing.assert_array_equal(split.answers(d), whole.answers(d))

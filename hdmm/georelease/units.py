@@ -260,8 +260,12 @@ def answer_operator(plan: GeoPlan) -> Matrix | None:
     return VStack(terms + [total])
 
 
-#: Units measured by one call of the kernel (their dense counts held at once).
+#: Units measured by one call of the kernel (their dense counts held at once) ...
 UNITS_PER_CALL = 256
+
+#: ... and at most this many of their cells (units x person domain; 34 units of SF1's 492,660 cells), so
+#: that the kernel's exact arithmetic on a batch stays within a few hundred MB whatever the domain.
+CELLS_PER_CALL = 2**24
 
 #: A subtree with at most this many leaves is read and measured at once (its units a level at a time).
 LEAVES_PER_READ = 4096
@@ -269,11 +273,12 @@ LEAVES_PER_READ = 4096
 
 def _measurements(plan: GeoPlan, unit, level: int, first: int, X, seed: int | None):
     """``(i, measurement)`` of every row of ``X`` (units ``first + i`` of ``level``), through the kernel,
-    ``UNITS_PER_CALL`` units a call, each unit with its own noise stream."""
+    ``UNITS_PER_CALL`` units (and at most ``CELLS_PER_CALL`` cells) a call, each unit with its own noise stream."""
     name = plan.tree.levels[level]
     codes = None if seed is None else plan.tree.codes(level)
-    for lo in range(0, X.shape[0], UNITS_PER_CALL):
-        hi = min(lo + UNITS_PER_CALL, X.shape[0])
+    step = max(1, min(UNITS_PER_CALL, CELLS_PER_CALL // max(1, X.shape[1])))
+    for lo in range(0, X.shape[0], step):
+        hi = min(lo + step, X.shape[0])
         block = X[lo:hi].toarray() if sp.issparse(X) else np.asarray(X[lo:hi], dtype=float)
         rngs = [None if seed is None else unit_seed(seed, name, codes[first + i]) for i in range(lo, hi)]
         for i, measured in enumerate(measure_many(unit, block, rngs)):
