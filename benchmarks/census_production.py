@@ -68,7 +68,7 @@ def setting(states: tuple[str, ...] | None, levels: tuple[str, ...], total_weigh
     people = int(us_geography(levels[:1], states=states)["population"].sum())  # the states' 2010 populations
     if workload == "sf1":  # SF1 Persons over its 492,660 cells, pure DP, the person strategy hdmm's default
         from census_workloads import sf1_persons
-        return (tree, SyntheticHistograms(people, levels=levels, states=states, seed=1), sf1_persons(), None,
+        return (tree, SyntheticHistograms(people, levels=levels, states=states, seed=1), sf1_persons(), "auto",
                 hdmm.PureDP(epsilon), 1)
     source = PL94Histograms(SyntheticHistograms(people, levels=levels, states=states, seed=1))
     shares = sum(PL94_2020.level(name).share for name in tree.levels)

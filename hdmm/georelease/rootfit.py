@@ -61,8 +61,8 @@ TIE_WEIGHT = 0.03
 #: L-BFGS-B stops when a step reduces the objective by less than this fraction of it ...
 ROOT_FTOL = 1e-13
 
-#: ... or after this many steps (with a warning); the same limit holds for the function evaluations.
-ROOT_MAXITER = 20000
+#: ... or after this many steps (with a warning), as the gradient method's NONNEGATIVE_MAXITER; twice as many evaluations.
+ROOT_MAXITER = 3000
 
 #: Augmented Lagrangian rounds for a held total at most; each is a warm-started L-BFGS-B solve.
 ROUNDS = 30
