@@ -153,7 +153,7 @@ def _report(results: list[dict], args) -> str:
         lines.append(f"| {r['output']} | {r['plan seconds']:.1f} | {r['release seconds']:.1f} | "
                      f"{r['report seconds']:.1f} | {'-' if release_peak is None else f'{release_peak:.2f}'} | "
                      f"{r['peak memory GB']:.2f} | {steps} |")
-    lines += ["", "Total population and all PL94 queries, per level (RMSE and MAE against the true answers; "
+    lines += ["", "Total population and all the workload's queries, per level (RMSE and MAE against the true answers; "
               "production's sigma is its noisy measurement's, the goal of the integer output):", "",
               "| output | level | units | total RMSE | total MAE | production sigma | all queries RMSE | expected RMSE (least squares) |",
               "|---|---|---|---|---|---|---|---|"]
