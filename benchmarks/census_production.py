@@ -92,9 +92,8 @@ def run(states, levels, output: str, engine: str, total_weight: float = TOTAL_WE
         out["total weight"] = total_weight
         totals = source.leaf_totals()
         b = tree.leaf_bounds("state")
-        invariants = {"state": {code: float(totals[b[s]:b[s + 1]].sum()) for s, code in enumerate(tree.codes("state"))}}
-        if workload == "sf1":
-            invariants = None
+        invariants = None if workload == "sf1" else {  # production's: the state totals
+            "state": {code: float(totals[b[s]:b[s + 1]].sum()) for s, code in enumerate(tree.codes("state"))}}
         plan = geo_plan(tree, W, privacy, strategy=strategy, invariants=invariants, partition="county", seed=0)
         out["plan seconds"] = time.perf_counter() - start
         out["units"] = {name: int(n) for name, n in zip(tree.levels, tree.sizes)}

@@ -616,8 +616,8 @@ class TopDown:
         through the strategy with its held total or its least-squares one (at least 0)."""
         root_ls = self.cells(0, np.array([0]))
         held = self.known[0][0]
-        W = self.space.workload
         if strategy_beyond_workload(self.plan):
+            W = self.space.workload
             if self.progress is not None:
                 self.progress("  non-negative: fitting the root's cells through the workload")
             workload_norm = self.plan.memo("workload norm", lambda: largest_gram_eigenvalue(W))

@@ -51,7 +51,7 @@ import numpy as np
 from scipy.optimize import minimize
 
 from ..matrix import Matrix
-from ..postprocess import largest_gram_eigenvalue, project_nonnegative
+from ..postprocess import NONNEGATIVE_MAXITER, largest_gram_eigenvalue, project_nonnegative
 
 __all__ = ["workload_projection", "TIE_WEIGHT"]
 
@@ -61,8 +61,8 @@ TIE_WEIGHT = 0.03
 #: L-BFGS-B stops when a step reduces the objective by less than this fraction of it ...
 ROOT_FTOL = 1e-13
 
-#: ... or after this many steps (with a warning), as the gradient method's NONNEGATIVE_MAXITER; twice as many evaluations.
-ROOT_MAXITER = 3000
+#: ... or after this many steps (with a warning; twice as many evaluations): the gradient method's limit.
+ROOT_MAXITER = NONNEGATIVE_MAXITER
 
 #: Augmented Lagrangian rounds for a held total at most; each is a warm-started L-BFGS-B solve.
 ROUNDS = 30
