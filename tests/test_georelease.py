@@ -213,6 +213,33 @@ def test_save_writes_a_parquet_dataset_by_level(tmp_path):
         release.save("s3://bucket/release")
 
 
+def test_read_answers_gives_back_every_level_in_the_trees_order(tmp_path):
+    pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    from hdmm.georelease.files import read_answers
+
+    tree = small_country()
+    H = sp.csr_matrix(np.random.default_rng(1).integers(0, 4, (tree.leaves, DOMAIN.size)).astype(float))
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP)
+    release = release_geography(plan, ArrayHistograms(H), seed=0)
+    release.save(tmp_path / "out")
+    for d in plan.levels:
+        np.testing.assert_array_equal(read_answers(tmp_path / "out", plan, d), release.answers(d))
+    with pytest.raises(FileNotFoundError, match="no answers of level 'tract'"):
+        read_answers(tmp_path / "nothing", plan, "tract")
+    county = tmp_path / "out" / "level=county"
+    table = pq.read_table(county / "part-0.parquet")
+    pq.write_table(table.slice(0, table.num_rows - 1), county / "part-0.parquet")  # one answer lost
+    with pytest.raises(ValueError, match="missing or repeated"):
+        read_answers(tmp_path / "out", plan, "county")
+    pq.write_table(table, county / "part-1.parquet")  # now repeated
+    with pytest.raises(ValueError, match="missing or repeated"):
+        read_answers(tmp_path / "out", plan, "county")
+    other = geo_plan(small_country(seed=5), WP, hdmm.PureDP(1.0), strategy=AP)
+    with pytest.raises(ValueError, match="does not have"):
+        read_answers(tmp_path / "out", other, "tract")
+
+
 # ====================================================================== bad input, before any noise
 def _count_noise(monkeypatch):
     calls = []

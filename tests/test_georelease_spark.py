@@ -205,6 +205,10 @@ def test_spark_integer_estimates_equal_the_local_engine(spark, country, tmp_path
     np.testing.assert_array_equal(local.totals("state"), list(invariants["state"].values()))
     meta = json.loads((tmp_path / "int" / "_provenance.json").read_text())
     assert meta["estimates"].startswith("integer")
+    for level in tree.levels:  # read back from the files for the accuracy report, in the tree's order
+        np.testing.assert_array_equal(remote.answers(level), local.answers(level))
+    with pytest.raises(ValueError, match="no total query"):
+        remote.totals("state")
 
 
 def test_spark_nonnegative_refusals_come_before_noise(spark, country, tmp_path, monkeypatch):

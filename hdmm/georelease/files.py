@@ -7,6 +7,10 @@ has many files). Every file carries the provenance as JSON in its key-value meta
 ``hdmm``), and ``<output>/_provenance.json`` holds it once more. Files are written into
 ``<output>.partial`` and the directory is renamed at the end (:func:`finish_output`), so a
 failed release leaves no output that looks complete. Needs ``pyarrow`` (``hdmm[parquet]``).
+
+:func:`read_answers` reads one level back as a ``units x queries`` array in the tree's unit order and
+the plan's query order (a unit's row is found by its code, a column by its label), checking that
+every unit and query is there exactly once: the accuracy report reads a Spark release this way.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import numpy as np
 
 from .plan import GeoPlan
 
-__all__ = ["check_output", "start_output", "write_units", "finish_output", "partial_path"]
+__all__ = ["check_output", "start_output", "write_units", "finish_output", "partial_path", "read_answers"]
 
 
 def _arrow():
@@ -96,3 +100,53 @@ def finish_output(partial: str, path: str | os.PathLike, meta: dict) -> None:
     with open(os.path.join(partial, "_provenance.json"), "w") as fh:
         json.dump(meta, fh, indent=2)
     os.rename(partial, _directory(path))
+
+
+def _positions(column, index: dict[str, int], what: str, level: str) -> np.ndarray:
+    """Each row's position (``index`` of its string) from a string or dictionary column of one file."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if not pa.types.is_dictionary(column.type):
+        column = pc.dictionary_encode(column)
+    names = column.dictionary.to_pylist()
+    unknown = [x for x in names if x not in index]
+    if unknown:
+        raise ValueError(f"level {level!r} holds {what} {unknown[:3]} that the plan does not have: were these files "
+                         "written by another release?")
+    lookup = np.array([index[x] for x in names], dtype=np.int64)
+    return lookup[column.indices.to_numpy(zero_copy_only=False)]
+
+
+def read_answers(path: str | os.PathLike, plan: GeoPlan, level: str | int) -> np.ndarray:
+    """The ``units x queries`` answers of ``level`` read back from the release directory ``path``.
+
+    Rows follow ``plan.tree``'s units of the level, columns ``plan.labels``. Raises if the directory
+    has no such level, holds a unit or query the plan does not have, or misses or repeats a
+    (unit, query) pair.
+    """
+    _, pq = _arrow()
+    tree = plan.tree
+    d = tree.level_index(level)
+    name = tree.levels[d]
+    directory = os.path.join(_directory(path), f"level={name}")
+    files = sorted(f for f in os.listdir(directory) if f.endswith(".parquet")) if os.path.isdir(directory) else []
+    if not files:
+        raise FileNotFoundError(f"{directory}: no answers of level {name!r} (released levels have a 'level=<name>' "
+                                "directory of Parquet files)")
+    units, labels = tree.codes(d), plan.labels
+    unit_index = {str(c): i for i, c in enumerate(units)}
+    query_index = {x: i for i, x in enumerate(labels)}
+    out = np.full((len(units), len(labels)), np.nan)
+    seen = 0
+    for f in files:
+        table = pq.read_table(os.path.join(directory, f), columns=["code", "query", "answer"])
+        rows = _positions(table.column("code"), unit_index, "units", name)
+        cols = _positions(table.column("query"), query_index, "queries", name)
+        out[rows, cols] = table.column("answer").to_numpy()
+        seen += table.num_rows
+    if seen != out.size or np.isnan(out).any():
+        raise ValueError(f"{directory}: {seen:,} answers for {len(units):,} units x {len(labels):,} queries; a unit or "
+                         "query is missing or repeated (an incomplete or mixed release?)")
+    return out

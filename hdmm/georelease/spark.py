@@ -60,9 +60,10 @@ import scipy.sparse as sp
 
 from ..domain import Domain
 from ..geography import GeographyError, GeographyTree
+from .report import total_query
 from .passes import Partition, partition_down, partition_up, top_passes
 from .plan import GeoPlan
-from .files import check_output, finish_output, start_output, write_units
+from .files import check_output, finish_output, read_answers, start_output, write_units
 from .nonneg import POSTPROCESS, TopDown, change_rmse, check_nonnegative, integer_totals
 from .steps import correct, created_now, invariant_multipliers, measure_top, progress_printer, provenance
 from .units import check_record_columns, check_source, measure_partition
@@ -136,10 +137,28 @@ class SparkGeoRelease:
     postprocess: str | None = None
     change: dict[int, float] | None = None
     about: dict = field(default_factory=dict)
+    _read: dict = field(default_factory=dict, repr=False)
 
     def provenance(self) -> dict:
         """What the release's files record (privacy spent, sensitivity, levels, weights, charge)."""
         return provenance(self.plan, self.seeded, self.charge, self.postprocess, self.about)
+
+    def answers(self, level: str | int) -> np.ndarray:
+        """``units x queries`` answers of a released level, read back from the files (:func:`read_answers`)."""
+        key = self.plan.tree.levels[self.plan.tree.level_index(level)]
+        if key not in self._read:  # the last level read is kept (answers, then totals, of one level)
+            self._read.clear()
+            self._read[key] = read_answers(self.path, self.plan, key)
+        return self._read[key]
+
+    def totals(self, level: str | int) -> np.ndarray:
+        """Every unit's total of a released level: its answer to the workload's total query (the files hold
+        the queries only)."""
+        q = self.plan.memo("total query", lambda: total_query(self.plan.person.workload))
+        if q is None:
+            raise ValueError("the release's files hold the workload's queries only, and the workload has no total "
+                             "query: add a total row to the workload to read the units' totals back")
+        return self.answers(level)[:, q]
 
 
 def _schema_units():
