@@ -206,7 +206,38 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(results, indent=1, default=float))
     (RESULTS / f"{args.name}.md").write_text(_report(results, args))
+    _plots(results, RESULTS / args.name)
     print((RESULTS / f"{args.name}.md").read_text())
+
+
+def _plots(results: list[dict], stem: Path) -> None:
+    """``<stem>-error.png`` (total-population RMSE by level) and ``<stem>-bias.png`` (mean signed error by unit size,
+    every level of more than one unit), if matplotlib is installed."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("matplotlib is not installed: no plots (pip install 'hdmm[plot]')")
+        return
+    import pandas as pd
+    from hdmm.georelease.report import AccuracyReport, size_bin_labels
+    from hdmm.georelease.report_plots import plot_bias_by_size, plot_error_by_level
+
+    outputs = tuple(r["output"] for r in results)
+    frames = []
+    for key in ("errors", "bias"):
+        frame = pd.DataFrame([row for r in results for row in r[key]])
+        if frame.empty:
+            return
+        levels = list(dict.fromkeys(frame["level"]))
+        frame["level"] = pd.Categorical(frame["level"], categories=levels, ordered=True)
+        frame["output"] = pd.Categorical(frame["output"], categories=list(outputs), ordered=True)
+        frames.append(frame)
+    sizes = list(dict.fromkeys(row["size"] for r in results for row in r["bias"]))
+    frames[1]["size"] = pd.Categorical(frames[1]["size"], categories=[b for b in size_bin_labels() if b in sizes],
+                                       ordered=True)
+    report = AccuracyReport(frames[0], frames[1], results[0]["privacy"], outputs)
+    plot_error_by_level(report, path=f"{stem}-error.png")
+    plot_bias_by_size(report, path=f"{stem}-bias.png")
 
 
 if __name__ == "__main__":

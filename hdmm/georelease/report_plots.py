@@ -48,7 +48,7 @@ def plot_error_by_level(report: AccuracyReport, measure: str = "total population
     if log:
         ax.set_yscale("log")
     ax.legend(fontsize="small")
-    ax.set_title(f"Error by level ({report.privacy})" if report.privacy else "Error by level", fontsize="medium")
+    ax.set_title(f"Error by level\n{report.privacy}" if report.privacy else "Error by level", fontsize="medium")
     return _save(fig, path)
 
 
@@ -83,5 +83,5 @@ def plot_bias_by_size(report: AccuracyReport, *, levels=None, path: str | os.Pat
     axes[0].set_ylabel("mean signed error of total population")
     axes[0].legend(fontsize="small")
     if report.privacy:
-        fig.suptitle(f"Bias by unit size ({report.privacy}; bars: +/- 1 standard error)", fontsize="medium")
+        fig.suptitle(f"Bias by unit size (bars: +/- 1 standard error)\n{report.privacy}", fontsize="medium")
     return _save(fig, path)
