@@ -50,7 +50,7 @@ __all__ = ["geography_release", "add_geography_options", "check_geography_option
 
 
 #: The options that only a geography release reads (refused without ``--geography``).
-GEOGRAPHY_ONLY = ("tree", "levels", "engine", "invariants")
+GEOGRAPHY_ONLY = ("tree", "levels", "engine", "invariants", "workers")
 
 
 def check_geography_options(args: argparse.Namespace) -> None:
@@ -76,6 +76,8 @@ def add_geography_options(p: argparse.ArgumentParser) -> None:
                    "Spark (pip install 'hdmm[spark]', Java 17+; local[2] unless a Spark session is active)")
     g.add_argument("--invariants", help="levels whose totals are held exact from the data, e.g. state (those "
                    "totals are published without noise: they are NOT protected)")
+    g.add_argument("--workers", type=int, help="processes of the local engine (default: every core for releases "
+                   "of 2,000 units or more); the answers do not depend on it")
 
 
 def _levels(text: str) -> list[str]:
@@ -186,6 +188,11 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     """Run ``hdmm release --geography`` (module docstring); ``budget`` (``--budget``) is charged once."""
     levels = _levels(args.geography)
     engine = args.engine or "local"
+    if engine == "spark" and args.workers is not None:
+        raise UsageError("--workers sets the local engine's processes; Spark's come from its master (local[N] or "
+                         "the cluster): leave out --workers")
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers {args.workers}: give a positive number of processes")
     _check_output(args.output, engine)
     if any(level in named.domain.names for level in levels):
         raise ValueError(f"the workload's domain has a {levels[0]!r} attribute already: use a person workload "
@@ -251,7 +258,7 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
 
         try:
             result = release_geography(plan, source, seed=args.noise_seed, postprocess=args.postprocess,
-                                       progress=show, budget=budget, label=label, about=about)
+                                       progress=show, budget=budget, label=label, about=about, workers=args.workers)
         finally:
             for bar in bars.values():
                 bar.close()

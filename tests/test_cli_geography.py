@@ -52,6 +52,21 @@ def test_geography_release_of_integer_tables(files, capsys):
     assert json.loads((out / "_provenance.json").read_text())["estimates"].startswith("integer")
 
 
+def test_workers_change_nothing_in_the_files(files, capsys):
+    args = ("--data", str(files / "people.csv"), "--invariants", "state", "--postprocess", "integer")
+    for workers in ("1", "2"):
+        assert main(_release(files, *args, "--workers", workers, "--output", str(files / workers))) == 0
+    capsys.readouterr()
+    for level in ("nation", "state", "county"):
+        pd.testing.assert_frame_equal(pd.read_parquet(files / "1" / f"level={level}"),
+                                      pd.read_parquet(files / "2" / f"level={level}"))
+    assert "--workers 0: give a positive" in fails(_release(files, *args, "--workers", "0", "--output",
+                                                            str(files / "o")), capsys)
+    assert "leave out --workers" in fails(_release(files, *args, "--engine", "spark", "--workers", "2", "--output",
+                                                   str(files / "o")), capsys)
+    assert not (files / "o").exists()
+
+
 def test_built_in_synthetic_states(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["release", "--workload", "sf1", "--epsilon", "1", "--geography", "state", "--people", "2000",
@@ -165,7 +180,7 @@ def test_empty_records_are_refused_on_the_geography_path(files, capsys):
 
 
 @pytest.mark.parametrize("extra", [["--invariants", "state"], ["--engine", "spark"], ["--engine", "local"],
-                                   ["--tree", "units.csv"], ["--levels", "state"]])
+                                   ["--tree", "units.csv"], ["--levels", "state"], ["--workers", "2"]])
 def test_geography_options_without_geography_are_refused(files, capsys, extra):
     err = fails(["release", "--workload", str(files / "w.json"), "--rho", "0.5", "--data", str(files / "people.csv"),
                  *extra], capsys)

@@ -60,6 +60,7 @@ from .rootfit import workload_projection
 from .rounding import round_below
 from .roundtree import check_integer, held_region, round_held
 from .simplex import simplex_projection, thresholds
+from .workers import map_partitions
 
 __all__ = ["simplex_projection", "transport_projection", "balance", "thresholds", "known_totals", "NonNegative",
            "CellSpace", "cell_space", "family_groups", "TopDown", "held_measurements", "check_nonnegative",
@@ -714,16 +715,44 @@ class TopDown:
 
 
 def nonnegative_estimates(plan: GeoPlan, z: dict[int, np.ndarray], lam: dict[int, np.ndarray] | None,
-                          progress=None, integer: bool = False) -> NonNegative:
+                          progress=None, integer: bool = False, workers: int = 1) -> NonNegative:
     """Top-down non-negative (or ``integer``) answers from the least-squares estimates ``z`` in measurement space.
 
     ``z[d]`` holds every unit of level ``d`` (``units x rows of A_p``) and ``lam`` the invariant
     multipliers (:mod:`hdmm.georelease.invariants`) or ``None``. The plan must have passed
-    :func:`check_nonnegative` (and :func:`integer_totals`).
+    :func:`check_nonnegative` (and :func:`integer_totals`). With ``workers > 1`` the walk stops at the
+    partition level and every partition's subtree is walked in a worker process
+    (:func:`hdmm.georelease.workers.map_partitions`), with the same answers.
     """
     walk = TopDown(plan, lambda d, units: z[d][units], lam, progress=progress, integer=integer)
-    walk.start()
-    tree = plan.tree
+    tree, P = plan.tree, plan.partition_level
+    split = workers > 1 and walk.deepest > P and (not integer or max(held_region(tree, integer_totals(plan))) <= P)
+    if not split:
+        walk.start()
+    else:
+        cells: dict[int, np.ndarray] = {}
+        walk.start(stop=P, reached=cells)
+
+        def subtree(u: int):
+            task = TopDown(plan, lambda d, units: z[d][units], lam, integer=integer)
+            task.descend(P, u, cells[u])
+            below = [d for d in plan.levels if d > P]
+            return ({d: (np.fromiter(task.answers[d], dtype=np.int64), np.vstack(list(task.answers[d].values())),
+                         np.fromiter(task.totals[d].values(), dtype=float)) for d in below if task.answers[d]},
+                    {d: task.squared[d] for d in below}, task.widened, task.projected)
+
+        for u, (answers, squared, widened, projected) in enumerate(map_partitions(subtree, tree.sizes[P], workers)):
+            for d, (units, rows, totals) in answers.items():
+                walk.answers[d].update(zip(units.tolist(), rows))
+                walk.totals[d].update(zip(units.tolist(), totals.tolist()))
+            for d, value in squared.items():
+                walk.squared[d] += value
+            for d, value in widened.items():
+                walk.widened[d] = max(walk.widened[d], value)
+            walk.projected += projected
+            if progress is not None and ((u + 1) % max(1, tree.sizes[P] // 100) == 0 or u + 1 == tree.sizes[P]):
+                progress(f"  non-negative: projected the units below {tree.label(P, u)} "
+                         f"({walk.projected}/{walk.families})")
     answers = {d: np.vstack([walk.answers[d][u] for u in range(tree.sizes[d])]) for d in plan.levels}
     totals = {d: np.array([walk.totals[d][u] for u in range(tree.sizes[d])]) for d in plan.levels}
     widened = {d: walk.widened[d] for d in plan.levels if d > 0} if integer else None

@@ -21,6 +21,7 @@ every unit's estimate is the sum of its finest measured descendants' estimates.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from ..budget import Budget, Charge
 from .passes import Partition, TreePasses, partition_down, partition_up, top_passes
 from .plan import GeoPlan
 from .files import finish_output, start_output, write_units
+from .workers import check_workers, map_partitions
 from .nonneg import POSTPROCESS, check_nonnegative, integer_totals, nonnegative_estimates
 from .steps import apply_invariants, created_now, invariant_multipliers, measure_top, progress_printer, provenance
 from .units import HistogramSource, check_source, measure_partition
@@ -154,6 +156,11 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
         DataFrame of records or a Parquet path (see :func:`hdmm.georelease.spark.release_spark`).
     engine
         ``"local"`` (default) or ``"spark"``.
+    engine_options
+        The local engine's ``workers``: processes measuring and post-processing partitions at once
+        (:mod:`hdmm.georelease.workers`; default ``None``: every core the process may use, for
+        releases of at least ``POOL_UNITS`` units). The answers do not depend on it. Spark's options:
+        :func:`hdmm.georelease.spark.release_spark`.
     seed
         ``None`` (default): noise from fresh OS entropy, as a real release must. An int: every
         unit's noise from a stream derived from the seed and the unit (for tests and research only).
@@ -194,18 +201,20 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
         from .spark import release_spark
         return release_spark(plan, data, seed=seed, progress=progress, budget=budget, label=label,
                              postprocess=postprocess, about=about, **engine_options)
+    workers = check_workers(engine_options.pop("workers", None), int(sum(plan.tree.sizes)))
     if engine_options:
-        raise TypeError(f"the local engine takes no options {sorted(engine_options)}")
+        raise TypeError(f"the local engine takes only the option 'workers', not {sorted(engine_options)}")
     if postprocess is not None:
         check_nonnegative(plan)
     if postprocess == "integer":
         integer_totals(plan)
     return replace(_release_local(plan, data, seed=seed, progress=progress, postprocess=postprocess, budget=budget,
-                                  label=label), about=about)
+                                  label=label, workers=workers), about=about)
 
 
 def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, progress,
-                   postprocess: str | None = None, budget: Budget | None = None, label: str = "") -> GeoRelease:
+                   postprocess: str | None = None, budget: Budget | None = None, label: str = "",
+                   workers: int = 1) -> GeoRelease:
     say = progress_printer(progress)
     space = "answers" if postprocess is None else "measurements"
     tree, P = plan.tree, plan.partition_level
@@ -216,12 +225,18 @@ def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, 
     passes = plan.passes
     parts = [Partition.of(tree, P, u) for u in range(tree.sizes[P])]
     owns, g_own, roots = [], [], []
-    for i, part in enumerate(parts):
-        own, root = measure_partition(plan, part, source.histograms, seed, space)
+
+    def measure(i: int):
+        own, root = measure_partition(plan, parts[i], source.histograms, seed, space)
+        return own, partition_up(passes, parts[i], own), root
+
+    first = [measure(0)]  # here: the plan's cached matrices are made once, before the workers fork
+    for i, (own, g, root) in enumerate(itertools.chain(first, map_partitions(lambda i: measure(i + 1),
+                                                                             len(parts) - 1, workers))):
         owns.append(own)
-        g_own.append(partition_up(passes, part, own))
+        g_own.append(g)
         roots.append(root)
-        say(f"  measured {tree.label(P, part.unit)} ({i + 1}/{len(parts)})")
+        say(f"  measured {tree.label(P, parts[i].unit)} ({i + 1}/{len(parts)})")
     timings["measure"] = time.perf_counter() - start
     start = time.perf_counter()
     estimates = finish(plan, passes, parts, np.vstack(g_own), np.vstack(roots), owns, seed, space)
@@ -232,7 +247,8 @@ def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, 
                           charge=charge)
     start = time.perf_counter()
     lam = invariant_multipliers(plan, estimates, space)
-    result = nonnegative_estimates(plan, estimates, lam, progress=say, integer=postprocess == "integer")
+    result = nonnegative_estimates(plan, estimates, lam, progress=say, integer=postprocess == "integer",
+                                   workers=workers)
     timings[postprocess.replace("nonnegative", "non-negative")] = time.perf_counter() - start
     out = {d: np.column_stack([result.answers[d], result.totals[d]]) for d in plan.levels}
     return GeoRelease(plan, out, seeded=seed is not None, timings=timings, postprocess=postprocess,

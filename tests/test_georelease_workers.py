@@ -1,0 +1,79 @@
+"""The local engine on several processes gives the one-process release, answer for answer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import hdmm
+from hdmm.geography import GeographyTree
+from hdmm.georelease import ArrayHistograms, geo_plan, release_geography
+from hdmm.georelease.workers import POOL_UNITS, check_workers, default_workers, map_partitions
+
+DOMAIN = hdmm.Domain(["a", "b"], [2, 3])
+WP = hdmm.product(DOMAIN, {"a": hdmm.Identity(2), "b": hdmm.Prefix(3)})
+AP = hdmm.Kronecker([hdmm.Identity(2), hdmm.Prefix(3)])
+
+
+def country(seed: int) -> GeographyTree:
+    rng = np.random.default_rng(seed)
+    pairs = {}
+    for s in range(3):
+        pairs[f"s{s}"] = "US"
+        for c in range(int(rng.integers(2, 5))):
+            pairs[f"s{s}c{c}"] = f"s{s}"
+            for t in range(int(rng.integers(1, 4))):
+                pairs[f"s{s}c{c}t{t}"] = f"s{s}c{c}"
+    return GeographyTree.from_parents(pairs, ["nation", "state", "county", "tract"])
+
+
+def test_map_partitions_keeps_order_and_raises_the_workers_errors():
+    assert list(map_partitions(lambda i: i * 10, 5, workers=2)) == [0, 10, 20, 30, 40]
+    assert list(map_partitions(lambda i: i, 0, workers=2)) == []
+
+    def fail(i: int) -> int:
+        if i == 2:
+            raise ArithmeticError("partition 2")
+        return i
+
+    with pytest.raises(ArithmeticError, match="partition 2"):
+        list(map_partitions(fail, 4, workers=2))
+    assert list(map_partitions(lambda i: i, 3, workers=2)) == [0, 1, 2]  # the failed pool left nothing behind
+
+
+def test_check_workers():
+    assert check_workers(3) == 3 and check_workers(None, units=POOL_UNITS - 1) == 1
+    assert check_workers(None, units=POOL_UNITS) == default_workers() >= 1
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="positive int"):
+            check_workers(bad)
+
+
+@pytest.mark.parametrize("postprocess", [None, "nonnegative", "integer"])
+@pytest.mark.parametrize("held", [False, True])
+def test_two_workers_give_the_one_process_release(postprocess, held):
+    tree = country(1)
+    rng = np.random.default_rng(2)
+    H = sp.csr_matrix(rng.poisson(0.8, size=(tree.leaves, DOMAIN.size)).astype(float))
+    invariants = None
+    if held:
+        b = tree.leaf_bounds("state")
+        invariants = {"state": {code: float(H[b[u]:b[u + 1]].sum()) for u, code in enumerate(tree.codes("state"))}}
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, invariants=invariants, partition="county")
+    one = release_geography(plan, ArrayHistograms(H), seed=7, postprocess=postprocess, workers=1)
+    two = release_geography(plan, ArrayHistograms(H), seed=7, postprocess=postprocess, workers=2)
+    for d in plan.levels:
+        np.testing.assert_array_equal(two.estimates[d], one.estimates[d])
+    if postprocess is not None:
+        assert two.change == pytest.approx(one.change, rel=1e-12)
+
+
+def test_local_engine_refuses_unknown_options():
+    tree = country(0)
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP)
+    H = sp.csr_matrix(np.ones((tree.leaves, DOMAIN.size)))
+    with pytest.raises(TypeError, match="only the option 'workers'"):
+        release_geography(plan, ArrayHistograms(H), seed=0, output="x")
+    with pytest.raises(ValueError, match="positive int"):
+        release_geography(plan, ArrayHistograms(H), seed=0, workers=0)
