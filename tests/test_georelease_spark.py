@@ -211,6 +211,20 @@ def test_spark_integer_estimates_equal_the_local_engine(spark, country, tmp_path
         remote.totals("state")
 
 
+@pytest.mark.parametrize("postprocess", ["nonnegative", "integer"])
+def test_spark_projects_the_families_above_the_partition_level_in_tasks(spark, country, tmp_path, postprocess):
+    tree, records = country  # partitioned by county: the state families are projected in one task per state
+    source = RecordHistograms.of(tree, DOMAIN, records)
+    totals, bounds = source.leaf_totals(), tree.leaf_bounds("state")
+    invariants = {"state": {tree.codes("state")[s]: float(totals[bounds[s]:bounds[s + 1]].sum()) for s in range(3)}}
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.2), strategy=AP, invariants=invariants, partition="county")
+    local, remote, merged = _both_nonnegative(spark, plan, source, records, 6, tmp_path / "c", postprocess)
+    assert len(merged) == sum(tree.sizes) * WP.shape[0]
+    assert "non-negative (to the partition level)" in remote.timings
+    for d in local.change:
+        assert remote.change[d] == pytest.approx(local.change[d], rel=1e-9, abs=1e-12)
+
+
 def test_spark_nonnegative_refusals_come_before_noise(spark, country, tmp_path, monkeypatch):
     import hdmm.georelease.units as units
 

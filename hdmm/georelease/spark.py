@@ -65,6 +65,7 @@ from .passes import Partition, partition_down, partition_up, top_passes
 from .plan import GeoPlan
 from .files import check_output, finish_output, read_answers, start_output, write_units
 from .nonneg import POSTPROCESS, TopDown, change_rmse, check_nonnegative, integer_totals
+from .roundtree import held_region
 from .steps import correct, created_now, invariant_multipliers, measure_top, progress_printer, provenance
 from .units import check_record_columns, check_source, measure_partition
 
@@ -543,6 +544,42 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
                            charge=charge, about=about)
 
 
+def _families_to(plan: GeoPlan, plan_b, spark, middle: int, stop: int, cells: dict[int, np.ndarray],
+                 estimates: dict[int, np.ndarray], lam, meta: dict, partial: str, integer: bool):
+    """The families from level ``middle`` (units with known cells ``cells``) down to level ``stop``, one task per
+    unit of ``middle``: the cells of every unit of ``stop``, the answer rows written and the squared changes."""
+    sc = spark.sparkContext
+    needed = {d: estimates[d] for d in range(middle + 1, stop + 1)}
+    aux_b = sc.broadcast((needed, lam, meta, partial, integer))
+
+    def task(item):
+        unit, x_plus = item
+        p = plan_b.value
+        needed_, lam_, meta_, partial_, integer_ = aux_b.value
+        counts = [0]
+
+        def write_task(d: int, units: np.ndarray, answers: np.ndarray) -> None:
+            counts[0] += write_units(partial_, p, d, units, answers, np.sqrt(p.variances(d, units)), meta_,
+                                     f"part-{p.tree.levels[middle]}-{unit:07d}-{d}-{units[0]:09d}")
+
+        walk = TopDown(p, lambda d, units: needed_[d][units], lam_, sink=write_task, batch=UNITS_PER_FILE,
+                       integer=integer_)
+        reached: dict[int, np.ndarray] = {}
+        walk.descend(middle, unit, x_plus, stop, reached)
+        walk.flush()
+        return reached, counts[0], {d: walk.squared[d] for d in p.levels if middle < d <= stop}
+
+    items = sorted(cells.items())
+    done = sc.parallelize(items, len(items)).map(task).collect()
+    reached, rows, squared = {}, 0, {}
+    for cells_, count, sq in done:
+        reached.update(cells_)
+        rows += count
+        for d, value in sq.items():
+            squared[d] = squared.get(d, 0.0) + value
+    return reached, rows, squared
+
+
 def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray], estimates_df, seed, output: str,
                  charge, timings: dict[str, float], say, work: str, about: dict,
                  postprocess: str = "nonnegative") -> SparkGeoRelease:
@@ -567,11 +604,24 @@ def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray],
                    integer=integer)
     cells: dict[int, np.ndarray] = {}
     stop = min(P, walk.deepest)  # the released levels may all lie above the partition level
-    walk.start(stop=stop, reached=cells)
+    middle = max(held_region(plan.tree, integer_totals(plan, "spark"))) if integer else 0
+    middle = max(middle, 1)  # the driver walks to here (the held region is rounded at once, on the driver) ...
+    if middle >= stop:
+        walk.start(stop=stop, reached=cells)
+    else:
+        walk.start(stop=middle, reached=cells)
     walk.flush()
     squared = dict(walk.squared)
     rows = sum(written)
     timings["non-negative (driver)"] = time.perf_counter() - start
+    if middle < stop:  # ... and one task per unit there projects its families down to the partition level
+        start = time.perf_counter()
+        cells, more, more_squared = _families_to(plan, plan_b, spark, middle, stop, cells, estimates, lam, meta,
+                                                 partial, integer)
+        rows += more
+        for d, value in more_squared.items():
+            squared[d] += value
+        timings["non-negative (to the partition level)"] = time.perf_counter() - start
     start = time.perf_counter()
     if walk.deepest > P:
         aux_b = spark.sparkContext.broadcast((lam, meta, partial, integer))
