@@ -17,8 +17,9 @@ The plan is made on the driver and broadcast. Then:
 
 Non-negative estimates (``postprocess="nonnegative"``, :mod:`hdmm.georelease.nonneg`) keep every
 unit's estimate in the strategy's measurement space through stages 1 and 2; the driver then walks
-the tree top down to the partition level (or to the deepest released level, if that is coarser),
-and stage 3 (``groupBy(partition).applyInPandas``, each partition receiving its root's
+the top of the tree (the root's family, or for integer tables the held region, rounded at once), one
+task per unit below that (e.g. a state) projects its families down to the partition level (or to the
+deepest released level, if that is coarser), and stage 3 (``groupBy(partition).applyInPandas``, each partition receiving its root's
 non-negative cells as one more row) walks each partition's subtree and writes its units' answers.
 The answers are the local engine's.
 
