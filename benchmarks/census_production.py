@@ -1,7 +1,8 @@
 """PL94-171 (2020 tables) from the nation down, at the 2020 production budget: least squares, non-negative, integer.
 
 Run ``python benchmarks/census_production.py [--states 11,10,44] [--levels state,county,tract,block_group,block]
-[--engine local|spark]``; it writes ``benchmarks/results/census_production.md`` (and ``.json``).
+[--engine local|spark] [--partition county] [--workers 1]``; it writes
+``benchmarks/results/census_production.md`` (and ``.json``).
 Every output (least squares, non-negative, integer) is released in its own process (peak memory is
 the resident memory of that process and its children, sampled every 0.5 s, up to the end of the release
 and then with the accuracy report, which holds every unit's true answers), with one BLAS thread.
@@ -81,7 +82,7 @@ def setting(states: tuple[str, ...] | None, levels: tuple[str, ...], total_weigh
 
 
 def run(states, levels, output: str, engine: str, total_weight: float = TOTAL_WEIGHT, workload: str = "pl94",
-        epsilon: float = 1.0) -> dict:
+        epsilon: float = 1.0, partition: str = "county", workers: int | None = 1) -> dict:
     from census_workloads.das2020 import PL94_2020
     from hdmm.georelease import geo_plan, release_geography
     from hdmm.georelease.report import accuracy_report, true_answers
@@ -91,18 +92,20 @@ def run(states, levels, output: str, engine: str, total_weight: float = TOTAL_WE
         start = time.perf_counter()
         tree, source, W, strategy, privacy, shares = setting(states, levels, total_weight, workload, epsilon)
         out["total weight"] = total_weight
+        out["partition"], out["workers"] = partition, workers if engine == "local" else None
         totals = source.leaf_totals()
         b = tree.leaf_bounds("state")
         invariants = None if workload == "sf1" else {  # production's: the state totals
             "state": {code: float(totals[b[s]:b[s + 1]].sum()) for s, code in enumerate(tree.codes("state"))}}
-        plan = geo_plan(tree, W, privacy, strategy=strategy, invariants=invariants, partition="county", seed=0)
+        plan = geo_plan(tree, W, privacy, strategy=strategy, invariants=invariants, partition=partition, seed=0)
         out["plan seconds"] = time.perf_counter() - start
         out["units"] = {name: int(n) for name, n in zip(tree.levels, tree.sizes)}
         out["people"] = int(totals.sum())
         out["privacy"] = plan.privacy.description
         out["level weights"] = {tree.levels[d]: float(plan.level_weights[d]) for d in plan.measured}
         start = time.perf_counter()
-        options = {} if engine == "local" else {"output": f"/tmp/hdmm-census-production-{os.getpid()}"}
+        options = ({"workers": workers} if engine == "local"
+                   else {"output": f"/tmp/hdmm-census-production-{os.getpid()}"})
         release = release_geography(plan, source, seed=1, postprocess=OUTPUTS[output], engine=engine, **options)
         out["release seconds"] = time.perf_counter() - start
         out["release steps"] = dict(release.timings)
@@ -127,19 +130,23 @@ def run(states, levels, output: str, engine: str, total_weight: float = TOTAL_WE
 def _child(args) -> dict:
     states = None if args.states == "all" else tuple(args.states.split(","))
     return run(states, tuple(args.levels.split(",")), args.child, args.engine, args.total_weight, args.workload,
-               args.epsilon)
+               args.epsilon, args.partition, args.workers)
 
 
 def _report(results: list[dict], args) -> str:
     if args.workload == "sf1":
         lines = ["# SF1 Persons from the nation down, pure DP", "",
                  f"`python benchmarks/census_production.py --workload sf1 --epsilon {args.epsilon:g} --states "
-                 f"{args.states} --levels {args.levels} --engine {args.engine}` (module docstring: SYNTHETIC data, "
+                 f"{args.states} --levels {args.levels} --engine {args.engine} --partition {args.partition}"
+                 f"{f' --workers {args.workers}' if args.engine == 'local' else ''}` "
+                 "(module docstring: SYNTHETIC data, "
                  "no invariants).", ""]
     else:
         lines = ["# PL94-171 (2020 tables) from the nation down at the 2020 production budget", "",
                  f"`python benchmarks/census_production.py --states {args.states} --levels {args.levels} "
-                 f"--engine {args.engine} --total-weight {args.total_weight:g}` (module docstring: SYNTHETIC data, "
+                 f"--engine {args.engine} --total-weight {args.total_weight:g} --partition {args.partition}"
+                 f"{f' --workers {args.workers}' if args.engine == 'local' else ''}` "
+                 "(module docstring: SYNTHETIC data, "
                  "production's rho, state totals held).", ""]
     first = results[0]
     lines += [f"- units: {', '.join(f'{k} {v:,}' for k, v in first['units'].items())}; people {first['people']:,}",
@@ -185,6 +192,8 @@ def main() -> None:
                         help="weight of the total-population row steering the person strategy")
     parser.add_argument("--workload", default="pl94", choices=["pl94", "sf1"])
     parser.add_argument("--epsilon", type=float, default=1.0, help="pure DP epsilon of the SF1 runs")
+    parser.add_argument("--partition", default="county", help="the partition level (default county)")
+    parser.add_argument("--workers", type=int, default=1, help="the local engine's processes (default 1)")
     parser.add_argument("--name", default="census_production", help="results file name (without extension)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -195,7 +204,7 @@ def main() -> None:
     for output in args.outputs.split(","):
         cmd = [sys.executable, __file__, "--child", output, "--states", args.states, "--levels", args.levels,
                "--engine", args.engine, "--total-weight", str(args.total_weight), "--workload", args.workload,
-               "--epsilon", str(args.epsilon)]
+               "--epsilon", str(args.epsilon), "--partition", args.partition, "--workers", str(args.workers)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             sys.stderr.write(done.stderr)

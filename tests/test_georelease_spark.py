@@ -211,13 +211,15 @@ def test_spark_integer_estimates_equal_the_local_engine(spark, country, tmp_path
         remote.totals("state")
 
 
-@pytest.mark.parametrize("postprocess", ["nonnegative", "integer"])
-def test_spark_projects_the_families_above_the_partition_level_in_tasks(spark, country, tmp_path, postprocess):
-    tree, records = country  # partitioned by county: the state families are projected in one task per state
+@pytest.mark.parametrize("postprocess, partition", [("nonnegative", "county"), ("integer", "county"),
+                                                     ("integer", "tract")])
+def test_spark_projects_the_families_above_the_partition_level_in_tasks(spark, country, tmp_path, postprocess,
+                                                                         partition):
+    tree, records = country  # one task per state for its counties (and per county for its tracts)
     source = RecordHistograms.of(tree, DOMAIN, records)
     totals, bounds = source.leaf_totals(), tree.leaf_bounds("state")
     invariants = {"state": {tree.codes("state")[s]: float(totals[bounds[s]:bounds[s + 1]].sum()) for s in range(3)}}
-    plan = geo_plan(tree, WP, hdmm.PureDP(0.2), strategy=AP, invariants=invariants, partition="county")
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.2), strategy=AP, invariants=invariants, partition=partition)
     local, remote, merged = _both_nonnegative(spark, plan, source, records, 6, tmp_path / "c", postprocess)
     assert len(merged) == sum(tree.sizes) * WP.shape[0]
     assert "non-negative (to the partition level)" in remote.timings

@@ -18,9 +18,10 @@ The plan is made on the driver and broadcast. Then:
 Non-negative estimates (``postprocess="nonnegative"``, :mod:`hdmm.georelease.nonneg`) keep every
 unit's estimate in the strategy's measurement space through stages 1 and 2; the driver then walks
 the top of the tree (the root's family, or for integer tables the held region, rounded at once), one
-task per unit below that (e.g. a state) projects its families down to the partition level (or to the
-deepest released level, if that is coarser), and stage 3 (``groupBy(partition).applyInPandas``, each partition receiving its root's
-non-negative cells as one more row) walks each partition's subtree and writes its units' answers.
+task per unit below that (e.g. a state), level by level, projects its family down to the partition
+level (or to the deepest released level, if that is coarser), and stage 3
+(``groupBy(partition).applyInPandas``, each partition receiving its root's non-negative cells as one
+more row) walks each partition's subtree and writes its units' answers.
 The answers are the local engine's.
 
 Memory: ``groupBy(...).applyInPandas`` hands each task its whole group, so one partition's units
@@ -545,39 +546,40 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
                            charge=charge, about=about)
 
 
-def _families_to(plan: GeoPlan, plan_b, spark, middle: int, stop: int, cells: dict[int, np.ndarray],
-                 estimates: dict[int, np.ndarray], lam, meta: dict, partial: str, integer: bool):
-    """The families from level ``middle`` (units with known cells ``cells``) down to level ``stop``, one task per
-    unit of ``middle``: the cells of every unit of ``stop``, the answer rows written and the squared changes."""
-    sc = spark.sparkContext
-    needed = {d: estimates[d] for d in range(middle + 1, stop + 1)}
-    aux_b = sc.broadcast((needed, lam, meta, partial, integer))
+def _families_to(plan: GeoPlan, plan_b, spark, d: int, cells: dict[int, np.ndarray], children: np.ndarray, lam,
+                 meta: dict, partial: str, integer: bool) -> tuple[dict[int, np.ndarray], int, float]:
+    """The families below the units of level ``d`` (whose cells are ``cells``), one task per unit: the cells of
+    every unit of level ``d + 1`` (whose estimates are ``children``), the answer rows written and the squared
+    change of the answers from least squares."""
+    tree = plan.tree
+    bounds = tree.child_bounds(d)
+    items = [(u, x, children[bounds[u]:bounds[u + 1]]) for u, x in sorted(cells.items())]
+    aux_b = spark.sparkContext.broadcast((lam, meta, partial, integer))
 
     def task(item):
-        unit, x_plus = item
+        unit, x_plus, own = item
         p = plan_b.value
-        needed_, lam_, meta_, partial_, integer_ = aux_b.value
+        lam_, meta_, partial_, integer_ = aux_b.value
+        lo = int(p.tree.child_bounds(d)[unit])
         counts = [0]
 
-        def write_task(d: int, units: np.ndarray, answers: np.ndarray) -> None:
-            counts[0] += write_units(partial_, p, d, units, answers, np.sqrt(p.variances(d, units)), meta_,
-                                     f"part-{p.tree.levels[middle]}-{unit:07d}-{d}-{units[0]:09d}")
+        def write_task(level: int, units: np.ndarray, answers: np.ndarray) -> None:
+            counts[0] += write_units(partial_, p, level, units, answers, np.sqrt(p.variances(level, units)), meta_,
+                                     f"part-{p.tree.levels[d]}-{unit:07d}-{units[0]:09d}")
 
-        walk = TopDown(p, lambda d, units: needed_[d][units], lam_, sink=write_task, batch=UNITS_PER_FILE,
+        walk = TopDown(p, lambda level, units: own[units - lo], lam_, sink=write_task, batch=UNITS_PER_FILE,
                        integer=integer_)
         reached: dict[int, np.ndarray] = {}
-        walk.descend(middle, unit, x_plus, stop, reached)
+        walk.descend(d, unit, x_plus, d + 1, reached)
         walk.flush()
-        return reached, counts[0], {d: walk.squared[d] for d in p.levels if middle < d <= stop}
+        return reached, counts[0], walk.squared.get(d + 1, 0.0)
 
-    items = sorted(cells.items())
-    done = sc.parallelize(items, len(items)).map(task).collect()
-    reached, rows, squared = {}, 0, {}
+    done = spark.sparkContext.parallelize(items, len(items)).map(task).collect()
+    reached, rows, squared = {}, 0, 0.0
     for cells_, count, sq in done:
         reached.update(cells_)
         rows += count
-        for d, value in sq.items():
-            squared[d] = squared.get(d, 0.0) + value
+        squared += sq
     return reached, rows, squared
 
 
@@ -615,13 +617,14 @@ def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray],
     squared = dict(walk.squared)
     rows = sum(written)
     timings["non-negative (driver)"] = time.perf_counter() - start
-    if middle < stop:  # ... and one task per unit there projects its families down to the partition level
+    if middle < stop:  # ... then, level by level, one task per unit projects its family, to the partition level
         start = time.perf_counter()
-        cells, more, more_squared = _families_to(plan, plan_b, spark, middle, stop, cells, estimates, lam, meta,
-                                                 partial, integer)
-        rows += more
-        for d, value in more_squared.items():
-            squared[d] += value
+        for d in range(middle, stop):
+            cells, more, more_squared = _families_to(plan, plan_b, spark, d, cells, estimates[d + 1], lam, meta,
+                                                     partial, integer)
+            rows += more
+            if d + 1 in squared:  # a released level
+                squared[d + 1] += more_squared
         timings["non-negative (to the partition level)"] = time.perf_counter() - start
     start = time.perf_counter()
     if walk.deepest > P:
