@@ -95,6 +95,7 @@ class GeographyTree:
         self._full: dict[int, np.ndarray] = {}
         self._sorted: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
         self._tuples: dict[int, tuple[str, ...]] = {}
+        self._name_tuples: dict[int, tuple[str, ...]] = {}
         if separator:  # joined with "/": codes holding "/" could make two units' codes equal
             for d in range(1, L):
                 self._lookup_table(d)
@@ -232,12 +233,12 @@ class GeographyTree:
         return self._tuples[d]
 
     def names(self, level: str | int) -> tuple[str, ...]:
-        """Display names of a level's units (``""`` when none was given)."""
+        """Display names of a level's units (``""`` when none was given; made once, then kept)."""
         d = self.level_index(level)
-        given = self._unit_names[d]
-        if given is None:
-            return ("",) * self.sizes[d]
-        return tuple(given[1][given[0]].tolist())
+        if d not in self._name_tuples:
+            given = self._unit_names[d]
+            self._name_tuples[d] = ("",) * self.sizes[d] if given is None else tuple(given[1][given[0]].tolist())
+        return self._name_tuples[d]
 
     def parents(self, level: str | int) -> np.ndarray:
         """For each unit of ``level`` (not the root), the position of its parent in the level above."""

@@ -75,8 +75,9 @@ def write_units(partial: str, plan: GeoPlan, level: int, units: np.ndarray, answ
     tree, q = plan.tree, answers.shape[1]
     units = np.asarray(units, dtype=np.int64)
     n = units.size
-    codes = pa.array([tree.codes(level)[u] for u in units.tolist()], type=pa.string())
-    names = pa.array([tree.names(level)[u] for u in units.tolist()], type=pa.string())
+    all_codes, all_names = tree.codes(level), tree.names(level)
+    codes = pa.array([all_codes[u] for u in units.tolist()], type=pa.string())
+    names = pa.array([all_names[u] for u in units.tolist()], type=pa.string())
     labels = pa.array(plan.labels, type=pa.string())
     per_unit = np.repeat(np.arange(n, dtype=np.int32), q)
     table = pa.table({
