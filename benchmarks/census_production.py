@@ -4,7 +4,8 @@ Run ``python benchmarks/census_production.py [--states 11,10,44] [--levels state
 [--engine local|spark] [--partition county] [--workers 1]``; it writes
 ``benchmarks/results/census_production.md`` (and ``.json``).
 Every output (least squares, non-negative, integer) is released in its own process (peak memory is
-the resident memory of that process and its children, sampled every 0.5 s, up to the end of the release
+the memory of that process and its children, PSS summed (geography.PeakMemory), sampled every 0.5 s,
+up to the end of the release
 and then with the accuracy report, which holds every unit's true answers), with one BLAS thread.
 
 The setting, for every run:

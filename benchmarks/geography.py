@@ -51,7 +51,9 @@ EPSILON = 1.0
 
 
 class PeakMemory:
-    """Peak resident memory of this process and all its descendants (Spark's JVM and Python workers), sampled."""
+    """Peak memory of this process and all its descendants (Spark's JVM and Python workers, forked local workers),
+    sampled: the sum of their proportional set sizes (PSS: a page shared by n processes counts 1/n in each, so
+    forked workers' shared pages are counted once), or of their resident sizes where PSS is not available."""
 
     def __init__(self, interval: float = 0.5):
         import psutil
@@ -62,10 +64,15 @@ class PeakMemory:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> int:
+        import psutil
+
         total, kinds = 0, {}
         for p in [self.process, *self.process.children(recursive=True)]:
-            try:
-                rss = p.memory_info().rss
+            try:  # proportional set size: pages shared by forked workers are counted once, not per process
+                try:
+                    rss = p.memory_full_info().pss
+                except (AttributeError, psutil.AccessDenied):  # no PSS on this system: resident size
+                    rss = p.memory_info().rss
                 kind = "driver" if p.pid == self.process.pid else ("JVM" if "java" in p.name() else "workers")
             except Exception:  # a worker that just ended
                 continue
