@@ -77,3 +77,17 @@ def test_local_engine_refuses_unknown_options():
         release_geography(plan, ArrayHistograms(H), seed=0, output="x")
     with pytest.raises(ValueError, match="positive int"):
         release_geography(plan, ArrayHistograms(H), seed=0, workers=0)
+
+
+def test_default_partition_keeps_every_partition_small():
+    from hdmm.georelease.plan import PARTITION_UNITS, default_partition
+
+    pairs = {"s0": "US", "s1": "US", "s0c0": "s0", "s1c0": "s1", "s1c1": "s1"}
+    for t in range(PARTITION_UNITS):  # state s0's one county holds more units than a partition may
+        pairs[f"s0c0t{t}"] = "s0c0"
+    pairs["s1c0t0"], pairs["s1c1t0"] = "s1c0", "s1c1"
+    tree = GeographyTree.from_parents(pairs, ["nation", "state", "county", "tract"])
+    assert default_partition(tree, 3) == 3  # states and counties too large: tracts
+    assert default_partition(tree, 2) == 1  # down to counties only, the states are small
+    assert default_partition(tree, 0) == 0
+    assert geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP).partition_level == 3

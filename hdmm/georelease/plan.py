@@ -48,7 +48,7 @@ from .invariants import Invariants
 from .levels import optimize_level_weights
 from .passes import TreePasses
 
-__all__ = ["GeoPlan", "geo_plan"]
+__all__ = ["GeoPlan", "geo_plan", "default_partition", "PARTITION_UNITS"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -262,6 +262,32 @@ class GeoPlan:
         return "\n".join(lines)
 
 
+#: Most units (down to the finest measured level) :func:`default_partition` lets one partition hold.
+PARTITION_UNITS = 2**14
+
+
+def default_partition(tree: GeographyTree, finest: int) -> int:
+    """The coarsest level below the root whose every unit's subtree (its units down to level ``finest``) holds
+    at most ``PARTITION_UNITS`` units (``finest`` if none; the root when nothing below it is measured).
+
+    A partition is one task's work and memory (its units' strategy answers), so no partition may be
+    large, and many small ones balance over the cores: the states for a tree down to tracts, the
+    tracts for one down to blocks (a synthetic county holds up to 498,703 units).
+
+    >>> tree = GeographyTree.from_parents({"a": "US", "a1": "a", "a2": "a"}, ["nation", "state", "county"])
+    >>> default_partition(tree, 2)
+    1
+    """
+    for d in range(1, finest + 1):
+        starts = tree.leaf_bounds(d)
+        per_unit = np.zeros(tree.sizes[d], dtype=np.int64)
+        for e in range(d, finest + 1):  # units of level e under each unit of level d
+            per_unit += np.diff(np.searchsorted(tree.leaf_bounds(e)[:-1], starts, side="left"))
+        if per_unit.size == 0 or int(per_unit.max()) <= PARTITION_UNITS:
+            return d
+    return finest
+
+
 def geo_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, *,
              levels: Sequence[str | int] | None = None,
              weights: Sequence[float] | None = None,
@@ -296,8 +322,8 @@ def geo_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, *,
         ``{level: {code: total}}``: public totals held exactly (not privatized; see
         :mod:`hdmm.georelease.invariants`).
     partition
-        The level whose units' subtrees are processed independently (default: the level below the
-        root, or the root when nothing finer is measured).
+        The level whose units' subtrees are processed independently (default:
+        :func:`default_partition`).
     seed, progress
         For :func:`hdmm.optimize` (``strategy="auto"``).
 
@@ -348,7 +374,7 @@ def geo_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, *,
         )
     if invariants is not None:
         invariants.check_supported(tree, solver)
-    P = min(1, solver.finest) if partition is None else tree.level_index(partition)
+    P = default_partition(tree, solver.finest) if partition is None else tree.level_index(partition)
     if P > solver.finest:
         raise GeographyError(f"the partition level {tree.levels[P]!r} is finer than the finest measured level "
                              f"{tree.levels[solver.finest]!r}")
