@@ -1,11 +1,11 @@
 """The local engine on one process and on every core: the same release, timed.
 
-Run ``python benchmarks/geography_workers.py [--states 44,50] [--postprocess integer] [--repeat 3]``; it
-writes ``benchmarks/results/geography_workers.md`` (and ``.json``). Each run is its own process (a child
-of this script) releasing PL94-171 (2020 tables, 2,016 cells) for the given states from the nation to
-the block, on SYNTHETIC data, at production's budget with the state totals held (the setting of
-``census_production.py``), partitioned by county; it reports the release's wall time and steps. The
-runs cover ``workers`` 1 and 2 (``release_geography(..., workers=)``), each at one BLAS thread and at
+Run ``python benchmarks/geography_workers.py [--states 44,50] [--postprocess integer] [--repeat 3]
+[--partition county]``; it writes ``benchmarks/results/geography_workers.md`` (and ``.json``). Each run is
+its own process (a child of this script) releasing PL94-171 (2020 tables, 2,016 cells) for the given
+states from the nation to the block, on SYNTHETIC data, at production's budget with the state totals held
+(the setting of ``census_production.py``), partitioned by ``--partition``; it reports the release's wall
+time and steps. The runs cover ``workers`` 1 and 2 (``release_geography(..., workers=)``), each at one BLAS thread and at
 the machine's default threads (the child sets ``OPENBLAS_NUM_THREADS``/``OMP_NUM_THREADS`` only for
 the one-thread runs), ``--repeat`` times each, interleaved; the table gives each setting's minimum and
 the speed-up of two workers over one at the same threading. The answers of every run are compared
@@ -29,7 +29,7 @@ RESULTS = Path(__file__).parent / "results"
 LEVELS = ("state", "county", "tract", "block_group", "block")
 
 
-def child(states: tuple[str, ...], workers: int, postprocess: str | None) -> dict:
+def child(states: tuple[str, ...], workers: int, postprocess: str | None, partition: str = "county") -> dict:
     import numpy as np
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -40,7 +40,7 @@ def child(states: tuple[str, ...], workers: int, postprocess: str | None) -> dic
     totals = source.leaf_totals()
     b = tree.leaf_bounds("state")
     invariants = {"state": {code: float(totals[b[s]:b[s + 1]].sum()) for s, code in enumerate(tree.codes("state"))}}
-    plan = geo_plan(tree, W, privacy, strategy=strategy, invariants=invariants, partition="county", seed=0)
+    plan = geo_plan(tree, W, privacy, strategy=strategy, invariants=invariants, partition=partition, seed=0)
     start = time.perf_counter()
     release = release_geography(plan, source, seed=1, postprocess=postprocess, workers=workers)
     seconds = time.perf_counter() - start
@@ -56,12 +56,13 @@ def main() -> None:
     parser.add_argument("--states", default="44,50", help="FIPS codes separated by ',' (default RI, VT)")
     parser.add_argument("--postprocess", default="integer", choices=["none", "nonnegative", "integer"])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--partition", default="county", help="the partition level (default county)")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     states = tuple(args.states.split(","))
     postprocess = None if args.postprocess == "none" else args.postprocess
     if args.child:
-        print(json.dumps(child(states, args.child, postprocess)))
+        print(json.dumps(child(states, args.child, postprocess, args.partition)))
         return
     runs = []
     for _ in range(args.repeat):
@@ -73,7 +74,7 @@ def main() -> None:
                     if threads == "1":
                         env[name] = "1"
                 cmd = [sys.executable, __file__, "--child", str(workers), "--states", args.states,
-                       "--postprocess", args.postprocess]
+                       "--postprocess", args.postprocess, "--partition", args.partition]
                 done = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 if done.returncode != 0:
                     sys.stderr.write(done.stderr)
@@ -90,8 +91,9 @@ def main() -> None:
     first = runs[0]
     lines = ["# The local engine on one process and on every core", "",
              f"`python benchmarks/geography_workers.py --states {args.states} --postprocess {args.postprocess} "
-             f"--repeat {args.repeat}` (module docstring): PL94-171 from the nation to the block, SYNTHETIC data, "
-             f"{first['units']:,} units in {first['partitions']} county partitions; {os.cpu_count()} cores; minimum of "
+             f"--repeat {args.repeat} --partition {args.partition}` (module docstring): PL94-171 from the nation "
+             f"to the block, SYNTHETIC data, {first['units']:,} units in {first['partitions']} {args.partition} "
+             f"partitions; {os.cpu_count()} cores; minimum of "
              f"{args.repeat} runs per setting, interleaved.", "",
              f"Every run gave the same answers (SHA-256 of all estimates): {'yes' if same else 'NO'}.", "",
              "| BLAS threads | workers | release s | steps (s) | speed-up over one worker |", "|---|---|---|---|---|"]

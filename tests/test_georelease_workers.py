@@ -52,7 +52,8 @@ def test_check_workers():
 
 @pytest.mark.parametrize("postprocess", [None, "nonnegative", "integer"])
 @pytest.mark.parametrize("held", [False, True])
-def test_two_workers_give_the_one_process_release(postprocess, held):
+@pytest.mark.parametrize("partition", ["nation", "county", "tract"])
+def test_two_workers_give_the_one_process_release(postprocess, held, partition):
     tree = country(1)
     rng = np.random.default_rng(2)
     H = sp.csr_matrix(rng.poisson(0.8, size=(tree.leaves, DOMAIN.size)).astype(float))
@@ -60,7 +61,7 @@ def test_two_workers_give_the_one_process_release(postprocess, held):
     if held:
         b = tree.leaf_bounds("state")
         invariants = {"state": {code: float(H[b[u]:b[u + 1]].sum()) for u, code in enumerate(tree.codes("state"))}}
-    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, invariants=invariants, partition="county")
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, invariants=invariants, partition=partition)
     one = release_geography(plan, ArrayHistograms(H), seed=7, postprocess=postprocess, workers=1)
     two = release_geography(plan, ArrayHistograms(H), seed=7, postprocess=postprocess, workers=2)
     for d in plan.levels:

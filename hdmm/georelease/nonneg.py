@@ -720,39 +720,48 @@ def nonnegative_estimates(plan: GeoPlan, z: dict[int, np.ndarray], lam: dict[int
 
     ``z[d]`` holds every unit of level ``d`` (``units x rows of A_p``) and ``lam`` the invariant
     multipliers (:mod:`hdmm.georelease.invariants`) or ``None``. The plan must have passed
-    :func:`check_nonnegative` (and :func:`integer_totals`). With ``workers > 1`` the walk stops at the
-    partition level and every partition's subtree is walked in a worker process
-    (:func:`hdmm.georelease.workers.map_partitions`), with the same answers.
+    :func:`check_nonnegative` (and :func:`integer_totals`). With ``workers > 1`` the walk here covers
+    only the root's family (for integer tables the held region, rounded at once); then, level by level,
+    every unit's family is projected in a worker process (:func:`hdmm.georelease.workers.map_partitions`),
+    and at the partition level its whole subtree, with the same answers.
     """
     walk = TopDown(plan, lambda d, units: z[d][units], lam, progress=progress, integer=integer)
     tree, P = plan.tree, plan.partition_level
-    split = workers > 1 and walk.deepest > P and (not integer or max(held_region(tree, integer_totals(plan))) <= P)
-    if not split:
+    held = max(held_region(tree, integer_totals(plan))) if integer else 0
+    if workers <= 1 or P < 1 or walk.deepest <= P or held > P:
         walk.start()
-    else:
-        cells: dict[int, np.ndarray] = {}
-        walk.start(stop=P, reached=cells)
+    else:  # the driver's top (the root's family, or the held region rounded at once), then, level by level,
+        cells: dict[int, np.ndarray] = {}  # one worker task per unit below it, down to the partition subtrees
+        top = max(held, 1)
+        walk.start(stop=top, reached=cells)
+        for d in range(top, P + 1):
+            stop = walk.deepest if d == P else d + 1
 
-        def subtree(u: int):
-            task = TopDown(plan, lambda d, units: z[d][units], lam, integer=integer)
-            task.descend(P, u, cells[u])
-            below = [d for d in plan.levels if d > P]
-            return ({d: (np.fromiter(task.answers[d], dtype=np.int64), np.vstack(list(task.answers[d].values())),
-                         np.fromiter(task.totals[d].values(), dtype=float)) for d in below if task.answers[d]},
-                    {d: task.squared[d] for d in below}, task.widened, task.projected)
+            def below(u: int, d=d, stop=stop, cells=cells):
+                task = TopDown(plan, lambda e, units: z[e][units], lam, integer=integer)
+                reached: dict[int, np.ndarray] = {}
+                task.descend(d, u, cells[u], stop, reached if stop == d + 1 else None)
+                kept = [e for e in plan.levels if e > d]
+                return ({e: (np.fromiter(task.answers[e], dtype=np.int64), np.vstack(list(task.answers[e].values())),
+                             np.fromiter(task.totals[e].values(), dtype=float)) for e in kept if task.answers[e]},
+                        {e: task.squared[e] for e in kept}, task.widened, task.projected, reached)
 
-        for u, (answers, squared, widened, projected) in enumerate(map_partitions(subtree, tree.sizes[P], workers)):
-            for d, (units, rows, totals) in answers.items():
-                walk.answers[d].update(zip(units.tolist(), rows))
-                walk.totals[d].update(zip(units.tolist(), totals.tolist()))
-            for d, value in squared.items():
-                walk.squared[d] += value
-            for d, value in widened.items():
-                walk.widened[d] = max(walk.widened[d], value)
-            walk.projected += projected
-            if progress is not None and ((u + 1) % max(1, tree.sizes[P] // 100) == 0 or u + 1 == tree.sizes[P]):
-                progress(f"  non-negative: projected the units below {tree.label(P, u)} "
-                         f"({walk.projected}/{walk.families})")
+            reached_all: dict[int, np.ndarray] = {}
+            for u, (answers, squared, widened, projected, reached) in enumerate(
+                    map_partitions(below, tree.sizes[d], workers)):
+                for e, (units, rows, totals) in answers.items():
+                    walk.answers[e].update(zip(units.tolist(), rows))
+                    walk.totals[e].update(zip(units.tolist(), totals.tolist()))
+                for e, value in squared.items():
+                    walk.squared[e] += value
+                for e, value in widened.items():
+                    walk.widened[e] = max(walk.widened[e], value)
+                reached_all.update(reached)
+                walk.projected += projected
+                if progress is not None and ((u + 1) % max(1, tree.sizes[d] // 100) == 0 or u + 1 == tree.sizes[d]):
+                    progress(f"  non-negative: projected the units below {tree.label(d, u)} "
+                             f"({walk.projected}/{walk.families})")
+            cells = reached_all
     answers = {d: np.vstack([walk.answers[d][u] for u in range(tree.sizes[d])]) for d in plan.levels}
     totals = {d: np.array([walk.totals[d][u] for u in range(tree.sizes[d])]) for d in plan.levels}
     widened = {d: walk.widened[d] for d in plan.levels if d > 0} if integer else None
