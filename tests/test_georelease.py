@@ -15,19 +15,7 @@ from hdmm.georelease import ArrayHistograms, RecordHistograms, geo_plan, optimiz
 from hdmm.georelease.levels import tree_objective
 from hdmm.georelease.passes import Partition, TreePasses, partition_down, partition_up, top_passes
 from hdmm.georelease.units import unit_seed
-from trees import random_tree
-
-
-def small_country(seed: int = 0) -> GeographyTree:
-    rng = np.random.default_rng(seed)
-    pairs = {}
-    for s in range(3):
-        pairs[f"s{s}"] = "US"
-        for c in range(int(rng.integers(1, 4))):
-            pairs[f"s{s}c{c}"] = f"s{s}"
-            for t in range(int(rng.integers(1, 3))):
-                pairs[f"s{s}c{c}t{t}"] = f"s{s}c{c}"
-    return GeographyTree.from_parents(pairs, ["nation", "state", "county", "tract"])
+from trees import random_tree, small_country
 
 
 def states_and_counties(states: int, low: int, high: int, rng: np.random.Generator) -> GeographyTree:

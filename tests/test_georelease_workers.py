@@ -10,6 +10,7 @@ import hdmm
 from hdmm.geography import GeographyTree
 from hdmm.georelease import ArrayHistograms, geo_plan, release_geography
 from hdmm.georelease.workers import POOL_UNITS, check_workers, default_workers, map_partitions
+from trees import small_country
 
 DOMAIN = hdmm.Domain(["a", "b"], [2, 3])
 WP = hdmm.product(DOMAIN, {"a": hdmm.Identity(2), "b": hdmm.Prefix(3)})
@@ -17,15 +18,7 @@ AP = hdmm.Kronecker([hdmm.Identity(2), hdmm.Prefix(3)])
 
 
 def country(seed: int) -> GeographyTree:
-    rng = np.random.default_rng(seed)
-    pairs = {}
-    for s in range(3):
-        pairs[f"s{s}"] = "US"
-        for c in range(int(rng.integers(2, 5))):
-            pairs[f"s{s}c{c}"] = f"s{s}"
-            for t in range(int(rng.integers(1, 4))):
-                pairs[f"s{s}c{c}t{t}"] = f"s{s}c{c}"
-    return GeographyTree.from_parents(pairs, ["nation", "state", "county", "tract"])
+    return small_country(seed, counties=(2, 5), tracts=(1, 4))
 
 
 def test_map_partitions_keeps_order_and_raises_the_workers_errors():
