@@ -263,9 +263,12 @@ def answer_operator(plan: GeoPlan) -> Matrix | None:
 #: Units measured by one call of the kernel (their dense counts held at once) ...
 UNITS_PER_CALL = 256
 
-#: ... and at most this many of their cells (units x person domain; 34 units of SF1's 492,660 cells), so
-#: that the kernel's exact arithmetic on a batch stays within a few hundred MB whatever the domain.
-CELLS_PER_CALL = 2**24
+#: ... and at most this many of their cells (units x person domain; one unit of SF1's 492,660 cells, 65 of
+#: PL94's 2,016). The kernel's exact arithmetic makes several temporaries the size of a batch per strategy
+#: factor; large ones are fresh memory every time, and its page faults cost more than the products (SF1
+#: measured 34 units a call: 188 ms a unit, 146 of them in the kernel; one unit a call: 50 ms;
+#: benchmarks/results/geography.md).
+CELLS_PER_CALL = 2**17
 
 #: A subtree with at most this many leaves is read and measured at once (its units a level at a time).
 LEAVES_PER_READ = 4096
@@ -297,7 +300,7 @@ def measure_units(plan: GeoPlan, level: int, first: int, X: sp.csr_matrix | np.n
     unit = plan.unit_plan(level)
     w = float(plan.level_weights[level])
     if space == "measurements":
-        out = np.empty((X.shape[0], plan.person.strategy.shape[0]))
+        out = np.empty((X.shape[0], plan.person_plan(level).strategy.shape[0]))
         for i, measured in _measurements(plan, unit, level, first, X, seed):
             out[i] = measured.answers / w
         return out
