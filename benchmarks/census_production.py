@@ -1,7 +1,7 @@
 """PL94-171 (2020 tables) from the nation down, at the 2020 production budget: least squares, non-negative, integer.
 
 Run ``python benchmarks/census_production.py [--states 11,10,44] [--levels state,county,tract,block_group,block]
-[--engine local|spark] [--partition county] [--workers 1]``; it writes
+[--engine local|spark] [--partition county] [--workers 1] [--allocation hdmm|production]``; it writes
 ``benchmarks/results/census_production.md`` (and ``.json``).
 Every output (least squares, non-negative, integer) is released in its own process (peak memory is
 the memory of that process and its children, PSS summed (geography.PeakMemory), sampled every 0.5 s,
@@ -26,6 +26,10 @@ The setting, for every run:
   (hdmm.georelease.report), with production's measurement sigma of total population per level
   (census_workloads.das2020) as the goal of the integer output; on Spark the answers are read back from
   its Parquet files (SparkGeoRelease.answers), and the files are removed afterwards.
+
+With ``--allocation production``: production's own mechanism instead of hdmm's person strategy, its
+per-level strategies and shares at the same rho (census_workloads.das2020.ProductionConfig.geo_plan),
+estimated top down from each level's own measurements (non-negative and integer outputs).
 
 With ``--workload sf1 [--epsilon 1]``: SF1 Persons (census_workloads.sf1_persons, 4,151 queries per unit)
 over its 492,660 cells instead, as many synthetic persons, pure DP epsilon, hdmm's person strategy
@@ -83,7 +87,7 @@ def setting(states: tuple[str, ...] | None, levels: tuple[str, ...], total_weigh
 
 
 def run(states, levels, output: str, engine: str, total_weight: float = TOTAL_WEIGHT, workload: str = "pl94",
-        epsilon: float = 1.0, partition: str = "county", workers: int | None = 1) -> dict:
+        epsilon: float = 1.0, partition: str = "county", workers: int | None = 1, allocation: str = "hdmm") -> dict:
     from census_workloads.das2020 import PL94_2020
     from hdmm.georelease import geo_plan, release_geography
     from hdmm.georelease.report import accuracy_report, true_answers
@@ -98,7 +102,11 @@ def run(states, levels, output: str, engine: str, total_weight: float = TOTAL_WE
         b = tree.leaf_bounds("state")
         invariants = None if workload == "sf1" else {  # production's: the state totals
             "state": {code: float(totals[b[s]:b[s + 1]].sum()) for s, code in enumerate(tree.codes("state"))}}
-        plan = geo_plan(tree, W, privacy, strategy=strategy, invariants=invariants, partition=partition, seed=0)
+        if allocation == "production":  # production's per-level strategies and shares, estimated top down
+            plan = PL94_2020.geo_plan(tree, workload=W, invariants=invariants, partition=partition)
+        else:
+            plan = geo_plan(tree, W, privacy, strategy=strategy, invariants=invariants, partition=partition, seed=0)
+        out["allocation"] = allocation
         out["plan seconds"] = time.perf_counter() - start
         out["units"] = {name: int(n) for name, n in zip(tree.levels, tree.sizes)}
         out["people"] = int(totals.sum())
@@ -131,7 +139,7 @@ def run(states, levels, output: str, engine: str, total_weight: float = TOTAL_WE
 def _child(args) -> dict:
     states = None if args.states == "all" else tuple(args.states.split(","))
     return run(states, tuple(args.levels.split(",")), args.child, args.engine, args.total_weight, args.workload,
-               args.epsilon, args.partition, args.workers)
+               args.epsilon, args.partition, args.workers, args.allocation)
 
 
 def _report(results: list[dict], args) -> str:
@@ -146,9 +154,15 @@ def _report(results: list[dict], args) -> str:
         lines = ["# PL94-171 (2020 tables) from the nation down at the 2020 production budget", "",
                  f"`python benchmarks/census_production.py --states {args.states} --levels {args.levels} "
                  f"--engine {args.engine} --total-weight {args.total_weight:g} --partition {args.partition}"
-                 f"{f' --workers {args.workers}' if args.engine == 'local' else ''}` "
+                 f"{f' --workers {args.workers}' if args.engine == 'local' else ''} --allocation {args.allocation}` "
                  "(module docstring: SYNTHETIC data, "
                  "production's rho, state totals held).", ""]
+        if args.allocation == "production":
+            lines += ["**Production's own mechanism**: its per-level strategies and level and query shares "
+                      "(census_workloads.das2020.PL94_2020.geo_plan), every level estimated top down from its own "
+                      "measurements as production does, with hdmm's non-negative projection and controlled rounding "
+                      "in place of production's Gurobi steps. Its 'expected RMSE' column is each level's own "
+                      "noisy measurement's error, before the top-down step.", ""]
     first = results[0]
     lines += [f"- units: {', '.join(f'{k} {v:,}' for k, v in first['units'].items())}; people {first['people']:,}",
               f"- privacy: {first['privacy']} (production's budget share of these levels: {first['budget share of the levels']})",
@@ -195,6 +209,9 @@ def main() -> None:
     parser.add_argument("--epsilon", type=float, default=1.0, help="pure DP epsilon of the SF1 runs")
     parser.add_argument("--partition", default="county", help="the partition level (default county)")
     parser.add_argument("--workers", type=int, default=1, help="the local engine's processes (default 1)")
+    parser.add_argument("--allocation", default="hdmm", choices=["hdmm", "production"],
+                        help="hdmm's person strategy and level weights, or production's per-level strategies and "
+                             "shares (estimated top down; non-negative and integer outputs only)")
     parser.add_argument("--name", default="census_production", help="results file name (without extension)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -205,7 +222,8 @@ def main() -> None:
     for output in args.outputs.split(","):
         cmd = [sys.executable, __file__, "--child", output, "--states", args.states, "--levels", args.levels,
                "--engine", args.engine, "--total-weight", str(args.total_weight), "--workload", args.workload,
-               "--epsilon", str(args.epsilon), "--partition", args.partition, "--workers", str(args.workers)]
+               "--epsilon", str(args.epsilon), "--partition", args.partition, "--workers", str(args.workers),
+               "--allocation", args.allocation]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             sys.stderr.write(done.stderr)

@@ -234,7 +234,7 @@ def held_measurements(plan: GeoPlan, engine: str = "local") -> int:
             widest = max(widest, sum(hi - lo for lo, hi in (part.range(d) for d in range(P, finest + 1))))
         deeper = [] if plan.invariants is None else [d for d in np.unique(plan.invariants.levels).tolist() if d > P]
         units = max(sum(tree.sizes[d] for d in range(P + 1)) + sum(tree.sizes[d] for d in deeper), widest)
-    return units * plan.person.strategy.shape[0]
+    return units * max(plan.person_plan(d).strategy.shape[0] for d in plan.measured)
 
 
 def family_groups(children: int, cells: int, most: int | None = None) -> np.ndarray | None:
@@ -308,13 +308,14 @@ class CellSpace:
     (:meth:`expand`) to answer the workload. Other strategies keep every cell.
     """
 
-    def __init__(self, plan: GeoPlan):
-        A = plan.person.strategy
+    def __init__(self, plan: GeoPlan, level: int = 0):
+        person = plan.person_plan(level)
+        A = person.strategy
         self.strategy, self.shape, self.collapsed = A, (A.shape[1],), ()
-        self._workload = plan.person.workload
+        self._workload = person.workload
         self.workload: Matrix | None = self._workload  # on the reduced cells (None: spread them first)
-        structure = plan.person.structure
-        if structure.form != "kronecker":
+        structure = person.structure
+        if structure.form != "kronecker" or plan.per_level:  # per level: the cells every level's family shares
             return
         c, factors = structure.union.term(0)
         collapsed = tuple(i for i, f in enumerate(factors) if 1 < f.shape[1] <= MAX_COLLAPSE_CELLS and _totals_only(f))
@@ -324,7 +325,7 @@ class CellSpace:
                    for i, f in enumerate(factors)]
         self.strategy = Weighted(Kronecker(columns), c) if c != 1.0 else Kronecker(columns)
         self.shape, self.collapsed = tuple(f.shape[1] for f in factors), collapsed
-        self.workload = _spread_workload(plan.person.workload, self.shape, collapsed)
+        self.workload = _spread_workload(person.workload, self.shape, collapsed)
 
     def answers(self, X: np.ndarray) -> np.ndarray:
         """The person workload's answers (``k x queries``) on the cells :meth:`expand` spreads the rows of
@@ -367,12 +368,18 @@ def _spread_workload(W: Matrix, shape: tuple[int, ...], collapsed: tuple[int, ..
     return VStack(terms)
 
 
-def cell_space(plan: GeoPlan) -> tuple[CellSpace, float]:
-    """The plan's :class:`CellSpace` and :math:`\\|\\tilde A\\|_2^2`, made once per plan (data independent)."""
+def _level_key(plan: GeoPlan, name: str, level: int):
+    """The memo key of a per-level object: one for every level unless the plan has per-level strategies."""
+    return (name, level) if plan.per_level else name
+
+
+def cell_space(plan: GeoPlan, level: int = 0) -> tuple[CellSpace, float]:
+    """The :class:`CellSpace` of ``level``'s strategy and :math:`\\|\\tilde A\\|_2^2`, made once per plan
+    (data independent; the same for every level unless the plan has per-level strategies)."""
     def make():
-        space = CellSpace(plan)
+        space = CellSpace(plan, level)
         return space, largest_gram_eigenvalue(space.strategy)
-    return plan.memo("cell space", make)
+    return plan.memo(_level_key(plan, "cell space", level), make)
 
 
 #: The certified tolerance of the top-down projections with a Frank-Wolfe gap (the root's and the families'
@@ -406,7 +413,7 @@ DUST = 1e-9
 DENSE_CELLS = 4096
 
 
-def dense_parts(plan: GeoPlan) -> tuple[np.ndarray, np.ndarray, float] | None:
+def dense_parts(plan: GeoPlan, level: int = 0) -> tuple[np.ndarray, np.ndarray, float] | None:
     r""":math:`G = \tilde A^T\tilde A`, :math:`A_p^+` (dense) and :math:`\|G\|_2` for a person domain of at most
     :data:`DENSE_CELLS` cells (``None`` otherwise), made once per plan.
 
@@ -416,17 +423,17 @@ def dense_parts(plan: GeoPlan) -> tuple[np.ndarray, np.ndarray, float] | None:
     domain. A unit's least-squares cells are one matrix product for a whole family.
     """
     def make():
-        space, norm = cell_space(plan)
-        n = plan.person.strategy.shape[1]
+        space, norm = cell_space(plan, level)
+        n = space.strategy.shape[1]
         if n > DENSE_CELLS or space.collapsed:
             return None
         G = np.asarray(space.strategy.gram().dense(), dtype=float)
-        pinv = np.asarray(plan.strategy_pinv.dense(), dtype=float)
+        pinv = np.asarray(plan.level_pinv(level).dense(), dtype=float)
         return G, pinv, norm
-    return plan.memo("dense parts", make)
+    return plan.memo(_level_key(plan, "dense parts", level), make)
 
 
-def strategy_beyond_workload(plan: GeoPlan) -> bool:
+def strategy_beyond_workload(plan: GeoPlan, level: int = 0) -> bool:
     r"""Whether the (reduced) strategy measures directions outside the workload's row space (made once per plan).
 
     If it does not (:math:`\operatorname{rank}[W; \tilde A] = \operatorname{rank}W`, as for PL94's residual
@@ -439,7 +446,7 @@ def strategy_beyond_workload(plan: GeoPlan) -> bool:
     otherwise; when neither decides, the workload's metric (whose error bound holds for any strategy).
     """
     def make():
-        space = cell_space(plan)[0]
+        space = cell_space(plan, level)[0]
         W, A = space.workload, space.strategy
         if W is None:
             return False
@@ -451,7 +458,7 @@ def strategy_beyond_workload(plan: GeoPlan) -> bool:
             rank = int(np.prod([np.linalg.matrix_rank(np.asarray(f.dense(), dtype=float)) for f in base.factors]))
             return rank > W.shape[0]
         return True
-    return plan.memo("strategy beyond workload", make)
+    return plan.memo(_level_key(plan, "strategy beyond workload", level), make)
 
 
 def _totals_only(f: Matrix) -> bool:
@@ -498,12 +505,21 @@ class TopDown:
         self.totals: dict[int, dict[int, float]] = {d: {} for d in plan.levels}
         self.squared = {d: 0.0 for d in plan.levels}
 
+    def view(self, d: int) -> tuple[CellSpace, float, tuple[np.ndarray, np.ndarray, float] | None]:
+        """Level ``d``'s cell space, :math:`\\|\\tilde A\\|_2^2` and dense parts (the same for every level
+        unless the plan has per-level strategies)."""
+        if not self.plan.per_level:
+            return self.space, self.gram_norm, self.dense
+        space, norm = cell_space(self.plan, d)
+        return space, norm, dense_parts(self.plan, d)
+
     def cells(self, d: int, units: np.ndarray) -> np.ndarray:
         """The least-squares cells of ``units`` of level ``d`` (with the invariants' correction), reduced."""
-        pinv = self.plan.strategy_pinv
+        pinv = self.plan.level_pinv(d)
+        space, _, dense = self.view(d)
         Z = self.z(d, units)
-        if self.dense is not None:  # one product for the whole family
-            X = np.asarray(Z, dtype=float) @ self.dense[1].T
+        if dense is not None:  # one product for the whole family
+            X = np.asarray(Z, dtype=float) @ dense[1].T
             if self.lam is not None:
                 X -= np.outer(self.lam[d][units], self.plan.total_parts[1])
             return X
@@ -512,7 +528,7 @@ class TopDown:
             x = pinv @ Z[i]
             if self.lam is not None:
                 x = x - self.lam[d][units[i]] * self.plan.total_parts[1]
-            out.append(self.space.reduce(x[None, :])[0])
+            out.append(space.reduce(x[None, :])[0])
         return np.vstack(out)
 
     def _noise_std(self, d: int) -> float:
@@ -526,14 +542,15 @@ class TopDown:
         """Rows ``X`` projected through the strategy onto a convex set (its Euclidean projection
         ``project``; ``gap``, its Frank-Wolfe gap, certifies the stop); with ``support`` (dense parts
         only), on those cells, the others 0."""
+        space, gram_norm, dense = self.view(d)
         if support is None:
-            return metric_projection(self.space.strategy, X, project, self._noise_std(d), gram_norm=self.gram_norm,
+            return metric_projection(space.strategy, X, project, self._noise_std(d), gram_norm=gram_norm,
                                      weights=weights, gap=gap, tol=tol, maxiter=_maxiter(tol))
-        G = self.dense[0]
+        G = dense[0]
         out = np.zeros_like(X)
         if support.size:
             out[:, support] = metric_projection(
-                self.space.strategy, X[:, support], project, self._noise_std(d), gram_norm=self.gram_norm,
+                space.strategy, X[:, support], project, self._noise_std(d), gram_norm=gram_norm,
                 weights=weights, gram=Explicit(G[np.ix_(support, support)]), target=G[support] @ X.T, gap=gap,
                 tol=tol, maxiter=_maxiter(tol))
         return out
@@ -542,7 +559,7 @@ class TopDown:
                weights: np.ndarray | None = None) -> np.ndarray:
         """Rows ``X`` (units of level ``d``, or sums of them with ``weights``) projected onto the
         non-negative cells adding up to ``x_plus``, and to the ``held`` totals unless they are NaN."""
-        support = None if self.dense is None else np.flatnonzero(x_plus > 0)  # the children are 0 elsewhere
+        support = None if self.view(d)[2] is None else np.flatnonzero(x_plus > 0)  # the children are 0 elsewhere
         cells = x_plus if support is None else x_plus[support]
         if np.isnan(held).all():
             if support is not None and support.size:
@@ -569,12 +586,13 @@ class TopDown:
         :func:`hdmm.georelease.activeset.family_projection` (``None`` where it does not apply or settle),
         to the same certified tolerance as the gradient method. Cells the parent holds only rounding
         dust of (at most ``DUST`` of its largest) are split by their Euclidean projection instead."""
-        G = self.dense[0]
+        space, gram_norm, dense = self.view(d)
+        G = dense[0]
         dust = cells <= DUST * max(1.0, float(cells.max()))
         main = support[~dust]
-        bound = 0.5 * (TOPDOWN_TOL * self._noise_std(d)) ** 2 * self.space.strategy.shape[0] * X.shape[0]
+        bound = 0.5 * (TOPDOWN_TOL * self._noise_std(d)) ** 2 * space.strategy.shape[0] * X.shape[0]
         V = family_projection(G[np.ix_(main, main)], X @ G[:, main], cells[~dust], X[:, main], bound,
-                              weights, self.gram_norm)
+                              weights, gram_norm)
         if V is None:
             return None
         out = np.zeros_like(X)
@@ -587,11 +605,12 @@ class TopDown:
         (rows of ``X_plus``), and add their squared change from least squares (``X_ls``)."""
         if d not in self.squared or not self.recording:
             return
-        A = self.space.answers(X_plus)
+        space = self.view(d)[0]
+        A = space.answers(X_plus)
         if self.integer:  # sums of integer cells: whole up to rounding (0/1 workloads)
             whole = np.rint(A)
             A = np.where(np.abs(A - whole) <= 1e-6 * np.maximum(1.0, np.abs(whole)), whole, A)
-        self.squared[d] += float(np.sum((A - self.space.answers(X_ls)) ** 2))
+        self.squared[d] += float(np.sum((A - space.answers(X_ls)) ** 2))
         for unit, a, x in zip(units.tolist(), A, X_plus):
             if self.sink is None:
                 self.answers[d][unit] = a
@@ -693,7 +712,8 @@ class TopDown:
         lo, hi = tree.child_bounds(d)[unit], tree.child_bounds(d)[unit + 1]
         children = np.arange(lo, hi)
         held = self.known[d + 1][lo:hi]
-        bounds = family_groups(hi - lo, self.space.strategy.shape[1], None if self.dense is None else DENSE_FAMILY)
+        space, _, dense = self.view(d + 1)
+        bounds = family_groups(hi - lo, space.strategy.shape[1], None if dense is None else DENSE_FAMILY)
         if len(bounds) > 2:  # first the groups' sums, weighted by one over their sizes
             sums = np.vstack([self.cells(d + 1, children[a:b]).sum(axis=0) for a, b in zip(bounds, bounds[1:])])
             parts = self.family(d + 1, sums, x_plus, np.add.reduceat(held, bounds[:-1]), 1.0 / np.diff(bounds))

@@ -24,6 +24,19 @@ variance of query ``q`` of unit ``v`` at level ``l`` is :math:`\nu\,(S_lX^+S_l^T
 >>> p = geo_plan(tree, hdmm.Identity(3), hdmm.PureDP(1.0), strategy=hdmm.Identity(3))
 >>> p.summary()[["level", "units", "queries"]].values.tolist()
 [['nation', 1, 3], ['state', 2, 6], ['county', 3, 9]]
+
+**Per-level strategies.** ``strategy`` may instead give every measured level its own person
+strategy :math:`A_l` (the 2020 Census measured different queries at each level). A person is still
+in one unit per level, so :math:`\Delta_2(A)^2 \le \sum_l w_l^2\Delta_2(A_l)^2` and
+:math:`\Delta_1(A) \le \sum_l w_l\Delta_1(A_l)` (each level's worst column; equal when they are
+the same column, as for stacks of partitions); the plan uses these bounds. The Grams
+:math:`A_l^TA_l` of different levels need not commute, so the whole-tree least squares of
+:mod:`hdmm.georelease.passes` no longer factors into a tree part and a person part. Such a plan is
+estimated top down instead, as the 2020 production system does
+(:mod:`hdmm.georelease.nonneg`): every unit from its own measurements (:math:`A_l^+y_u`), the root
+first, then each family projected onto its parent's cells through its level's strategy. It releases
+non-negative or integer tables; the variances it reports are those of each level's own
+estimates, before the top-down step (:meth:`GeoPlan.variances`).
 """
 
 from __future__ import annotations
@@ -80,6 +93,10 @@ class GeoPlan:
         Public unit totals held exactly (not privatized).
     origin : str
         Who chose the person strategy and the level weights.
+    level_persons : tuple of Plan or None
+        Per tree level, the person plan of its own strategy :math:`A_l` (``None`` at unmeasured
+        levels), for a plan with per-level strategies (module docstring); ``None`` when every level
+        measures ``person``'s strategy. ``person`` is then the finest measured level's.
     """
 
     tree: GeographyTree
@@ -95,6 +112,7 @@ class GeoPlan:
     seconds: float = 0.0
     version: str = HDMM_VERSION
     spacing: float = 0.0
+    level_persons: tuple[Plan | None, ...] | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ structure
@@ -125,6 +143,26 @@ class GeoPlan:
         return [int(d) for d in np.flatnonzero(self.level_weights > 0)]
 
     @property
+    def per_level(self) -> bool:
+        """Whether the levels measure different person strategies (estimated top down; module docstring)."""
+        return self.level_persons is not None
+
+    def person_plan(self, level: int) -> Plan:
+        """The person plan (workload and strategy :math:`A_l`) that level ``level`` measures."""
+        if self.level_persons is None:
+            return self.person
+        found = self.level_persons[level]
+        if found is None:
+            raise GeographyError(f"level {self.tree.levels[level]!r} is not measured (its weight is 0)")
+        return found
+
+    def level_pinv(self, level: int) -> Matrix:
+        """:math:`A_l^+` of ``level``'s person strategy, formed once (:attr:`strategy_pinv` when shared)."""
+        if self.level_persons is None:
+            return self.strategy_pinv
+        return self.memo(("pinv", level), lambda: self.person_plan(level).strategy.pinv())
+
+    @property
     def queries(self) -> int:
         """Person queries per unit."""
         return self.person.queries
@@ -140,11 +178,12 @@ class GeoPlan:
             w = float(self.level_weights[level])
             if w <= 0:
                 raise GeographyError(f"level {self.tree.levels[level]!r} is not measured (its weight is 0)")
-            strategy = Weighted(self.person.strategy, w)
+            person = self.person_plan(level)
+            strategy = Weighted(person.strategy, w)
             self._cache[key] = Plan(
-                workload=self.person.workload, strategy=strategy, privacy=self.privacy,
+                workload=person.workload, strategy=strategy, privacy=self.privacy,
                 sensitivity=self.sensitivity, noise_scale=self.noise_scale, structure=classify(strategy),
-                method=self.person.method, variances=None, variance_exact=True,
+                method=person.method, variances=None, variance_exact=True,
                 origin=f"{self.origin}, level {self.tree.levels[level]}", version=self.version,
                 spacing=self.spacing,
             )
@@ -205,8 +244,20 @@ class GeoPlan:
 
     def variances(self, level: int, units: np.ndarray | None = None) -> np.ndarray:
         """Variance of every released answer of ``level`` (``units x queries``; only ``units``, positions
-        in the level, if given); an upper bound when :attr:`variance_exact` is false."""
+        in the level, if given); an upper bound when :attr:`variance_exact` is false.
+
+        With per-level strategies: the variance of the level's own least-squares estimates,
+        :math:`\\nu\\,(W_p(A_l^TA_l)^+W_p^T)_{qq}/w_l^2`, before the top-down step (which adds the
+        parent's information and, with non-negativity, a bias): the error of the level's noisy
+        measurements themselves.
+        """
         pick = slice(None) if units is None else np.asarray(units)
+        if self.level_persons is not None:
+            person = self.person_plan(level)
+            own = person.variances / person.privacy.noise_variance(person.sensitivity)
+            count = self.tree.sizes[level] if units is None else len(pick)
+            w2 = float(self.level_weights[level]) ** 2
+            return np.tile(self.noise_variance * own / w2, (count, 1))
         out = self.noise_variance * np.outer(self.unit_variances(level)[pick], self.query_variances)
         reduction = self.invariant_reduction(level)
         if self.invariants is not None and reduction is not None:
@@ -218,6 +269,8 @@ class GeoPlan:
     @property
     def variance_exact(self) -> bool:
         """False when invariants are too many for the exact variance reduction (variances are upper bounds)."""
+        if self.level_persons is not None:
+            return False
         return all(self.invariant_reduction(d) is not None for d in self.levels) and self.person.variance_exact
 
     def expected_rmse(self, level: int) -> float:
@@ -226,6 +279,8 @@ class GeoPlan:
         Without invariants the mean of the outer product is the product of the means; with them
         the variances are summed a block of units at a time (a level of tracts has 300 million).
         """
+        if self.level_persons is not None:
+            return float(np.sqrt(np.mean(self.variances(level, np.array([0])))))
         if self.invariants is None:
             return float(np.sqrt(self.noise_variance * np.mean(self.unit_variances(level))
                                  * np.mean(self.query_variances)))
@@ -254,7 +309,9 @@ class GeoPlan:
             f"  privacy: {self.privacy.description} ({self.privacy.noise} noise, sensitivity {self.sensitivity:.6g}, "
             f"scale {self.noise_scale:.6g})",
             f"  level weights (measurement budget shares): {shares}",
-            f"  person strategy: {self.person.strategy!r} ({self.origin})",
+            f"  person strategy: {self.person.strategy!r} ({self.origin})" if self.level_persons is None else
+            "  person strategies per level (estimated top down): " + "; ".join(
+                f"{self.tree.levels[d]} {self.person_plan(d).strategy!r}" for d in self.measured),
         ]
         if self.invariants is not None:
             lines.append(f"  invariants (public, not privatized): {self.invariants.units} unit totals held exactly")
@@ -291,7 +348,7 @@ def default_partition(tree: GeographyTree, finest: int) -> int:
 def geo_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, *,
              levels: Sequence[str | int] | None = None,
              weights: Sequence[float] | None = None,
-             strategy: str | Matrix | OptimizationResult = "auto",
+             strategy: str | Matrix | OptimizationResult | Mapping[str | int, Matrix] = "auto",
              level_weights: str | Mapping[str | int, float] | Sequence[float] = "auto",
              invariants: Mapping[str | int, Mapping[object, float]] | Invariants | None = None,
              partition: str | int | None = None,
@@ -314,7 +371,9 @@ def geo_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, *,
         weights). The default, :math:`1/\\sqrt{\\text{units}}`, makes every level's mean squared
         error count the same: with weight 1 everywhere the many tracts would outvote the nation.
     strategy
-        The person strategy: ``"auto"`` (:func:`hdmm.optimize`), a matrix or an optimization result.
+        The person strategy: ``"auto"`` (:func:`hdmm.optimize`), a matrix or an optimization result;
+        or ``{level: matrix}``, a strategy for every measured level (per-level strategies, estimated
+        top down: module docstring; give ``level_weights`` then).
     level_weights
         ``"auto"`` (optimized, :func:`~hdmm.georelease.levels.optimize_level_weights`), or the
         budget share of each level (``{level: share}`` or one per level); normalized to sum 1.
@@ -355,6 +414,8 @@ def geo_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, *,
         invariants = Invariants.of(tree, invariants)
     elif invariants is not None and not isinstance(invariants, Invariants):
         raise TypeError("invariants must be {level: {code: total}}")
+    if isinstance(strategy, Mapping):
+        return _per_level_plan(tree, person, privacy, released, strategy, level_weights, invariants, partition, start)
     person_plan = plan(person, strategy, privacy, seed=seed, progress=progress)
     origin = person_plan.origin
     if isinstance(level_weights, str):
@@ -392,6 +453,59 @@ def geo_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, *,
     if invariants is not None:
         result.total_direction  # noqa: B018 -- fails here, before any data, when A_p has no structural pinv
     return result
+
+
+def _per_level_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, released: list[int],
+                    strategies: Mapping[str | int, Matrix], level_weights, invariants: Invariants | None,
+                    partition, start: float) -> GeoPlan:
+    """:func:`geo_plan` with a person strategy per measured level (module docstring)."""
+    if isinstance(level_weights, str):
+        raise GeographyError("per-level strategies need the level weights (budget shares) given: level_weights="
+                             "{level: share}; 'auto' optimizes them for one strategy shared by every level")
+    w = _given_weights(tree, level_weights)
+    given = {}
+    for key, A in strategies.items():
+        d = tree.level_index(key)
+        if d in given:
+            raise GeographyError(f"level {tree.levels[d]!r} has two strategies; give each level one")
+        if not isinstance(A, Matrix):
+            raise TypeError(f"the strategy of level {tree.levels[d]!r} must be a Matrix, got {type(A).__name__}")
+        given[d] = A
+    measured = [int(d) for d in np.flatnonzero(w > 0)]
+    missing = [tree.levels[d] for d in measured if d not in given]
+    idle = [tree.levels[d] for d in given if w[d] <= 0]
+    if missing or idle:
+        raise GeographyError(f"give a strategy for every measured level and only those: missing {missing}, "
+                             f"for unmeasured levels {idle}")
+    deepest = max(released)
+    gaps = [tree.levels[d] for d in range(deepest + 1) if w[d] <= 0]
+    if gaps:
+        raise GeographyError(f"per-level strategies are estimated top down from each level's own measurements: "
+                             f"measure every level from the root to {tree.levels[deepest]!r} (level weights of "
+                             f"{gaps} are 0)")
+    persons: list[Plan | None] = [None] * len(tree.levels)
+    for d in measured:
+        persons[d] = plan(person, given[d], privacy)
+    norm = privacy.norm
+    parts = np.array([persons[d].strategy.sensitivity(norm) for d in measured])
+    weights = w[measured]
+    # each level's worst column at once: an upper bound on the tree strategy's sensitivity (module docstring)
+    raw = float(weights @ parts if norm == 1 else np.sqrt(weights**2 @ parts**2)) * (1.0 + SENSITIVITY_MARGIN)
+    rows = sum(persons[d].strategy.shape[0] for d in measured)
+    spacing, sensitivity = calibrate_grid(raw, rows, norm, privacy.noise_scale)
+    solver = TreeSolver(tree, w**2)
+    if invariants is not None:
+        invariants.check_supported(tree, solver)
+    P = default_partition(tree, solver.finest) if partition is None else tree.level_index(partition)
+    if P > solver.finest:
+        raise GeographyError(f"the partition level {tree.levels[P]!r} is finer than the finest measured level "
+                             f"{tree.levels[solver.finest]!r}")
+    return GeoPlan(
+        tree=tree, levels=tuple(released), level_weights=w, person=persons[measured[-1]], privacy=privacy,
+        sensitivity=sensitivity, noise_scale=privacy.noise_scale(sensitivity), partition_level=P,
+        invariants=invariants, origin="per-level strategies given; level weights given",
+        seconds=time.perf_counter() - start, spacing=spacing, level_persons=tuple(persons),
+    )
 
 
 def _given_weights(tree: GeographyTree, level_weights) -> np.ndarray:

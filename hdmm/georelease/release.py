@@ -191,6 +191,10 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
         raise TypeError(f"seed must be None (OS entropy, for real releases) or an int, got {seed!r}")
     if postprocess not in POSTPROCESS:
         raise ValueError(f"postprocess must be one of {list(POSTPROCESS)}, got {postprocess!r}")
+    if plan.per_level and (postprocess is None or engine != "local"):
+        raise ValueError("a plan with per-level strategies is estimated top down from each level's own measurements "
+                         "(hdmm.georelease.plan): release it with postprocess='nonnegative' or 'integer' on the local "
+                         "engine")
     if budget is not None:
         if not isinstance(budget, Budget):
             raise TypeError(f"budget must be an hdmm.Budget, got {type(budget).__name__}")
@@ -222,13 +226,13 @@ def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, 
     start = time.perf_counter()
     check_source(plan, source)
     charge = None if budget is None else budget.charge(plan.privacy, label)  # on disk before any noise
-    passes = plan.passes
+    passes = None if plan.per_level else plan.passes
     parts = [Partition.of(tree, P, u) for u in range(tree.sizes[P])]
     owns, g_own, roots = [], [], []
 
     def measure(i: int):
         own, root = measure_partition(plan, parts[i], source.histograms, seed, space)
-        return own, partition_up(passes, parts[i], own), root
+        return own, None if passes is None else partition_up(passes, parts[i], own), root
 
     first = [measure(0)]  # here: the plan's cached matrices are made once, before the workers fork
     for i, (own, g, root) in enumerate(itertools.chain(first, map_partitions(lambda i: measure(i + 1),
@@ -239,14 +243,19 @@ def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, 
         say(f"  measured {tree.label(P, parts[i].unit)} ({i + 1}/{len(parts)})")
     timings["measure"] = time.perf_counter() - start
     start = time.perf_counter()
-    estimates = finish(plan, passes, parts, np.vstack(g_own), np.vstack(roots), owns, seed, space)
+    if passes is None:  # per-level strategies: every unit's own measurements, for the top-down walk
+        estimates = measure_top(plan, np.vstack(roots), seed, space)
+        for d in range(P, max(plan.levels) + 1):
+            estimates[d] = np.vstack([own[d] for own in owns])
+    else:
+        estimates = finish(plan, passes, parts, np.vstack(g_own), np.vstack(roots), owns, seed, space)
     timings["estimate"] = time.perf_counter() - start
     if postprocess is None:
         apply_invariants(plan, estimates)
         return GeoRelease(plan, {d: estimates[d] for d in plan.levels}, seeded=seed is not None, timings=timings,
                           charge=charge)
     start = time.perf_counter()
-    lam = invariant_multipliers(plan, estimates, space)
+    lam = None if plan.per_level else invariant_multipliers(plan, estimates, space)
     result = nonnegative_estimates(plan, estimates, lam, progress=say, integer=postprocess == "integer",
                                    workers=workers)
     timings[postprocess.replace("nonnegative", "non-negative")] = time.perf_counter() - start

@@ -81,7 +81,8 @@ def provenance(plan: GeoPlan, seeded: bool, charge=None, postprocess: str | None
         "noise_scale": plan.noise_scale,
         "levels": [tree.levels[d] for d in plan.levels],
         "level_weights": {tree.levels[d]: float(plan.level_weights[d]) for d in plan.measured},
-        "person_strategy": repr(plan.person.strategy),
+        "person_strategy": repr(plan.person.strategy) if not plan.per_level else
+        {tree.levels[d]: repr(plan.person_plan(d).strategy) for d in plan.measured},
         "origin": plan.origin,
         "invariants": None if plan.invariants is None else {
             "public_not_private": True, "units": plan.invariants.units,
@@ -91,7 +92,9 @@ def provenance(plan: GeoPlan, seeded: bool, charge=None, postprocess: str | None
         "seed_note": "noise from a seed is reproducible and for tests and research only" if seeded else
         "noise from fresh OS entropy",
         "variance_exact": plan.variance_exact,
-        "estimates": "least squares" if postprocess is None else f"{postprocess} (top down; std_error: least squares)",
+        "estimates": "least squares" if postprocess is None else
+        f"{postprocess} (top down; std_error: " + ("each level's own measurements)" if plan.per_level else
+                                                    "least squares)"),
         "charge": None if charge is None else charge.to_dict(),
         **(about or {}),
     }
