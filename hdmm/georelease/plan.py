@@ -315,7 +315,8 @@ class GeoPlan:
         ]
         if self.invariants is not None:
             lines.append(f"  invariants (public, not privatized): {self.invariants.units} unit totals held exactly")
-        lines += [f"  {self.tree.levels[d]}: expected RMSE {self.expected_rmse(d):.4g}" for d in self.levels]
+        own = " of its own measurements (before the top-down step)" if self.level_persons is not None else ""
+        lines += [f"  {self.tree.levels[d]}: expected RMSE{own} {self.expected_rmse(d):.4g}" for d in self.levels]
         return "\n".join(lines)
 
 
