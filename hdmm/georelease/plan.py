@@ -434,12 +434,7 @@ def geo_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, *,
             f"released level(s) {too_fine} are finer than the finest measured level {tree.levels[solver.finest]!r}: "
             "their totals cannot be estimated; give them a level weight > 0"
         )
-    if invariants is not None:
-        invariants.check_supported(tree, solver)
-    P = default_partition(tree, solver.finest) if partition is None else tree.level_index(partition)
-    if P > solver.finest:
-        raise GeographyError(f"the partition level {tree.levels[P]!r} is finer than the finest measured level "
-                             f"{tree.levels[solver.finest]!r}")
+    P = _partition_level(tree, solver, invariants, partition)
     norm = privacy.norm
     tree_sensitivity = float(np.sum(w)) if norm == 1 else float(np.sqrt(np.sum(w**2)))
     A_p = person_plan.strategy
@@ -454,6 +449,17 @@ def geo_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, *,
     if invariants is not None:
         result.total_direction  # noqa: B018 -- fails here, before any data, when A_p has no structural pinv
     return result
+
+
+def _partition_level(tree: GeographyTree, solver: TreeSolver, invariants: Invariants | None, partition) -> int:
+    """The partition level (given, or :func:`default_partition`), after the invariants' check against the tree."""
+    if invariants is not None:
+        invariants.check_supported(tree, solver)
+    P = default_partition(tree, solver.finest) if partition is None else tree.level_index(partition)
+    if P > solver.finest:
+        raise GeographyError(f"the partition level {tree.levels[P]!r} is finer than the finest measured level "
+                             f"{tree.levels[solver.finest]!r}")
+    return P
 
 
 def _per_level_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, released: list[int],
@@ -494,13 +500,7 @@ def _per_level_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, relea
     raw = float(weights @ parts if norm == 1 else np.sqrt(weights**2 @ parts**2)) * (1.0 + SENSITIVITY_MARGIN)
     rows = sum(persons[d].strategy.shape[0] for d in measured)
     spacing, sensitivity = calibrate_grid(raw, rows, norm, privacy.noise_scale)
-    solver = TreeSolver(tree, w**2)
-    if invariants is not None:
-        invariants.check_supported(tree, solver)
-    P = default_partition(tree, solver.finest) if partition is None else tree.level_index(partition)
-    if P > solver.finest:
-        raise GeographyError(f"the partition level {tree.levels[P]!r} is finer than the finest measured level "
-                             f"{tree.levels[solver.finest]!r}")
+    P = _partition_level(tree, TreeSolver(tree, w**2), invariants, partition)
     return GeoPlan(
         tree=tree, levels=tuple(released), level_weights=w, person=persons[measured[-1]], privacy=privacy,
         sensitivity=sensitivity, noise_scale=privacy.noise_scale(sensitivity), partition_level=P,
