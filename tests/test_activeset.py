@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hdmm.georelease.activeset import family_projection
+from hdmm.georelease.activeset import family_projection, root_projection
 from hdmm.georelease.simplex import simplex_projection
 
 
@@ -58,3 +58,33 @@ def test_families_too_large_or_with_empty_cells_are_left_to_the_caller(monkeypat
     monkeypatch.setattr(activeset, "MAX_ENTRIES", 1000)
     k = 1000 // 16 + 1  # every child free in 4 cells: too many inverses to hold
     assert family_projection(np.eye(4), np.ones((k, 4)), np.full(4, float(k)), np.ones((k, 4)), bound=0.0) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 10), st.integers(1, 10), st.floats(1e-3, 1e6), st.integers(0, 2**32 - 1))
+def test_the_root_reaches_the_certified_optimum(s, r, total, seed):
+    rng = np.random.default_rng(seed)
+    A = rng.normal(size=(r, s))  # a singular Gram when r < s
+    G = A.T @ A
+    x = rng.normal(size=s) * total / s * 3  # least-squares cells, some negative, at the total's scale
+    bound = 1e-9 * s * (1.0 + total**2)  # relative to the objective's scale, as a noise standard deviation is
+    v = root_projection(G, x, total, bound)
+    assert v is not None
+    assert v.min() >= 0 and np.isclose(v.sum(), total, rtol=1e-12)
+    grad = G @ (v - x)
+    assert float(grad @ v - total * grad.min()) <= bound * (1 + 1e-9)
+    f = 0.5 * (v - x) @ G @ (v - x)
+    for _ in range(20):  # no feasible point does better than f(v) - bound
+        u = rng.dirichlet(np.ones(s)) * total
+        assert 0.5 * (u - x) @ G @ (u - x) >= f - bound * (1 + 1e-6) - 1e-9 * abs(f)
+    for j in range(s):  # nor any vertex
+        u = np.zeros(s)
+        u[j] = total
+        assert 0.5 * (u - x) @ G @ (u - x) >= f - bound * (1 + 1e-6) - 1e-9 * abs(f)
+
+
+def test_the_identity_root_is_the_simplex_projection():
+    x = np.array([4.0, -2.0, 1.0, 0.5])
+    v = root_projection(np.eye(4), x, 3.0, 1e-14)
+    np.testing.assert_allclose(v, simplex_projection(x[:, None], np.array([3.0]))[:, 0], atol=1e-9)
+    assert root_projection(np.eye(4), x, 0.0, 1e-9) is None  # nothing to spread: the caller's

@@ -54,7 +54,7 @@ import numpy as np
 
 from .simplex import simplex_projection
 
-__all__ = ["family_projection", "family_gap", "EPSILON", "MAX_ENTRIES", "MAX_CELLS", "MAX_SWEEPS", "MAX_STEPS",
+__all__ = ["family_projection", "family_gap", "root_projection", "EPSILON", "MAX_ENTRIES", "MAX_CELLS", "MAX_SWEEPS", "MAX_STEPS",
            "BACKUP_EXCHANGES", "MAX_EPSILON"]
 
 #: The proximal weight, relative to :math:`\|G\|_2`.
@@ -181,4 +181,89 @@ def family_projection(G: np.ndarray, B: np.ndarray, p: np.ndarray, X: np.ndarray
         if family_gap(V, grad, p) <= bound:
             return V
         centre = V
+    return None
+
+
+def _root_active_set(H: np.ndarray, c: np.ndarray, t: float, free: np.ndarray, bound: float
+                     ) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_active_set` for one unit under one sum: :math:`\\min \\tfrac12 v^THv - c^Tv` over
+    :math:`v \\ge 0`, :math:`\\mathbf 1^Tv = t`; one multiplier :math:`\\alpha` for the sum. A fixed cell
+    whose multiplier is below 0 by at most ``bound / (4t)`` stays fixed: moving all of ``t`` there would
+    lower the objective by at most a quarter of ``bound``."""
+    tol = 1e-12 * max(1.0, t)
+    fewest, allowance = free.size + 1, BACKUP_EXCHANGES
+    for _ in range(MAX_SWEEPS):
+        F = np.flatnonzero(free)
+        if F.size == 0:
+            return None
+        try:
+            M = np.linalg.inv(H[np.ix_(F, F)])
+        except np.linalg.LinAlgError:
+            return None
+        m1, mc = M.sum(axis=1), M @ c[F]
+        alpha = (mc.sum() - t) / m1.sum()
+        v = np.zeros_like(c)
+        v[F] = mc - alpha * m1
+        mu = H @ v - c + alpha
+        if not (np.all(np.isfinite(v)) and np.all(np.isfinite(mu))):
+            return None
+        wrong = (free & (v <= -tol)) | (~free & (mu < -bound / (4.0 * t)))
+        count = int(wrong.sum())
+        if count == 0:
+            return v, free
+        if count < fewest:
+            fewest, allowance = count, BACKUP_EXCHANGES
+        elif allowance > 0:
+            allowance -= 1
+        else:
+            last = np.flatnonzero(wrong)[-1]
+            wrong = np.zeros_like(wrong)
+            wrong[last] = True
+        free = free ^ wrong
+    return None
+
+
+def root_projection(G: np.ndarray, x: np.ndarray, total: float, bound: float,
+                    norm: float | None = None) -> np.ndarray | None:
+    r"""The root's cells :math:`v \ge 0` with :math:`\mathbf 1^Tv =` ``total`` minimizing
+    :math:`f(v) = \tfrac12 (v - x)^TG(v - x)` to within ``bound`` (its Frank-Wolfe gap,
+    :math:`\nabla f^Tv - t\min_j\partial_jf`), or ``None`` if the active set does not settle.
+
+    The family's method (module docstring) for one unit whose cells add up to one number: proximal
+    point steps from ``x`` (the least-squares cells), each solved by the primal-dual active set with a
+    single multiplier for the sum (:math:`v_F = M(c_F - \alpha\mathbf 1)`, :math:`M = H_{FF}^{-1}`,
+    :math:`\alpha = (\mathbf 1^TMc_F - t)/\mathbf 1^TM\mathbf 1`). The gradient is formed as
+    :math:`G(v - x)`, not :math:`Gv - Gx`: at a country's total the difference of two large products
+    would leave the gap at the rounding of :math:`Gx` times the total, above any useful ``bound``.
+
+    >>> G = np.array([[2.0, 1.0], [1.0, 2.0]])
+    >>> np.round(root_projection(G, np.array([3.0, -1.0]), 1.0, 1e-12), 6).tolist()
+    [1.0, 0.0]
+    """
+    x = np.asarray(x, dtype=float)
+    b = G @ x
+    s = x.size
+    if s > MAX_CELLS or s == 0 or total <= 0:
+        return None
+    scale = float(np.linalg.eigvalsh(G)[-1]) if norm is None else float(norm)
+    if scale <= 0:
+        return None
+    eps = EPSILON * scale
+    eye = np.eye(s)
+    centre = x
+    free = simplex_projection(x[:, None], np.array([total]))[:, 0] > 0
+    free[np.argmax(x)] = True
+    for _ in range(MAX_STEPS):
+        solved = _root_active_set(G + eps * eye, b + eps * centre, total, free, bound)
+        while solved is None and eps < MAX_EPSILON * scale:
+            eps *= 10.0
+            solved = _root_active_set(G + eps * eye, b + eps * centre, total, free, bound)
+        if solved is None:
+            return None
+        v, free = solved
+        v = simplex_projection(v[:, None], np.array([total]))[:, 0]  # a move of the order of rounding: feasible
+        grad = G @ (v - x)
+        if float(grad @ v - total * grad.min()) <= bound:
+            return v
+        centre = v
     return None

@@ -53,7 +53,7 @@ from ..kron_union import FactorMismatchError, kron_union
 from ..matrix import Explicit, Kronecker, Matrix, VStack, Weighted
 from ..postprocess import (NONNEGATIVE_MAXITER, largest_gram_eigenvalue, metric_projection,
                            project_nonnegative)
-from .activeset import family_gap, family_projection
+from .activeset import family_gap, family_projection, root_projection
 from .passes import Partition
 from .plan import GeoPlan
 from .rootfit import workload_projection
@@ -650,7 +650,13 @@ class TopDown:
         total = max(float(root_ls.sum()), 0.0) if np.isnan(held) else float(held)
         def gap(V: np.ndarray, grad: np.ndarray) -> float:  # the best vertex: the whole total in one cell
             return float(grad[0] @ V[0] - total * grad[0].min())
-        root = self.project(0, root_ls, lambda V: project_nonnegative(V[0], total)[None, :], gap=gap)
+        root = None
+        if self.dense is not None:  # exactly, by the active set, to the gradient method's certified tolerance
+            bound = 0.5 * (TOPDOWN_TOL * self._noise_std(0)) ** 2 * self.space.strategy.shape[0]
+            exact = root_projection(self.dense[0], root_ls[0], total, bound, self.gram_norm)
+            root = None if exact is None else exact[None, :]
+        if root is None:
+            root = self.project(0, root_ls, lambda V: project_nonnegative(V[0], total)[None, :], gap=gap)
         self.record(0, np.array([0]), root, root_ls)
         return root[0]
 
