@@ -13,7 +13,7 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 def test_the_notebooks_are_there():
     assert {p.stem for p in NOTEBOOKS} == {"quickstart", "sf1_release", "adult_marginals", "geography",
-                                          "geography_accuracy"}
+                                          "geography_accuracy", "production_vs_hdmm"}
 
 
 @pytest.mark.slow  # a Jupyter kernel per notebook: skip locally with -m "not slow"; CI runs it
