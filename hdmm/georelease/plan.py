@@ -268,7 +268,8 @@ class GeoPlan:
 
     @property
     def variance_exact(self) -> bool:
-        """False when invariants are too many for the exact variance reduction (variances are upper bounds)."""
+        """False when invariants are too many for the exact variance reduction (variances are upper bounds),
+        and for per-level strategies (the variances are each level's own measurements', :meth:`variances`)."""
         if self.level_persons is not None:
             return False
         return all(self.invariant_reduction(d) is not None for d in self.levels) and self.person.variance_exact

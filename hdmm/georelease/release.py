@@ -89,7 +89,8 @@ class GeoRelease:
         return self.estimates[self._level(level)][:, -1]
 
     def std_errors(self, level: str | int) -> np.ndarray:
-        """``units x queries`` standard errors (upper bounds unless ``plan.variance_exact``)."""
+        """``units x queries`` standard errors (upper bounds unless ``plan.variance_exact``; for a plan with
+        per-level strategies, those of each level's own measurements: :meth:`GeoPlan.variances`)."""
         return np.sqrt(self.plan.variances(self._level(level)))
 
     def _level(self, level: str | int) -> int:
