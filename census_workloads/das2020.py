@@ -91,7 +91,7 @@ Tract 2.452, Block_Group 1.745, Block 49.09, US 34.99.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction as Fr
 from functools import lru_cache
@@ -102,7 +102,7 @@ from hdmm.geography import GeographyTree
 from hdmm.georelease import GeoPlan, geo_plan
 from hdmm.matrix import Matrix, VStack, Weighted
 from hdmm.budget import zcdp_epsilon
-from hdmm.privacy import ZCDP
+from hdmm.privacy import ZCDP, Privacy
 
 from .pl94_2020 import DAS_QUERIES, das_query, pl94_2020
 
@@ -250,8 +250,9 @@ class ProductionConfig:
         return VStack([Weighted(das_query(q), math.sqrt(s)) for q, s in zip(a.queries, a.query_shares)],
                       names=list(a.queries))
 
-    def geo_plan(self, tree: GeographyTree, *, workload: Matrix | None = None,
-                 invariants: Mapping[str, Mapping[object, float]] | None = None, partition: str | None = None) -> GeoPlan:
+    def geo_plan(self, tree: GeographyTree, *, workload: Matrix | None = None, privacy: Privacy | None = None,
+                 levels: Sequence[str] | None = None, invariants: Mapping[str, Mapping[object, float]] | None = None,
+                 partition: str | None = None) -> GeoPlan:
         """Production's own mechanism on ``tree`` as an hdmm plan, to release and compare with hdmm's.
 
         Every level of ``tree`` (the first of production's levels, in hdmm's names) measures its
@@ -261,7 +262,8 @@ class ProductionConfig:
         are released (and the same rho split over fewer). The plan has per-level strategies: it is
         estimated top down from each level's own measurements, as production is, and releases
         non-negative or integer tables (:mod:`hdmm.georelease.plan`). ``workload`` defaults to the
-        PL94-171 tables (:func:`~census_workloads.pl94_2020.pl94_2020`); ``invariants`` and
+        PL94-171 tables (:func:`~census_workloads.pl94_2020.pl94_2020`); ``privacy`` replaces
+        production's rho (production's shares at another budget); ``levels`` (released), ``invariants`` and
         ``partition`` as for :func:`hdmm.georelease.geo_plan` (production holds the state totals).
         """
         names = list(tree.levels)
@@ -269,7 +271,8 @@ class ProductionConfig:
         if names != known:
             raise ValueError(f"the tree's levels {names} must be production's first levels in order: {known}")
         shares = sum(self.level(name).share for name in names)
-        return geo_plan(tree, pl94_2020() if workload is None else workload, ZCDP(self.rho * shares / 2),
+        return geo_plan(tree, pl94_2020() if workload is None else workload,
+                        ZCDP(self.rho * shares / 2) if privacy is None else privacy, levels=levels,
                         strategy={name: self.strategy(name) for name in names},
                         level_weights={name: math.sqrt(self.level(name).share) for name in names},
                         invariants=invariants, partition=partition)

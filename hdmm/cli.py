@@ -217,6 +217,9 @@ def _strategy_file(spec: str) -> None:
     """Check that ``--strategy`` is a known name or an existing file."""
     if spec in STRATEGY_NAMES or os.path.isfile(spec):
         return
+    if spec == "production":
+        raise UsageError("--strategy production is the 2020 Census's mechanism for a geography release: add "
+                         "--geography (e.g. state,county) with --workload pl94-2020")
     what = "is a directory" if os.path.isdir(spec) else "is neither a strategy name nor an existing file"
     raise UsageError(f"--strategy {spec}: {what}; use auto (optimise now), identity (measure every cell) or a "
                      "strategy file written by 'hdmm optimize' (.npz)")
@@ -708,7 +711,8 @@ def _add_search(p: argparse.ArgumentParser) -> None:
 
 
 STRATEGY_HELP = ("auto (optimise now, the default), identity (measure every cell), or a strategy file (.npz) "
-                 "written by 'hdmm optimize'")
+                 "written by 'hdmm optimize'; for a --geography release of pl94-2020 also production (the 2020 "
+                 "Census's per-level strategies and budget shares, estimated top down)")
 
 
 def parser() -> argparse.ArgumentParser:

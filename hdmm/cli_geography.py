@@ -165,9 +165,43 @@ def _about(args: argparse.Namespace, named: NamedWorkload, synthetic: bool) -> d
         {"source": os.path.abspath(args.data), "records": None},
         "tree": "built-in synthetic United States (census_workloads.geography)" if args.tree is None else
         os.path.abspath(args.tree),
-        "strategy": args.strategy if args.strategy in ("auto", "identity") else os.path.abspath(args.strategy),
+        "strategy": args.strategy if args.strategy in ("auto", "identity", PRODUCTION) else
+        os.path.abspath(args.strategy),
         "noise_seed": args.noise_seed,
     }
+
+
+#: ``--strategy`` of a geography release of ``pl94-2020``: the 2020 Census's own mechanism.
+PRODUCTION = "production"
+
+
+def _check_production(args: argparse.Namespace, engine: str, levels: list[str]) -> None:
+    """Refuse, before any data is read, ``--strategy production`` where it does not apply."""
+    if args.strategy != PRODUCTION:
+        return
+    from census_workloads.das2020 import PL94_2020
+
+    known = list(PL94_2020.level_names[1:len(levels) + 1])
+    if levels != known:
+        raise UsageError(f"--strategy production measures the 2020 Census's levels in order: --geography "
+                         f"{','.join(known)} (the first {len(levels)} below the nation), not {','.join(levels)}")
+    if args.workload != "pl94-2020":
+        raise UsageError("--strategy production is the 2020 Census's mechanism for the PL94-171 tables over its "
+                         "2,016 cells: use --workload pl94-2020")
+    if args.postprocess is None or engine != "local":
+        raise UsageError("--strategy production is estimated top down from each level's own measurements, as the "
+                         "Census did: add --postprocess integer (or nonnegative), on the local engine")
+
+
+def _production_plan(tree: GeographyTree, named: NamedWorkload, privacy: Privacy, released, invariants):
+    """The 2020 production plan (:meth:`census_workloads.das2020.ProductionConfig.geo_plan`) at ``privacy``."""
+    from census_workloads.das2020 import PL94_2020
+
+    try:
+        return PL94_2020.geo_plan(tree, workload=named.workload, privacy=privacy, levels=released,
+                                  invariants=invariants)
+    except ValueError as e:
+        raise UsageError(f"--strategy production: {e}") from None
 
 
 def _person_strategy(spec: str, named: NamedWorkload):
@@ -194,6 +228,7 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers {args.workers}: give a positive number of processes")
     _check_output(args.output, engine)
+    _check_production(args, engine, levels)
     if any(level in named.domain.names for level in levels):
         raise ValueError(f"the workload's domain has a {levels[0]!r} attribute already: use a person workload "
                          "(e.g. sf1, not sf1-states) with --geography")
@@ -218,9 +253,11 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
                       for level in _levels(args.invariants)}
     read_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    strategy = _person_strategy(args.strategy, named)
-    plan = geo_plan(tree, named.workload, privacy, levels=released, invariants=invariants, seed=args.seed,
-                    strategy=strategy)
+    if args.strategy == PRODUCTION:
+        plan = _production_plan(tree, named, privacy, released, invariants)
+    else:
+        plan = geo_plan(tree, named.workload, privacy, levels=released, invariants=invariants, seed=args.seed,
+                        strategy=_person_strategy(args.strategy, named))
     plan_seconds = time.perf_counter() - start
     print(f"{named.description} for every unit of {list(tree.levels)} ({sum(tree.sizes):,} units)")
     print(f"  data: {data_note}")

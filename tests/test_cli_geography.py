@@ -239,3 +239,31 @@ def test_person_values_from_the_data_are_never_shown(files, capsys, column, valu
     err = fails(_release(files, "--data", str(files / "bad.csv"), "--output", str(files / "o")), capsys)
     assert message in err and not (files / "o").exists()
     assert not any(str(v) in err for v in values if v is not None) and "rows [" not in err, err
+
+
+def test_the_production_mechanism_from_the_command_line(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["release", "--workload", "pl94-2020", "--rho", "0.5", "--geography", "state", "--strategy",
+                 "production", "--postprocess", "integer", "--people", "20000", "--noise-seed", "1",
+                 "--output", str(out)]) == 0
+    assert "person strategies per level (estimated top down)" in capsys.readouterr().out
+    states = pd.read_parquet(out / "level=state")
+    assert len(states) == 51 * 298
+    provenance = json.loads((out / "_provenance.json").read_text())
+    assert set(provenance["person_strategy"]) == {"nation", "state"}
+    assert provenance["strategy"] == "production"
+    assert provenance["estimates"].startswith("integer (top down; std_error: each level's own")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--workload", "sf1", "--epsilon", "1", "--geography", "state", "--postprocess", "integer"], "pl94-2020"),
+    (["--workload", "pl94-2020", "--rho", "0.5", "--geography", "state"], "--postprocess integer"),
+    (["--workload", "pl94-2020", "--rho", "0.5", "--geography", "county", "--postprocess", "integer"],
+     "--geography state (the first 1"),
+    (["--workload", "pl94-2020", "--rho", "0.5", "--postprocess", "integer"], "add --geography"),
+])
+def test_the_production_mechanism_is_refused_where_it_does_not_apply(tmp_path, capsys, extra, message):
+    out = tmp_path / ("o" if "--geography" in extra else "o.csv")
+    error = fails(["release", "--strategy", "production", "--people", "1000", *extra, "--output", str(out)], capsys)
+    assert message in error
+    assert not out.exists()
