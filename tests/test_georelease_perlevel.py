@@ -33,19 +33,31 @@ def histograms(tree, seed=0):
     return rng.integers(0, 12, size=(tree.sizes[-1], 3)).astype(float)
 
 
-def test_sensitivity_bound_and_the_units_strategies():
+def _exact_sensitivity(plan, strategies, p):
+    """max_j (sum_l w_l^p ||A_l e_j||_p^p)^(1/p) from the dense strategies: one person in cell j at every level."""
+    total = sum(plan.level_weights[d] ** p * np.sum(np.abs(np.asarray(strategies[name].dense())) ** p, axis=0)
+                for d, name in enumerate(plan.tree.levels))
+    return float(total.max() ** (1.0 / p))
+
+
+@pytest.mark.parametrize("privacy, p", [(hdmm.PureDP(1.0), 1), (hdmm.ZCDP(0.5), 2)])
+def test_sensitivity_is_the_worst_cell_over_all_levels(privacy, p):
+    flipped = {**STRATEGIES, "state": Explicit(np.asarray(hdmm.Prefix(3).dense())[:, ::-1])}  # worst cell: the last
+    for strategies in (STRATEGIES, flipped):
+        plan = geo_plan(country(), W, privacy, strategy=strategies, level_weights=SHARES)
+        exact = _exact_sensitivity(plan, strategies, p)
+        assert exact <= plan.sensitivity <= exact * (1 + 1e-6)  # the margin and the noise grid's rounding only
+    bound = float(np.sum(plan.level_weights**p * np.array([flipped[n].sensitivity(p) for n in plan.tree.levels])**p)
+                  ** (1.0 / p))
+    assert exact < bound  # the worst columns differ by level: the exact maximum is smaller than the bound
+
+
+def test_each_unit_measures_its_levels_strategy():
     plan = per_level_plan(country(), hdmm.PureDP(1.0))
-    w = plan.level_weights
-    parts = [STRATEGIES[name].sensitivity(1) for name in plan.tree.levels]
-    raw = float(w @ parts)
-    assert raw <= plan.sensitivity <= raw * (1 + 1e-6)  # the margin and the noise grid's rounding only
     for d, name in enumerate(plan.tree.levels):
         dense = np.asarray(plan.unit_plan(d).strategy.dense())
-        np.testing.assert_allclose(dense, w[d] * np.asarray(STRATEGIES[name].dense()))
+        np.testing.assert_allclose(dense, plan.level_weights[d] * np.asarray(STRATEGIES[name].dense()))
     assert plan.per_level and not plan.variance_exact
-    gaussian = per_level_plan(country())
-    raw2 = float(np.sqrt(gaussian.level_weights**2 @ np.square([STRATEGIES[n].sensitivity(2) for n in plan.tree.levels])))
-    assert raw2 <= gaussian.sensitivity <= raw2 * (1 + 1e-6)
 
 
 def test_variances_are_each_levels_own():

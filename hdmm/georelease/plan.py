@@ -27,9 +27,9 @@ variance of query ``q`` of unit ``v`` at level ``l`` is :math:`\nu\,(S_lX^+S_l^T
 
 **Per-level strategies.** ``strategy`` may instead give every measured level its own person
 strategy :math:`A_l` (the 2020 Census measured different queries at each level). A person is still
-in one unit per level, so :math:`\Delta_2(A)^2 \le \sum_l w_l^2\Delta_2(A_l)^2` and
-:math:`\Delta_1(A) \le \sum_l w_l\Delta_1(A_l)` (each level's worst column; equal when they are
-the same column, as for stacks of partitions); the plan uses these bounds. The Grams
+in one unit per level, in the same person cell :math:`j` at every level, so
+:math:`\Delta_p(A)^p = \max_j\sum_l w_l^p\|A_le_j\|_p^p` (at most :math:`\sum_l w_l^p\Delta_p(A_l)^p`,
+each level's worst column at once, which the plan uses on domains too large to sum cell by cell). The Grams
 :math:`A_l^TA_l` of different levels need not commute, so the whole-tree least squares of
 :mod:`hdmm.georelease.passes` no longer factors into a tree part and a person part. Such a plan is
 estimated top down instead, as the 2020 production system does
@@ -463,6 +463,23 @@ def _partition_level(tree: GeographyTree, solver: TreeSolver, invariants: Invari
     return P
 
 
+#: Largest person domain whose per-level column norms are summed cell by cell for the exact sensitivity.
+MAX_NORM_CELLS = 2**24
+
+
+def _per_level_sensitivity(strategies: list[Matrix], weights: np.ndarray, norm: int) -> float:
+    """:math:`\\max_j(\\sum_l w_l^p\\|A_le_j\\|_p^p)^{1/p}`: one person, in cell ``j`` at every level (module
+    docstring); each level's worst column at once (an upper bound) on domains above ``MAX_NORM_CELLS``."""
+    cells = strategies[0].shape[1]
+    if cells > MAX_NORM_CELLS:
+        parts = np.array([A.sensitivity(norm) for A in strategies])
+        return float(np.sum(weights**norm * parts**norm) ** (1.0 / norm))
+    total = np.zeros(cells)
+    for A, w in zip(strategies, weights):
+        total += w**norm * A.column_norm_powers(norm).to_array()
+    return float(total.max() ** (1.0 / norm))
+
+
 def _per_level_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, released: list[int],
                     strategies: Mapping[str | int, Matrix], level_weights, invariants: Invariants | None,
                     partition, start: float) -> GeoPlan:
@@ -495,10 +512,7 @@ def _per_level_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, relea
     for d in measured:
         persons[d] = plan(person, given[d], privacy)
     norm = privacy.norm
-    parts = np.array([persons[d].strategy.sensitivity(norm) for d in measured])
-    weights = w[measured]
-    # each level's worst column at once: an upper bound on the tree strategy's sensitivity (module docstring)
-    raw = float(weights @ parts if norm == 1 else np.sqrt(weights**2 @ parts**2)) * (1.0 + SENSITIVITY_MARGIN)
+    raw = _per_level_sensitivity([persons[d].strategy for d in measured], w[measured], norm) * (1.0 + SENSITIVITY_MARGIN)
     rows = sum(persons[d].strategy.shape[0] for d in measured)
     spacing, sensitivity = calibrate_grid(raw, rows, norm, privacy.noise_scale)
     P = _partition_level(tree, TreeSolver(tree, w**2), invariants, partition)
