@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -88,3 +89,21 @@ def test_the_identity_root_is_the_simplex_projection():
     v = root_projection(np.eye(4), x, 3.0, 1e-14)
     np.testing.assert_allclose(v, simplex_projection(x[:, None], np.array([3.0]))[:, 0], atol=1e-9)
     assert root_projection(np.eye(4), x, 0.0, 1e-9) is None  # nothing to spread: the caller's
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_country_sized_root_is_certified_at_a_tight_bound(seed):
+    """Cells of up to millions with noise of a few persons, measured by marginals (0/1 rows, as a census
+    strategy): the bound is ~1e-13 of the squared cells, so the steps must be solved relative to their
+    centre (Gv - Gx would lose the multipliers to rounding)."""
+    rng = np.random.default_rng(seed)
+    eye, ones = np.eye, lambda n: np.ones((1, n))
+    A = np.vstack([np.kron(np.kron(eye(8), eye(5)), ones(10)), np.kron(np.kron(eye(8), ones(5)), eye(10)),
+                   np.kron(np.kron(ones(8), eye(5)), eye(10)), np.ones((1, 400))])  # rank 148 on 400 cells
+    truth = rng.gamma(0.3, 200000, size=400) * (rng.random(400) < 0.8)
+    x = np.linalg.pinv(A) @ (A @ truth + rng.normal(0, 2.0, A.shape[0]))
+    bound = 0.5 * (0.01 * 2.0) ** 2 * A.shape[0]  # answers within 1% of a noise sd (RMS) of the optimum's
+    v = root_projection(A.T @ A, x, float(truth.sum()), bound)
+    assert v is not None and v.min() >= 0 and np.isclose(v.sum(), truth.sum(), rtol=1e-14)
+    grad = A.T @ (A @ (v - x))
+    assert float(grad @ v - truth.sum() * grad.min()) <= bound * (1 + 1e-6)

@@ -184,27 +184,36 @@ def family_projection(G: np.ndarray, B: np.ndarray, p: np.ndarray, X: np.ndarray
     return None
 
 
-def _root_active_set(H: np.ndarray, c: np.ndarray, t: float, free: np.ndarray, bound: float
-                     ) -> tuple[np.ndarray, np.ndarray] | None:
-    """:func:`_active_set` for one unit under one sum: :math:`\\min \\tfrac12 v^THv - c^Tv` over
-    :math:`v \\ge 0`, :math:`\\mathbf 1^Tv = t`; one multiplier :math:`\\alpha` for the sum. A fixed cell
-    whose multiplier is below 0 by at most ``bound / (4t)`` stays fixed: moving all of ``t`` there would
-    lower the objective by at most a quarter of ``bound``."""
+def _root_active_set(G: np.ndarray, eps: float, C: np.ndarray, r: np.ndarray, t: float, free: np.ndarray,
+                     bound: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """One proximal step of :func:`root_projection`: :math:`\\min \\tfrac12(v - x)^TG(v - x) +
+    \\tfrac\\varepsilon2\\|v - C\\|^2` over :math:`v \\ge 0`, :math:`\\mathbf 1^Tv = t`, by the primal-dual active
+    set from ``free``, with one multiplier :math:`\\alpha` for the sum.
+
+    It is solved for the move :math:`u = v - C` from the centre, with :math:`r = G(C - x)` the gradient
+    there: small numbers near the optimum, where :math:`Gv - Gx` would be the difference of two large
+    ones. On the free cells :math:`(G_{FF} + \\varepsilon I)u_F = -r_F - \\alpha\\mathbf 1 + G_{FN}C_N`
+    (:math:`u_N = -C_N`), and :math:`\\alpha` makes the cells add up to ``t``. A fixed cell joins the
+    free ones only if its multiplier is below ``-bound / (4t)``: moving all of ``t`` there would lower
+    the objective by at most a quarter of ``bound``."""
     tol = 1e-12 * max(1.0, t)
     fewest, allowance = free.size + 1, BACKUP_EXCHANGES
     for _ in range(MAX_SWEEPS):
-        F = np.flatnonzero(free)
+        F, N = np.flatnonzero(free), np.flatnonzero(~free)
         if F.size == 0:
             return None
+        rhs = -r[F] + G[np.ix_(F, N)] @ C[N]
         try:
-            M = np.linalg.inv(H[np.ix_(F, F)])
+            solved = np.linalg.solve(G[np.ix_(F, F)] + eps * np.eye(F.size), np.column_stack([np.ones(F.size), rhs]))
         except np.linalg.LinAlgError:
             return None
-        m1, mc = M.sum(axis=1), M @ c[F]
-        alpha = (mc.sum() - t) / m1.sum()
-        v = np.zeros_like(c)
-        v[F] = mc - alpha * m1
-        mu = H @ v - c + alpha
+        m1, mr = solved[:, 0], solved[:, 1]
+        alpha = (mr.sum() - C[N].sum() + (C.sum() - t)) / m1.sum()  # 1'(C_F + u_F) = t
+        u = -C.copy()
+        u[F] = mr - alpha * m1
+        v = np.zeros_like(C)
+        v[F] = C[F] + u[F]
+        mu = G @ u + eps * u + r + alpha
         if not (np.all(np.isfinite(v)) and np.all(np.isfinite(mu))):
             return None
         wrong = (free & (v <= -tol)) | (~free & (mu < -bound / (4.0 * t)))
@@ -241,7 +250,6 @@ def root_projection(G: np.ndarray, x: np.ndarray, total: float, bound: float,
     [1.0, 0.0]
     """
     x = np.asarray(x, dtype=float)
-    b = G @ x
     s = x.size
     if s > MAX_CELLS or s == 0 or total <= 0:
         return None
@@ -249,15 +257,14 @@ def root_projection(G: np.ndarray, x: np.ndarray, total: float, bound: float,
     if scale <= 0:
         return None
     eps = EPSILON * scale
-    eye = np.eye(s)
-    centre = x
-    free = simplex_projection(x[:, None], np.array([total]))[:, 0] > 0
-    free[np.argmax(x)] = True
+    centre = simplex_projection(x[:, None], np.array([total]))[:, 0]  # feasible: the first centre
+    free = centre > 0
     for _ in range(MAX_STEPS):
-        solved = _root_active_set(G + eps * eye, b + eps * centre, total, free, bound)
+        r = G @ (centre - x)
+        solved = _root_active_set(G, eps, centre, r, total, free, bound)
         while solved is None and eps < MAX_EPSILON * scale:
             eps *= 10.0
-            solved = _root_active_set(G + eps * eye, b + eps * centre, total, free, bound)
+            solved = _root_active_set(G, eps, centre, r, total, free, bound)
         if solved is None:
             return None
         v, free = solved
