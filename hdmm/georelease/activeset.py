@@ -239,11 +239,11 @@ def root_projection(G: np.ndarray, x: np.ndarray, total: float, bound: float,
     :math:`\nabla f^Tv - t\min_j\partial_jf`), or ``None`` if the active set does not settle.
 
     The family's method (module docstring) for one unit whose cells add up to one number: proximal
-    point steps from ``x`` (the least-squares cells), each solved by the primal-dual active set with a
-    single multiplier for the sum (:math:`v_F = M(c_F - \alpha\mathbf 1)`, :math:`M = H_{FF}^{-1}`,
-    :math:`\alpha = (\mathbf 1^TMc_F - t)/\mathbf 1^TM\mathbf 1`). The gradient is formed as
-    :math:`G(v - x)`, not :math:`Gv - Gx`: at a country's total the difference of two large products
-    would leave the gap at the rounding of :math:`Gx` times the total, above any useful ``bound``.
+    point steps, the first centred on the Euclidean projection of ``x`` (the least-squares cells), each
+    solved by the primal-dual active set with a single multiplier for the sum, for the move from its
+    centre (:func:`_root_active_set`). The gradient is always formed as :math:`G(v - x)`, not
+    :math:`Gv - Gx`: at a country's total the difference of two large products would leave the gap at
+    the rounding of :math:`Gx` times the total, above any useful ``bound``.
 
     >>> G = np.array([[2.0, 1.0], [1.0, 2.0]])
     >>> np.round(root_projection(G, np.array([3.0, -1.0]), 1.0, 1e-12), 6).tolist()
