@@ -504,6 +504,9 @@ class TopDown:
         self.answers: dict[int, dict[int, np.ndarray]] = {d: {} for d in plan.levels}
         self.totals: dict[int, dict[int, float]] = {d: {} for d in plan.levels}
         self.squared = {d: 0.0 for d in plan.levels}
+        if plan.per_level:  # every level's Gram and pseudo-inverse here, once, not in every worker's pool
+            for d in range(self.deepest + 1):
+                self.view(d)
 
     def view(self, d: int) -> tuple[CellSpace, float, tuple[np.ndarray, np.ndarray, float] | None]:
         """Level ``d``'s cell space, :math:`\\|\\tilde A\\|_2^2` and dense parts (the same for every level
