@@ -250,6 +250,21 @@ class ProductionConfig:
         return VStack([Weighted(das_query(q), math.sqrt(s)) for q, s in zip(a.queries, a.query_shares)],
                       names=list(a.queries))
 
+    def check_levels(self, names: Sequence[str]) -> None:
+        """Refuse (``ValueError``) levels that are not production's first levels in order, in hdmm's names.
+
+        >>> PL94_2020.check_levels(["nation", "state", "county"])
+        >>> PL94_2020.check_levels(["nation", "county"])
+        Traceback (most recent call last):
+        ...
+        ValueError: the levels nation,county must be production's first levels in order: nation,state
+        """
+        names = list(names)
+        known = list(self.level_names[:len(names)])
+        if names != known:
+            raise ValueError(f"the levels {','.join(names)} must be production's first levels in order: "
+                             f"{','.join(known)}")
+
     def geo_plan(self, tree: GeographyTree, *, workload: Matrix | None = None, privacy: Privacy | None = None,
                  levels: Sequence[str] | None = None, invariants: Mapping[str, Mapping[object, float]] | None = None,
                  partition: str | None = None) -> GeoPlan:
@@ -267,9 +282,7 @@ class ProductionConfig:
         ``partition`` as for :func:`hdmm.georelease.geo_plan` (production holds the state totals).
         """
         names = list(tree.levels)
-        known = list(self.level_names[:len(names)])
-        if names != known:
-            raise ValueError(f"the tree's levels {names} must be production's first levels in order: {known}")
+        self.check_levels(names)
         shares = sum(self.level(name).share for name in names)
         return geo_plan(tree, pl94_2020() if workload is None else workload,
                         ZCDP(self.rho * shares / 2) if privacy is None else privacy, levels=levels,

@@ -181,10 +181,11 @@ def _check_production(args: argparse.Namespace, engine: str, levels: list[str]) 
         return
     from census_workloads.das2020 import PL94_2020
 
-    known = list(PL94_2020.level_names[1:len(levels) + 1])
-    if levels != known:
-        raise UsageError(f"--strategy production measures the 2020 Census's levels in order: --geography "
-                         f"{','.join(known)} (the first {len(levels)} below the nation), not {','.join(levels)}")
+    try:
+        PL94_2020.check_levels(["nation", *levels])
+    except ValueError as e:
+        raise UsageError(f"--strategy production measures the 2020 Census's levels in order ({e}); --geography "
+                         "lists them below the nation") from None
     if args.workload != "pl94-2020":
         raise UsageError("--strategy production is the 2020 Census's mechanism for the PL94-171 tables over its "
                          "2,016 cells: use --workload pl94-2020")

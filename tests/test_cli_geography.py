@@ -259,7 +259,7 @@ def test_the_production_mechanism_from_the_command_line(tmp_path, capsys):
     (["--workload", "sf1", "--epsilon", "1", "--geography", "state", "--postprocess", "integer"], "pl94-2020"),
     (["--workload", "pl94-2020", "--rho", "0.5", "--geography", "state"], "--postprocess integer"),
     (["--workload", "pl94-2020", "--rho", "0.5", "--geography", "county", "--postprocess", "integer"],
-     "--geography state (the first 1"),
+     "must be production's first levels in order: nation,state"),
     (["--workload", "pl94-2020", "--rho", "0.5", "--postprocess", "integer"], "add --geography"),
 ])
 def test_the_production_mechanism_is_refused_where_it_does_not_apply(tmp_path, capsys, extra, message):
