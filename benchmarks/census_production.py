@@ -62,9 +62,10 @@ TOTAL_WEIGHT = 30.0
 
 
 def setting(states: tuple[str, ...] | None, levels: tuple[str, ...], total_weight: float = TOTAL_WEIGHT,
-            workload: str = "pl94", epsilon: float = 1.0):
+            workload: str = "pl94", epsilon: float = 1.0, allocation: str = "hdmm"):
     """The tree, data source, plan inputs and production's budget of the released levels (PL94; SF1 Persons at
-    pure DP ``epsilon``, without invariants, with ``workload="sf1"``)."""
+    pure DP ``epsilon``, without invariants, with ``workload="sf1"``). For ``allocation="production"`` the
+    person strategy and privacy are production's own (``PL94_2020.geo_plan``): ``None`` here."""
     import hdmm
     from census_workloads.allocations import bounded_factor, total_first
     from census_workloads.das2020 import PL94_2020
@@ -80,6 +81,8 @@ def setting(states: tuple[str, ...] | None, levels: tuple[str, ...], total_weigh
     source = PL94Histograms(SyntheticHistograms(people, levels=levels, states=states, seed=1))
     shares = sum(PL94_2020.level(name).share for name in tree.levels)
     W = pl94_2020()
+    if allocation == "production":
+        return tree, source, W, None, None, shares
     strategy = hdmm.plan(total_first(W, total_weight), "auto", hdmm.ZCDP(1.0), seed=0).strategy
     beta = Fraction(bounded_factor(strategy)).limit_denominator(10**6)
     privacy = hdmm.ZCDP(PL94_2020.rho * shares / beta)
@@ -95,7 +98,7 @@ def run(states, levels, output: str, engine: str, total_weight: float = TOTAL_WE
     out: dict = {"output": output, "engine": engine}
     with PeakMemory() as memory:
         start = time.perf_counter()
-        tree, source, W, strategy, privacy, shares = setting(states, levels, total_weight, workload, epsilon)
+        tree, source, W, strategy, privacy, shares = setting(states, levels, total_weight, workload, epsilon, allocation)
         out["total weight"] = total_weight
         out["partition"], out["workers"] = partition, workers if engine == "local" else None
         totals = source.leaf_totals()
