@@ -50,7 +50,7 @@ __all__ = ["geography_release", "add_geography_options", "check_geography_option
 
 
 #: The options that only a geography release reads (refused without ``--geography``).
-GEOGRAPHY_ONLY = ("tree", "levels", "engine", "invariants", "workers")
+GEOGRAPHY_ONLY = ("tree", "levels", "engine", "master", "invariants", "workers")
 
 
 def check_geography_options(args: argparse.Namespace) -> None:
@@ -73,7 +73,10 @@ def add_geography_options(p: argparse.ArgumentParser) -> None:
                    "census_workloads.geography; never taken from the data)")
     g.add_argument("--levels", help="the released levels (default: nation and every --geography level)")
     g.add_argument("--engine", choices=["local", "spark"], help="one process (default) or Apache "
-                   "Spark (pip install 'hdmm[spark]', Java 17+; local[2] unless a Spark session is active)")
+                   "Spark (pip install 'hdmm[spark]', Java 17+; the master of --master, or of Spark's own "
+                   "configuration: spark-submit, PYSPARK_SUBMIT_ARGS, MASTER, spark-defaults.conf; else local[2])")
+    g.add_argument("--master", help="the Spark master of --engine spark, e.g. spark://host:7077 or local[4] "
+                   "(default: Spark's own configuration, else local[2])")
     g.add_argument("--invariants", help="levels whose totals are held exact from the data, e.g. state (those "
                    "totals are published without noise: they are NOT protected)")
     g.add_argument("--workers", type=int, help="processes of the local engine (default: every core for releases "
@@ -116,7 +119,7 @@ def _check_output(path: str | None, engine: str) -> None:
         raise UsageError(f"--output: {exc}") from None
     probe_directory(os.path.normpath(path), "--output")  # the directory that will hold it, as for plain releases
     if engine == "spark":
-        from .georelease.spark import require_spark
+        from .georelease.session import require_spark
 
         try:
             require_spark()
@@ -226,6 +229,8 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     if engine == "spark" and args.workers is not None:
         raise UsageError("--workers sets the local engine's processes; Spark's come from its master (local[N] or "
                          "the cluster): leave out --workers")
+    if args.master is not None and engine != "spark":
+        raise UsageError("--master is the Spark master: add --engine spark")
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers {args.workers}: give a positive number of processes")
     _check_output(args.output, engine)
@@ -269,9 +274,9 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     about = _about(args, named, synthetic)
     start = time.perf_counter()
     if engine == "spark":
-        from .georelease.spark import spark_session
+        from .georelease.session import spark_session
 
-        spark = spark_session()
+        spark = spark_session(args.master)
         data = records if isinstance(records, str) else spark.createDataFrame(records)
         result = release_geography(plan, data, engine="spark", seed=args.noise_seed, output=args.output,
                                    domain=named.domain, codes=args.codes, progress=True, budget=budget,

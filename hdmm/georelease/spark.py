@@ -27,8 +27,8 @@ The answers are the local engine's.
 Memory: ``groupBy(...).applyInPandas`` hands each task its whole group, so one partition's units
 (every unit's strategy answers: units x strategy rows x 8 bytes, 1.2 GB for the 4,011 tracts of the
 largest synthetic county under SF1) are held at once by Spark's JVM and by the Python worker, once
-per concurrent task. :func:`spark_session` gives a local session 8 GB; on a cluster, size the
-executors' memory for the largest partition, or partition at a finer level.
+per concurrent task. :func:`~hdmm.georelease.session.spark_session` gives a local session 8 GB; on a
+cluster, size the executors' memory for the largest partition, or partition at a finer level.
 
 Files: the output and the work directory are ordinary paths: the driver creates and removes them
 with ``os``, Spark writes the stages into the work directory, and in stage 3 the tasks write their
@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import time
 import warnings
@@ -68,6 +67,7 @@ from .plan import GeoPlan
 from .files import check_output, finish_output, read_answers, start_output, write_units
 from .nonneg import POSTPROCESS, TopDown, change_rmse, check_nonnegative, integer_totals
 from .roundtree import held_region
+from .session import require_spark, spark_session
 from .steps import correct, created_now, invariant_multipliers, measure_top, progress_printer, provenance
 from .units import check_record_columns, check_source, measure_partition
 
@@ -75,38 +75,6 @@ __all__ = ["SparkGeoRelease", "release_spark", "require_spark", "spark_session",
 
 #: Columns the engine adds to the records: the leaf position and the partition unit.
 LEAF, PART = "_hdmm_leaf", "_hdmm_partition"
-
-
-def require_spark() -> None:
-    """Refuse early, naming what to install, when PySpark or Java is missing."""
-    try:
-        import pyspark  # noqa: F401
-        from pyspark.sql import SparkSession  # noqa: F401
-    except ImportError:
-        raise ImportError("the Spark engine needs PySpark: pip install 'hdmm[spark]' (and Java 17+)") from None
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        raise RuntimeError("the Spark engine needs Java 17 or later: install a JDK and put java on PATH (or set "
-                           "JAVA_HOME)")
-
-
-def spark_session(master: str = "local[2]", memory: str = "8g"):
-    """A Spark session for hdmm: the active one if any, else a new one on ``master`` whose driver
-    (in local mode also the executors) gets ``memory``."""
-    require_spark()
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    return (SparkSession.builder.master(master).appName("hdmm")
-            .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-            .config("spark.sql.shuffle.partitions", "8")
-            .config("spark.driver.memory", memory)
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .getOrCreate())
 
 
 @dataclass(frozen=True, eq=False)
