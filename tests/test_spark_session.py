@@ -44,9 +44,12 @@ pytest.importorskip("pyspark")
 
 SCRIPT = textwrap.dedent("""
     import sys
+    import pandas as pd
     from hdmm.georelease.session import spark_session
     spark = spark_session(*sys.argv[1:])
     print("MASTER", spark.sparkContext.master)
+    frame = spark.createDataFrame(pd.DataFrame({"g": [0, 1, 1], "x": [1.0, 2.0, 3.0]}))  # pandas in both places
+    print("ROWS", frame.groupBy("g").applyInPandas(lambda t: t.head(1), frame.schema).count())
     spark.stop()
 """)
 
@@ -60,6 +63,8 @@ def _master(tmp_path: Path, command: list[str], env: dict[str, str], *args: str)
     done = subprocess.run([*command, str(script), *args], env={**clean, **env}, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "ROWS 2" in done.stdout
+    assert "does not yet fully support pandas" not in done.stderr  # handled, not printed by every worker
     return next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("MASTER"))
 
 

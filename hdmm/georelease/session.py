@@ -15,6 +15,11 @@ never overridden:
 Otherwise the session is local with ``DEFAULT_MASTER`` (two cores: the machines this engine is
 benchmarked on). Spark's own default when nothing is set would be every local core.
 
+PySpark warns that it "does not yet fully support pandas >= 3.0.0" in the driver and again in every
+Python worker that converts a batch. hdmm's Spark engine is tested with the pandas and PySpark that pip
+installs together, so that warning (``PANDAS_WARNING``) is silenced in the driver and, for the sessions
+made here, in the workers (``spark.executorEnv.PYTHONWARNINGS``).
+
 >>> configured_master({"MASTER": "spark://head:7077"})
 True
 >>> configured_master({"PYSPARK_SUBMIT_ARGS": "--driver-memory 4g pyspark-shell", "SPARK_CONF_DIR": "/nowhere"})
@@ -31,10 +36,13 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["spark_session", "require_spark", "configured_master", "DEFAULT_MASTER"]
+__all__ = ["spark_session", "require_spark", "configured_master", "DEFAULT_MASTER", "PANDAS_WARNING"]
 
 #: The master of a new session when neither the caller nor Spark's configuration names one.
 DEFAULT_MASTER = "local[2]"
+
+#: The start of PySpark's warning about the pandas version, silenced (module docstring).
+PANDAS_WARNING = "PySpark does not yet fully support pandas"
 
 
 def require_spark() -> None:
@@ -76,6 +84,7 @@ def spark_session(master: str | None = None, memory: str = "8g"):
     require_spark()
     from pyspark.sql import SparkSession
 
+    warnings.filterwarnings("ignore", message=PANDAS_WARNING, category=FutureWarning)
     active = SparkSession.getActiveSession()
     if active is not None:
         if master is not None and active.conf.get("spark.master", None) not in (None, master):
@@ -90,7 +99,8 @@ def spark_session(master: str | None = None, memory: str = "8g"):
                .config("spark.sql.shuffle.partitions", "8")
                .config("spark.driver.memory", memory)
                .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false"))
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.executorEnv.PYTHONWARNINGS", f"ignore:{PANDAS_WARNING}:FutureWarning"))
     if master is None and not configured_master():
         master = DEFAULT_MASTER
     return (builder if master is None else builder.master(master)).getOrCreate()
