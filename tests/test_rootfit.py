@@ -17,7 +17,6 @@ from hdmm.geography import GeographyTree
 from hdmm.georelease import rootfit
 from hdmm.georelease import nonneg
 from hdmm.georelease.rootfit import TIE_WEIGHT, workload_projection
-from hdmm.georelease.simplex import simplex_projection
 from hdmm.matrix import Explicit
 
 
@@ -168,58 +167,3 @@ def test_negligible_cells_go_to_zero_within_the_slack(held):
         assert rise <= slack * (1 + 1e-6)
     else:  # refused: the fit is the exact one
         np.testing.assert_allclose(sparse, exact)
-
-
-def _beyond_plan(strategy=None):
-    """A strategy that measures every cell against a workload of wide sums, on a three-level tree."""
-    domain = hdmm.Domain(["a", "b"], [4, 32])
-    wide = np.vstack([np.ones(32), np.r_[np.ones(16), np.zeros(16)], np.r_[np.zeros(24), np.ones(8)]])
-    W = hdmm.product(domain, {"a": hdmm.Identity(4), "b": Explicit(wide)})
-    A = hdmm.Kronecker([hdmm.Identity(4), hdmm.Identity(32)]) if strategy is None else strategy
-    tree = GeographyTree.from_parents({"s0": "US", "s1": "US", "s2": "US", "s0c0": "s0", "s0c1": "s0",
-                                       "s0c2": "s0", "s1c0": "s1", "s2c0": "s2", "s2c1": "s2"},
-                                      ["nation", "state", "county"])
-    rng = np.random.default_rng(0)
-    H = np.vstack([rng.poisson(lam, size=domain.size) for lam in (0.2, 12.0, 2.0, 4.0, 0.1, 8.0)]).astype(float)
-    return geo_plan(tree, W, hdmm.PureDP(1.0), strategy=A), ArrayHistograms(sp.csr_matrix(H))
-
-
-@pytest.mark.parametrize("postprocess,dense", [("nonnegative", True), ("integer", True), ("nonnegative", False)])
-def test_dense_families_beyond_the_workload_fit_their_totals_first(postprocess, dense, monkeypatch):
-    # each dense family's children keep the non-negative totals adding up to their parent's closest to their
-    # least-squares totals (the simplex projection of those), so clipping a sparse child's noise cannot move
-    # people to its siblings; the cells are then projected with those totals held. Sparse families (here: all,
-    # by a threshold no parent meets) are projected as before, and their totals move
-    plan, source = _beyond_plan()
-    assert all(nonneg.totals_first(plan, d) for d in (1, 2))
-    if not dense:
-        monkeypatch.setattr(nonneg, "DENSE_CHILDREN", 1e9)
-    tree = plan.tree
-    moved = 0.0
-    for seed in range(3):
-        ls = release_geography(plan, source, seed=seed)
-        nn = release_geography(plan, source, seed=seed, postprocess=postprocess)
-        for d in (1, 2):
-            bounds = tree.child_bounds(d - 1)
-            for u in range(tree.sizes[d - 1]):
-                lo, hi = bounds[u], bounds[u + 1]
-                parent = nn.totals(d - 1)[u]
-                expected = simplex_projection(ls.totals(d)[lo:hi, None], np.array([parent]))[:, 0]
-                got = nn.totals(d)[lo:hi]
-                assert got.sum() == pytest.approx(parent, rel=1e-9, abs=1e-6)
-                if not dense:
-                    moved = max(moved, float(np.abs(got - expected).max()))
-                elif postprocess == "nonnegative":
-                    np.testing.assert_allclose(got, expected, rtol=1e-8, atol=1e-6 * max(1.0, parent))
-                else:  # rounded under the parent's integer cells: each total moves by less than its cells
-                    assert np.all(got == np.rint(got))
-                    assert np.all(np.abs(got - expected) <= plan.person.workload.shape[1])
-    assert dense or moved > 1.0
-
-
-def test_families_inside_the_workload_keep_the_strategy_metric_alone():
-    domain = hdmm.Domain(["a", "b"], [4, 8])
-    W = hdmm.product(domain, {"a": hdmm.Identity(4), "b": hdmm.Prefix(8)})
-    tree = GeographyTree.from_parents({"s0": "US", "s1": "US"}, ["nation", "state"])
-    inside = geo_plan(tree, W, hdmm.PureDP(1.0), strategy=hdmm.Kronecker([hdmm.Identity(4), hdmm.Identity(8)]))
-    assert not nonneg.totals_first(inside, 1)

@@ -11,11 +11,6 @@ projection measured through the person strategy :math:`A_p`
   :math:`x^+_u` in every cell closest to theirs in :math:`\sum_i \|A_p(\cdot)\|^2`. The
   feasible set's Euclidean projection, which the solver calls, is cell by cell onto the scaled
   simplex :math:`\{v \ge 0, \sum_i v_i = x^+_u[j]\}` (:func:`simplex_projection`);
-* a family whose strategy measures beyond the workload (:func:`totals_first`: it measures every cell) and
-  whose children are dense (``DENSE_CHILDREN``) first fits its children's totals: their least-squares
-  totals projected onto the non-negative totals adding up to the parent's. Its cells are then projected
-  with those totals held (the transportation polytope below), so clipping one child's noise in a cell
-  cannot hand people to its siblings (docs/math.md section 8.7);
 * a family too large to project at once (more than ``MAX_FAMILY_CELLS`` children x cells, as the
   tracts of a large county) is projected in two stages (:func:`family_groups`): first the sums of
   ``g`` groups of consecutive children, as children of their own, each weighted by one over its
@@ -71,7 +66,7 @@ __all__ = ["simplex_projection", "transport_projection", "balance", "thresholds"
            "CellSpace", "cell_space", "family_groups", "TopDown", "held_measurements", "check_nonnegative",
            "nonnegative_estimates", "change_rmse", "integer_totals", "dense_parts", "POSTPROCESS", "DENSE_CELLS",
            "MAX_FAMILY_CELLS", "MAX_HELD_MEASUREMENTS", "DUST",
-           "TOPDOWN_TOL", "DENSE_FAMILY", "DENSE_CHILDREN", "totals_first"]
+           "TOPDOWN_TOL", "DENSE_FAMILY"]
 
 #: What a geography release's ``postprocess`` accepts: least squares, non-negative or integer estimates.
 POSTPROCESS = (None, "nonnegative", "integer")
@@ -413,11 +408,6 @@ def _maxiter(tol: float) -> int:
 #: exact family solve splits it by its Euclidean projection rather than carry it as a cell.
 DUST = 1e-9
 
-#: A family fits its children's totals first (:func:`totals_first`) if its parent holds at least this many
-#: people per child and cell: children dense enough that non-negativity gains little and clipping a child's
-#: noise would only move people to its siblings.
-DENSE_CHILDREN = 1.0
-
 #: Largest person domain whose projections use a dense Gram and pseudo-inverse of the strategy (formed once
 #: per plan): a family's projection then runs on its parent's non-zero cells only.
 DENSE_CELLS = 4096
@@ -469,12 +459,6 @@ def strategy_beyond_workload(plan: GeoPlan, level: int = 0) -> bool:
             return rank > W.shape[0]
         return True
     return plan.memo(_level_key(plan, "strategy beyond workload", level), make)
-
-
-def totals_first(plan: GeoPlan, level: int) -> bool:
-    """Whether the families of ``level`` (its units as children) fit their totals first (module docstring):
-    where its strategy measures beyond the workload (:func:`strategy_beyond_workload`)."""
-    return strategy_beyond_workload(plan, level)
 
 
 def _totals_only(f: Matrix) -> bool:
@@ -710,18 +694,6 @@ class TopDown:
         for u in range(tree.sizes[h]):
             self.descend(h, u, rounded[h][u].astype(float), stop, reached)
 
-    def _totals_first(self, d: int, held: np.ndarray, estimates: np.ndarray, x_plus: np.ndarray) -> np.ndarray:
-        """The totals a family of level ``d`` keeps: ``held`` if any; else, where :func:`totals_first` and the
-        children are dense (the parent holds at least ``DENSE_CHILDREN`` people per child and cell), the
-        non-negative totals adding up to the parent's closest to the children's least-squares ``estimates``
-        (their Euclidean projection onto that simplex); else none (NaN)."""
-        total = float(x_plus.sum())
-        cells = self.view(d)[0].strategy.shape[1]
-        if (not np.isnan(held).all() or not totals_first(self.plan, d)
-                or total < DENSE_CHILDREN * estimates.size * cells):
-            return held
-        return simplex_projection(estimates[:, None], np.array([total]))[:, 0]
-
     def _round(self, d: int, X: np.ndarray, parent: np.ndarray) -> np.ndarray:
         """Children's real cells ``X`` (level ``d``) rounded under their parent's integer cells."""
         R, w = next(round_below([(X, np.rint(parent).astype(np.int64))]))
@@ -752,22 +724,14 @@ class TopDown:
         space, _, dense = self.view(d + 1)
         bounds = family_groups(hi - lo, space.strategy.shape[1], None if dense is None else DENSE_FAMILY)
         if len(bounds) > 2:  # first the groups' sums, weighted by one over their sizes
-            sums, totals = [], []
-            for a, b in zip(bounds, bounds[1:]):
-                X = self.cells(d + 1, children[a:b])
-                sums.append(X.sum(axis=0))
-                totals.append(X.sum(axis=1))
-            held = self._totals_first(d + 1, held, np.concatenate(totals), x_plus)
-            parts = self.family(d + 1, np.vstack(sums), x_plus, np.add.reduceat(held, bounds[:-1]),
-                                1.0 / np.diff(bounds))
+            sums = np.vstack([self.cells(d + 1, children[a:b]).sum(axis=0) for a, b in zip(bounds, bounds[1:])])
+            parts = self.family(d + 1, sums, x_plus, np.add.reduceat(held, bounds[:-1]), 1.0 / np.diff(bounds))
             if self.rounding:
                 parts = self._round(d + 1, parts, x_plus)
         else:
             parts = x_plus[None, :]
         for a, b, part in zip(bounds, bounds[1:], parts):
             X = self.cells(d + 1, children[a:b])
-            if len(bounds) == 2:
-                held = self._totals_first(d + 1, held, X.sum(axis=1), x_plus)
             P = part[None, :] if b - a == 1 else self.family(d + 1, X, part, held[a:b])  # one child: the sum
             if self.rounding and b - a > 1:
                 P = self._round(d + 1, P, part)
