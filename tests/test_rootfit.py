@@ -10,6 +10,7 @@ import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import lsq_linear
+from scipy.optimize import minimize as so_minimize
 
 import hdmm
 from hdmm.georelease import ArrayHistograms, geo_plan, release_geography
@@ -167,3 +168,77 @@ def test_negligible_cells_go_to_zero_within_the_slack(held):
         assert rise <= slack * (1 + 1e-6)
     else:  # refused: the fit is the exact one
         np.testing.assert_allclose(sparse, exact)
+
+
+def _beyond_plan():
+    """A strategy that measures every cell against a workload of wide sums, on a three-level tree."""
+    domain = hdmm.Domain(["a", "b"], [4, 8])
+    wide = np.vstack([np.ones(8), np.r_[np.ones(4), np.zeros(4)]])
+    W = hdmm.product(domain, {"a": hdmm.Identity(4), "b": Explicit(wide)})
+    A = hdmm.Kronecker([hdmm.Identity(4), hdmm.Identity(8)])
+    tree = GeographyTree.from_parents({"s0": "US", "s1": "US", "s2": "US", "s0c0": "s0", "s0c1": "s0",
+                                       "s0c2": "s0", "s1c0": "s1", "s2c0": "s2", "s2c1": "s2"},
+                                      ["nation", "state", "county"])
+    rng = np.random.default_rng(0)
+    H = np.vstack([rng.poisson(lam, size=domain.size) for lam in (0.3, 12.0, 2.0, 4.0, 0.2, 8.0)]).astype(float)
+    return geo_plan(tree, W, hdmm.PureDP(1.0), strategy=A), ArrayHistograms(sp.csr_matrix(H))
+
+
+@pytest.mark.parametrize("dense_path", [True, False])
+def test_a_family_pulled_toward_its_fitted_totals_solves_the_penalized_projection(dense_path, monkeypatch):
+    # min sum_i |A(v_i - x_i)|^2 + lam (1'v_i - t_i)^2 over v >= 0, sum_i v_i = p: by the exact active set on a
+    # small domain, by FISTA otherwise; against SLSQP
+    if not dense_path:
+        monkeypatch.setattr(nonneg, "DENSE_CELLS", 0)
+    plan, _ = _beyond_plan()
+    assert nonneg.totals_first(plan, 1) and nonneg.totals_first(plan, 2)
+    walk = nonneg.TopDown(plan, lambda d, units: None, None)
+    rng = np.random.default_rng(3)
+    k, n = 3, 32
+    X = rng.normal(2.0, 3.0, size=(k, n))
+    p = rng.uniform(0.5, 9.0, size=n)
+    t = nonneg.simplex_projection(X.sum(axis=1)[:, None] + np.array([[25.0], [-40.0], [5.0]]), np.array([p.sum()]))[:, 0]
+    lam = walk.total_weight(2)
+    V = walk.family(2, X, p, np.full(k, np.nan), totals=t)
+    A = np.eye(n)
+
+    def f(v):
+        D = v.reshape(k, n) - X
+        R = D @ A.T
+        miss = v.reshape(k, n).sum(axis=1) - t
+        return float(np.sum(R**2) + lam * np.sum(miss**2))
+
+    brute = so_minimize(f, np.tile(p / k, k), method="SLSQP", bounds=[(0, None)] * (k * n),
+                        constraints=[{"type": "eq", "fun": lambda v: v.reshape(k, n).sum(axis=0) - p}],
+                        options={"ftol": 1e-14, "maxiter": 2000})
+    assert np.all(V >= 0) and np.allclose(V.sum(axis=0), p)
+    assert f(V.ravel()) <= brute.fun + 1e-3 * max(1.0, brute.fun)
+    np.testing.assert_allclose(V, brute.x.reshape(k, n), atol=0.05)
+
+
+def test_dense_families_keep_totals_near_their_least_squares_ones_and_sparse_ones_are_unchanged(monkeypatch):
+    plan, source = _beyond_plan()
+    tree = plan.tree
+
+    def misses(weight, dense_children=nonneg.DENSE_CHILDREN):
+        monkeypatch.setattr(nonneg, "TOTALS_WEIGHT", weight)
+        monkeypatch.setattr(nonneg, "DENSE_CHILDREN", dense_children)
+        out, answers = [], []
+        for seed in range(4):
+            ls = release_geography(plan, source, seed=seed)
+            nn = release_geography(plan, source, seed=seed, postprocess="nonnegative")
+            answers.append(nn.answers(2))
+            for d in (1, 2):
+                b = tree.child_bounds(d - 1)
+                for u in range(tree.sizes[d - 1]):
+                    fitted = nonneg.simplex_projection(ls.totals(d)[b[u]:b[u + 1], None],
+                                                       np.array([nn.totals(d - 1)[u]]))[:, 0]
+                    out.append(np.abs(nn.totals(d)[b[u]:b[u + 1]] - fitted))
+        return float(np.mean(np.concatenate(out))), answers
+
+    pulled, _ = misses(nonneg.TOTALS_WEIGHT)
+    free, plain = misses(0.0)
+    assert pulled < 0.5 * free, (pulled, free)
+    _, sparse = misses(nonneg.TOTALS_WEIGHT, dense_children=1e9)  # no family dense enough: as without the pull
+    for a, b in zip(plain, sparse):
+        np.testing.assert_allclose(a, b, atol=1e-8)

@@ -11,6 +11,12 @@ projection measured through the person strategy :math:`A_p`
   :math:`x^+_u` in every cell closest to theirs in :math:`\sum_i \|A_p(\cdot)\|^2`. The
   feasible set's Euclidean projection, which the solver calls, is cell by cell onto the scaled
   simplex :math:`\{v \ge 0, \sum_i v_i = x^+_u[j]\}` (:func:`simplex_projection`);
+* a family whose strategy measures beyond the workload (:func:`totals_first`: it measures every cell) and
+  whose children are dense (``DENSE_CHILDREN``) first fits its children's totals :math:`t`: their
+  least-squares totals projected onto the non-negative totals adding up to the parent's. Its cells then
+  minimize :math:`\sum_i w_i(\|A_p(v_i - \hat x_i)\|^2 + \lambda(\mathbf 1^Tv_i - t_i)^2)` on the same set,
+  :math:`\lambda = \text{TOTALS\_WEIGHT}\,\|A_p\|_2^2/N`, so that clipping one child's noise in a cell
+  does not hand people to its siblings (docs/math.md section 8.7);
 * a family too large to project at once (more than ``MAX_FAMILY_CELLS`` children x cells, as the
   tracts of a large county) is projected in two stages (:func:`family_groups`): first the sums of
   ``g`` groups of consecutive children, as children of their own, each weighted by one over its
@@ -50,7 +56,7 @@ import numpy as np
 
 from ..geography import GeographyError
 from ..kron_union import FactorMismatchError, kron_union
-from ..matrix import Explicit, Kronecker, Matrix, VStack, Weighted
+from ..matrix import Explicit, Kronecker, Matrix, Ones, VStack, Weighted
 from ..postprocess import (NONNEGATIVE_MAXITER, largest_gram_eigenvalue, metric_projection,
                            project_nonnegative)
 from .activeset import family_gap, family_projection, root_projection
@@ -66,7 +72,7 @@ __all__ = ["simplex_projection", "transport_projection", "balance", "thresholds"
            "CellSpace", "cell_space", "family_groups", "TopDown", "held_measurements", "check_nonnegative",
            "nonnegative_estimates", "change_rmse", "integer_totals", "dense_parts", "POSTPROCESS", "DENSE_CELLS",
            "MAX_FAMILY_CELLS", "MAX_HELD_MEASUREMENTS", "DUST",
-           "TOPDOWN_TOL", "DENSE_FAMILY"]
+           "TOPDOWN_TOL", "DENSE_FAMILY", "DENSE_CHILDREN", "TOTALS_WEIGHT", "totals_first"]
 
 #: What a geography release's ``postprocess`` accepts: least squares, non-negative or integer estimates.
 POSTPROCESS = (None, "nonnegative", "integer")
@@ -408,6 +414,15 @@ def _maxiter(tol: float) -> int:
 #: exact family solve splits it by its Euclidean projection rather than carry it as a cell.
 DUST = 1e-9
 
+#: A family fits its children's totals first (:func:`totals_first`) if its parent holds at least this many
+#: people per child and cell: children dense enough that non-negativity has little noise to remove, where
+#: clipping a child's noise would only move people to its siblings.
+DENSE_CHILDREN = 1.0
+
+#: The weight of a child's total against its fitted total, relative to :math:`\|A_p\|_2^2/N` (the total then
+#: counts as much as the strategy's best-measured direction) times this.
+TOTALS_WEIGHT = 3.0
+
 #: Largest person domain whose projections use a dense Gram and pseudo-inverse of the strategy (formed once
 #: per plan): a family's projection then runs on its parent's non-zero cells only.
 DENSE_CELLS = 4096
@@ -459,6 +474,12 @@ def strategy_beyond_workload(plan: GeoPlan, level: int = 0) -> bool:
             return rank > W.shape[0]
         return True
     return plan.memo(_level_key(plan, "strategy beyond workload", level), make)
+
+
+def totals_first(plan: GeoPlan, level: int) -> bool:
+    """Whether the dense families of ``level`` (its units as children) fit their totals first (module
+    docstring): where its strategy measures beyond the workload (:func:`strategy_beyond_workload`)."""
+    return strategy_beyond_workload(plan, level)
 
 
 def _totals_only(f: Matrix) -> bool:
@@ -541,36 +562,66 @@ class TopDown:
         return float(np.sqrt(self.plan.noise_variance)) / float(w[d] if w[d] > 0 else w.max())
 
     def project(self, d: int, X: np.ndarray, project, weights: np.ndarray | None = None,
-                support: np.ndarray | None = None, gap=None, tol: float = TOPDOWN_TOL) -> np.ndarray:
+                support: np.ndarray | None = None, gap=None, tol: float = TOPDOWN_TOL,
+                totals: np.ndarray | None = None) -> np.ndarray:
         """Rows ``X`` projected through the strategy onto a convex set (its Euclidean projection
         ``project``; ``gap``, its Frank-Wolfe gap, certifies the stop); with ``support`` (dense parts
-        only), on those cells, the others 0."""
+        only), on those cells, the others 0; with ``totals``, each row's total pulled toward its entry
+        (:meth:`total_weight`)."""
         space, gram_norm, dense = self.view(d)
+        lam = 0.0 if totals is None else self.total_weight(d)
         if support is None:
-            return metric_projection(space.strategy, X, project, self._noise_std(d), gram_norm=gram_norm,
-                                     weights=weights, gap=gap, tol=tol, maxiter=_maxiter(tol))
+            if totals is None:
+                return metric_projection(space.strategy, X, project, self._noise_std(d), gram_norm=gram_norm,
+                                         weights=weights, gap=gap, tol=tol, maxiter=_maxiter(tol))
+            n = space.strategy.shape[1]
+            gram = space.strategy.gram()
+            target = np.asarray(gram @ X.T) + lam * totals[None, :]
+            return metric_projection(space.strategy, X, project, self._noise_std(d), gram_norm=gram_norm + lam * n,
+                                     weights=weights, gram=gram + Weighted(Ones(n, n), lam), target=target, gap=gap,
+                                     tol=tol, maxiter=_maxiter(tol))
         G = dense[0]
         out = np.zeros_like(X)
         if support.size:
+            target = G[support] @ X.T + (0.0 if totals is None else lam * totals[None, :])
             out[:, support] = metric_projection(
-                space.strategy, X[:, support], project, self._noise_std(d), gram_norm=gram_norm,
-                weights=weights, gram=Explicit(G[np.ix_(support, support)]), target=G[support] @ X.T, gap=gap,
+                space.strategy, X[:, support], project, self._noise_std(d), gram_norm=gram_norm + lam * support.size,
+                weights=weights, gram=Explicit(G[np.ix_(support, support)] + lam), target=target, gap=gap,
                 tol=tol, maxiter=_maxiter(tol))
         return out
 
+    def total_weight(self, d: int) -> float:
+        """:math:`\\lambda` of level ``d``'s families that fit their totals first: ``TOTALS_WEIGHT`` times
+        :math:`\\|A_p\\|_2^2/N` on its (reduced) cells."""
+        space, gram_norm, _ = self.view(d)
+        return TOTALS_WEIGHT * gram_norm / space.strategy.shape[1]
+
+    def fitted_totals(self, d: int, held: np.ndarray, estimates: np.ndarray, x_plus: np.ndarray,
+                      units: int) -> np.ndarray | None:
+        """The totals a family of ``units`` units of level ``d`` pulls its children's toward, or ``None``: where
+        nothing is ``held``, :func:`totals_first` and the children are dense (the parent ``x_plus`` holds at least
+        ``DENSE_CHILDREN`` people per unit and cell), the children's least-squares totals ``estimates``
+        projected onto the non-negative totals adding up to the parent's (the simplex projection)."""
+        total = float(x_plus.sum())
+        if (not np.isnan(held).all() or not totals_first(self.plan, d)
+                or total < DENSE_CHILDREN * units * self.view(d)[0].strategy.shape[1]):
+            return None
+        return simplex_projection(np.asarray(estimates, dtype=float)[:, None], np.array([total]))[:, 0]
+
     def family(self, d: int, X: np.ndarray, x_plus: np.ndarray, held: np.ndarray,
-               weights: np.ndarray | None = None) -> np.ndarray:
+               weights: np.ndarray | None = None, totals: np.ndarray | None = None) -> np.ndarray:
         """Rows ``X`` (units of level ``d``, or sums of them with ``weights``) projected onto the
-        non-negative cells adding up to ``x_plus``, and to the ``held`` totals unless they are NaN."""
+        non-negative cells adding up to ``x_plus``, and to the ``held`` totals unless they are NaN; else with
+        their totals pulled toward ``totals`` if given (:meth:`fitted_totals`)."""
         support = None if self.view(d)[2] is None else np.flatnonzero(x_plus > 0)  # the children are 0 elsewhere
         cells = x_plus if support is None else x_plus[support]
         if np.isnan(held).all():
             if support is not None and support.size:
-                exact = self._active_set(d, X, support, cells, weights)
+                exact = self._active_set(d, X, support, cells, weights, totals)
                 if exact is not None:
                     return exact
             return self.project(d, X, lambda V: simplex_projection(V, cells), weights, support,
-                                lambda V, grad: family_gap(V, grad, cells))
+                                lambda V, grad: family_gap(V, grad, cells), totals=totals)
         dual = [None]  # successive points are close: each projection starts from the last one's dual
 
         def transport(V: np.ndarray) -> np.ndarray:
@@ -584,7 +635,7 @@ class TopDown:
         return P
 
     def _active_set(self, d: int, X: np.ndarray, support: np.ndarray, cells: np.ndarray,
-                    weights: np.ndarray | None) -> np.ndarray | None:
+                    weights: np.ndarray | None, totals: np.ndarray | None = None) -> np.ndarray | None:
         """:meth:`family` without held totals on the parent's non-zero cells ``support``, solved exactly by
         :func:`hdmm.georelease.activeset.family_projection` (``None`` where it does not apply or settle),
         to the same certified tolerance as the gradient method. Cells the parent holds only rounding
@@ -594,8 +645,9 @@ class TopDown:
         dust = cells <= DUST * max(1.0, float(cells.max()))
         main = support[~dust]
         bound = 0.5 * (TOPDOWN_TOL * self._noise_std(d)) ** 2 * space.strategy.shape[0] * X.shape[0]
-        V = family_projection(G[np.ix_(main, main)], X @ G[:, main], cells[~dust], X[:, main], bound,
-                              weights, gram_norm)
+        lam = 0.0 if totals is None else self.total_weight(d)  # each child's total pulled toward its own
+        V = family_projection(G[np.ix_(main, main)] + lam, X @ G[:, main] + lam * (0.0 if totals is None else
+                              totals[:, None]), cells[~dust], X[:, main], bound, weights, gram_norm + lam * main.size)
         if V is None:
             return None
         out = np.zeros_like(X)
@@ -725,14 +777,17 @@ class TopDown:
         bounds = family_groups(hi - lo, space.strategy.shape[1], None if dense is None else DENSE_FAMILY)
         if len(bounds) > 2:  # first the groups' sums, weighted by one over their sizes
             sums = np.vstack([self.cells(d + 1, children[a:b]).sum(axis=0) for a, b in zip(bounds, bounds[1:])])
-            parts = self.family(d + 1, sums, x_plus, np.add.reduceat(held, bounds[:-1]), 1.0 / np.diff(bounds))
+            group_held = np.add.reduceat(held, bounds[:-1])
+            parts = self.family(d + 1, sums, x_plus, group_held, 1.0 / np.diff(bounds),
+                                self.fitted_totals(d + 1, group_held, sums.sum(axis=1), x_plus, hi - lo))
             if self.rounding:
                 parts = self._round(d + 1, parts, x_plus)
         else:
             parts = x_plus[None, :]
         for a, b, part in zip(bounds, bounds[1:], parts):
             X = self.cells(d + 1, children[a:b])
-            P = part[None, :] if b - a == 1 else self.family(d + 1, X, part, held[a:b])  # one child: the sum
+            P = part[None, :] if b - a == 1 else self.family(  # one child: the sum
+                d + 1, X, part, held[a:b], totals=self.fitted_totals(d + 1, held[a:b], X.sum(axis=1), part, b - a))
             if self.rounding and b - a > 1:
                 P = self._round(d + 1, P, part)
             self.record(d + 1, children[a:b], P, X)
