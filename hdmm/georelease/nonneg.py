@@ -419,8 +419,9 @@ DUST = 1e-9
 #: clipping a child's noise would only move people to its siblings.
 DENSE_CHILDREN = 1.0
 
-#: The weight of a child's total against its fitted total, relative to :math:`\|A_p\|_2^2/N` (the total then
-#: counts as much as the strategy's best-measured direction) times this.
+#: :math:`\lambda = \text{TOTALS\_WEIGHT}\,\|A_p\|_2^2/N`, the weight of a child's total against its fitted
+#: total: along the all-ones direction of the ``N`` cells the pull weighs this many times the strategy's
+#: best-measured direction.
 TOTALS_WEIGHT = 3.0
 
 #: Largest person domain whose projections use a dense Gram and pseudo-inverse of the strategy (formed once
