@@ -84,6 +84,20 @@ class _TooLarge(Exception):
     """The children's free entries outgrew ``MAX_ENTRIES``."""
 
 
+def _exchange(wrong: np.ndarray, fewest: int, allowance: int) -> tuple[np.ndarray, int, int]:
+    """The entries a sweep exchanges, and the updated ``fewest`` and ``allowance`` (module docstring): every wrong
+    entry when their number fell (with a fresh allowance) or while the allowance lasts; else only the last one
+    (Murty's finite rule)."""
+    count = int(wrong.sum())
+    if count < fewest:
+        return wrong, count, BACKUP_EXCHANGES
+    if allowance > 0:
+        return wrong, fewest, allowance - 1
+    only = np.zeros_like(wrong)
+    only.ravel()[np.flatnonzero(wrong.ravel())[-1]] = True
+    return only, fewest, allowance
+
+
 def _free_solve(G: np.ndarray, w: np.ndarray, eps: float, c: np.ndarray, p: np.ndarray,
                 free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``V`` and ``alpha`` for fixed free entries: each child's system on its own free cells only (padded to
@@ -128,17 +142,9 @@ def _active_set(G: np.ndarray, w: np.ndarray, eps: float, c: np.ndarray, p: np.n
             return None
         scale = tol * max(1.0, float(np.abs(mu).max()))
         wrong = (free & (V <= -tol)) | (~free & (mu < -scale))  # the entries on the wrong side
-        count = int(wrong.sum())
-        if count == 0:
+        if not wrong.any():
             return V, free
-        if count < fewest:  # progress: exchange every wrong entry, with a fresh allowance
-            fewest, allowance = count, BACKUP_EXCHANGES
-        elif allowance > 0:
-            allowance -= 1
-        else:  # no progress: exchange only the last wrong entry (finite, Murty's rule)
-            last = np.flatnonzero(wrong.ravel())[-1]
-            wrong = np.zeros_like(wrong)
-            wrong.ravel()[last] = True
+        wrong, fewest, allowance = _exchange(wrong, fewest, allowance)
         free = free ^ wrong
     return None
 
@@ -217,17 +223,9 @@ def _root_active_set(G: np.ndarray, eps: float, C: np.ndarray, r: np.ndarray, t:
         if not (np.all(np.isfinite(v)) and np.all(np.isfinite(mu))):
             return None
         wrong = (free & (v <= -tol)) | (~free & (mu < -bound / (4.0 * t)))
-        count = int(wrong.sum())
-        if count == 0:
+        if not wrong.any():
             return v, free
-        if count < fewest:
-            fewest, allowance = count, BACKUP_EXCHANGES
-        elif allowance > 0:
-            allowance -= 1
-        else:
-            last = np.flatnonzero(wrong)[-1]
-            wrong = np.zeros_like(wrong)
-            wrong[last] = True
+        wrong, fewest, allowance = _exchange(wrong, fewest, allowance)
         free = free ^ wrong
     return None
 
