@@ -67,8 +67,10 @@ def test_local_engine_refuses_unknown_options():
     tree = country(0)
     plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP)
     H = sp.csr_matrix(np.ones((tree.leaves, DOMAIN.size)))
-    with pytest.raises(TypeError, match="only the option 'workers'"):
-        release_geography(plan, ArrayHistograms(H), seed=0, output="x")
+    with pytest.raises(TypeError, match="only the options 'workers', 'output' and 'work_dir'"):
+        release_geography(plan, ArrayHistograms(H), seed=0, spark=None)
+    with pytest.raises(TypeError, match="give output too"):
+        release_geography(plan, ArrayHistograms(H), seed=0, work_dir=".")
     with pytest.raises(ValueError, match="positive int"):
         release_geography(plan, ArrayHistograms(H), seed=0, workers=0)
 

@@ -66,7 +66,6 @@ from .rootfit import workload_projection
 from .rounding import round_below
 from .roundtree import check_integer, held_region, round_held
 from .simplex import simplex_projection, thresholds
-from .workers import map_partitions
 
 __all__ = ["simplex_projection", "transport_projection", "balance", "thresholds", "known_totals", "NonNegative",
            "CellSpace", "cell_space", "family_groups", "TopDown", "held_measurements", "check_nonnegative",
@@ -226,12 +225,13 @@ def known_totals(plan: GeoPlan) -> dict[int, np.ndarray]:
     return known
 
 
-def held_measurements(plan: GeoPlan, engine: str = "local") -> int:
+def held_measurements(plan: GeoPlan, partitioned: bool = False) -> int:
     """How many strategy answers the top-down pass holds at once: every unit's to the finest measured
-    level (local engine), or, on Spark, the most of the driver's (levels down to the partition level,
-    and invariant levels below it) and one partition's (its units below that level)."""
+    level (a release held in memory), or, for a release that keeps each partition's estimates apart
+    (Spark, or the local engine writing its output), the most of the driver's (levels down to the
+    partition level, and invariant levels below it) and one partition's (its units below that level)."""
     tree, finest, P = plan.tree, plan.solver.finest, plan.partition_level
-    if engine == "local":
+    if not partitioned:
         units = sum(tree.sizes[d] for d in range(finest + 1))
     else:
         widest = 0
@@ -263,8 +263,9 @@ def family_groups(children: int, cells: int, most: int | None = None) -> np.ndar
     return np.arange(groups + 1) * children // groups
 
 
-def check_nonnegative(plan: GeoPlan, engine: str = "local") -> None:
-    """Refuse, before any noise, a plan whose non-negative estimates ``engine`` cannot make in memory."""
+def check_nonnegative(plan: GeoPlan, partitioned: bool = False) -> None:
+    """Refuse, before any noise, a plan whose non-negative estimates cannot be made in memory (every unit's
+    estimates at once, or, ``partitioned``, the driver's and one partition's: :func:`held_measurements`)."""
     tree = plan.tree
     known = known_totals(plan)
     deepest = max(plan.levels)
@@ -288,12 +289,15 @@ def check_nonnegative(plan: GeoPlan, engine: str = "local") -> None:
                 f"cells need more groups than that allows; release least-squares estimates, or non-negative ones "
                 f"down to a coarser level"
             )
-    held = held_measurements(plan, engine)
+    held = held_measurements(plan, partitioned)
     if held > MAX_HELD_MEASUREMENTS:
-        where = "every unit's" if engine == "local" else "the largest partition's (or the driver's)"
+        where = "the largest partition's (or the driver's)" if partitioned else "every unit's"
         raise GeographyError(
             f"non-negative estimates hold {where} strategy answers ({held:,} numbers, more than "
-            f"{MAX_HELD_MEASUREMENTS:,}); release least-squares estimates, or non-negative ones for fewer levels"
+            f"{MAX_HELD_MEASUREMENTS:,}); " + ("partition at a finer level, " if partitioned else
+                                               "write the release to an output directory (output=: each "
+                                               "partition's estimates kept on disk), ") +
+            "release least-squares estimates, or non-negative ones for fewer levels"
         )
 
 
@@ -502,10 +506,11 @@ class TopDown:
     the deepest released level; :attr:`answers`, :attr:`totals` and :attr:`squared` collect, for
     the units of the released levels it meets, the answers, totals and the squared change of the
     answers from least squares; ``progress`` (if given) gets a line every hundredth of the families.
-    With ``sink``, the answers go instead to ``sink(level, units, answers)`` in batches of ``batch``
-    units of a level (call :meth:`flush` at the end), and the totals are not kept, so that a walk
-    over many units does not hold them all. The local engine walks the whole tree; the Spark
-    engine walks down to the partition level on the driver and each partition's subtree in a task.
+    With ``sink``, the answers and totals go instead to ``sink(level, units, answers, totals)`` in
+    batches of ``batch`` units of a level (call :meth:`flush` at the end), so that a walk over many
+    units does not hold them all. A release walks down to the partition level in the calling process
+    (a task per family below the root's) and each partition's subtree in a task
+    (:mod:`hdmm.georelease.pipeline`).
     """
 
     def __init__(self, plan: GeoPlan, z, lam: dict[int, np.ndarray] | None, sink=None, batch: int = 1024,
@@ -516,7 +521,7 @@ class TopDown:
         self.families = sum(plan.tree.sizes[d] for d in range(max(plan.levels)))  # units with children to project
         self.projected = 0
         self.sink, self.batch = sink, batch
-        self._pending: dict[int, tuple[list[int], list[np.ndarray]]] = {d: ([], []) for d in plan.levels}
+        self._pending: dict[int, tuple[list, list, list]] = {d: ([], [], []) for d in plan.levels}
         self.space, self.gram_norm = cell_space(plan)
         self.dense = dense_parts(plan)
         self.known = known_totals(plan)
@@ -672,19 +677,20 @@ class TopDown:
                 self.answers[d][unit] = a
                 self.totals[d][unit] = float(x.sum())
                 continue
-            pending_units, rows = self._pending[d]
+            pending_units, rows, totals = self._pending[d]
             pending_units.append(unit)
             rows.append(a)
+            totals.append(float(x.sum()))
             if len(pending_units) >= self.batch:
                 self.flush(d)
 
     def flush(self, level: int | None = None) -> None:
-        """Hand the answers waiting for ``sink`` (of ``level``, or of every level) over to it."""
+        """Hand the answers and totals waiting for ``sink`` (of ``level``, or of every level) over to it."""
         for d in self._pending if level is None else (level,):
-            units, rows = self._pending[d]
+            units, rows, totals = self._pending[d]
             if units:
-                self._pending[d] = ([], [])
-                self.sink(d, np.asarray(units), np.vstack(rows))
+                self._pending[d] = ([], [], [])
+                self.sink(d, np.asarray(units), np.vstack(rows), np.asarray(totals))
 
     def root(self) -> np.ndarray:
         """The root's non-negative cells (recorded), with its held total if any: fitted through the workload
@@ -800,53 +806,17 @@ class TopDown:
 
 
 def nonnegative_estimates(plan: GeoPlan, z: dict[int, np.ndarray], lam: dict[int, np.ndarray] | None,
-                          progress=None, integer: bool = False, workers: int = 1) -> NonNegative:
-    """Top-down non-negative (or ``integer``) answers from the least-squares estimates ``z`` in measurement space.
+                          progress=None, integer: bool = False) -> NonNegative:
+    """Top-down non-negative (or ``integer``) answers from the least-squares estimates ``z`` in measurement space,
+    in this process (a release runs the same walk in tasks: :mod:`hdmm.georelease.pipeline`).
 
     ``z[d]`` holds every unit of level ``d`` (``units x rows of A_p``) and ``lam`` the invariant
     multipliers (:mod:`hdmm.georelease.invariants`) or ``None``. The plan must have passed
-    :func:`check_nonnegative` (and :func:`integer_totals`). With ``workers > 1`` the walk here covers
-    only the root's family (for integer tables the held region, rounded at once); then, level by level,
-    every unit's family is projected in a worker process (:func:`hdmm.georelease.workers.map_partitions`),
-    and at the partition level its whole subtree, with the same answers.
+    :func:`check_nonnegative` (and :func:`integer_totals`).
     """
     walk = TopDown(plan, lambda d, units: z[d][units], lam, progress=progress, integer=integer)
-    tree, P = plan.tree, plan.partition_level
-    held = max(held_region(tree, integer_totals(plan))) if integer else 0
-    if workers <= 1 or P < 1 or walk.deepest <= P or held > P:
-        walk.start()
-    else:  # the driver's top (the root's family, or the held region rounded at once), then, level by level,
-        cells: dict[int, np.ndarray] = {}  # one worker task per unit below it, down to the partition subtrees
-        top = max(held, 1)
-        walk.start(stop=top, reached=cells)
-        for d in range(top, P + 1):
-            stop = walk.deepest if d == P else d + 1
-
-            def below(u: int, d=d, stop=stop, cells=cells):
-                task = TopDown(plan, lambda e, units: z[e][units], lam, integer=integer)
-                reached: dict[int, np.ndarray] = {}
-                task.descend(d, u, cells[u], stop, reached if stop == d + 1 else None)
-                kept = [e for e in plan.levels if e > d]
-                return ({e: (np.fromiter(task.answers[e], dtype=np.int64), np.vstack(list(task.answers[e].values())),
-                             np.fromiter(task.totals[e].values(), dtype=float)) for e in kept if task.answers[e]},
-                        {e: task.squared[e] for e in kept}, task.widened, task.projected, reached)
-
-            reached_all: dict[int, np.ndarray] = {}
-            for u, (answers, squared, widened, projected, reached) in enumerate(
-                    map_partitions(below, tree.sizes[d], workers)):
-                for e, (units, rows, totals) in answers.items():
-                    walk.answers[e].update(zip(units.tolist(), rows))
-                    walk.totals[e].update(zip(units.tolist(), totals.tolist()))
-                for e, value in squared.items():
-                    walk.squared[e] += value
-                for e, value in widened.items():
-                    walk.widened[e] = max(walk.widened[e], value)
-                reached_all.update(reached)
-                walk.projected += projected
-                if progress is not None and ((u + 1) % max(1, tree.sizes[d] // 100) == 0 or u + 1 == tree.sizes[d]):
-                    progress(f"  non-negative: projected the units below {tree.label(d, u)} "
-                             f"({walk.projected}/{walk.families})")
-            cells = reached_all
+    walk.start()
+    tree = plan.tree
     answers = {d: np.vstack([walk.answers[d][u] for u in range(tree.sizes[d])]) for d in plan.levels}
     totals = {d: np.array([walk.totals[d][u] for u in range(tree.sizes[d])]) for d in plan.levels}
     widened = {d: walk.widened[d] for d in plan.levels if d > 0} if integer else None

@@ -1,19 +1,15 @@
 r"""A geography release: every unit's answers, consistent over the tree, with standard errors.
 
 :func:`release_geography` runs a :class:`~hdmm.georelease.plan.GeoPlan` on data in one of two
-engines with the same steps and, for a given seed, the same result:
+engines with the same steps (:mod:`hdmm.georelease.pipeline`) and, for a given seed, the same
+result: check the data against the plan (leaves, counts, invariants) before any noise, charge the
+budget once, then measure and estimate partition by partition (e.g. a county and its subtree).
 
-1. check the data against the plan (leaves, counts, invariants), before any noise;
-2. per partition (e.g. a state): measure its units (:mod:`hdmm.georelease.units`) and take the
-   first tree pass (:func:`~hdmm.georelease.passes.partition_up`);
-3. on the driver: measure the levels above the partition level from the partitions' totals, and
-   the top passes;
-4. per partition: the second pass, giving the least-squares estimate of every unit;
-5. on the driver: the invariants' correction (:mod:`hdmm.georelease.invariants`).
-
-``engine="local"`` (the default) runs the partitions one after another in this process: the
-histograms of one partition at a time exist, and every unit's estimate (``queries + 1`` numbers).
-``engine="spark"`` runs steps 2 and 4 as Spark tasks (:mod:`hdmm.georelease.spark`).
+``engine="local"`` (the default) runs the partitions in this process or in forked workers. Without
+``output`` the release is held in memory (every unit's answers); with ``output`` each partition's
+estimates are kept on disk between steps and the answers are written straight into the release
+files, so memory follows the largest partition, not the country. ``engine="spark"`` runs the
+steps as Spark stages (:mod:`hdmm.georelease.spark`).
 
 Every parent's answers equal the sum of its children's (up to floating-point rounding), because
 every unit's estimate is the sum of its finest measured descendants' estimates.
@@ -21,8 +17,8 @@ every unit's estimate is the sum of its finest measured descendants' estimates.
 
 from __future__ import annotations
 
-import itertools
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -31,13 +27,15 @@ import numpy as np
 import pandas as pd
 
 from ..budget import Budget, Charge
-from .passes import Partition, TreePasses, partition_down, partition_up, top_passes
+from .files import check_output, finish_output, partial_path, read_answers, start_output, write_units
+from .nonneg import POSTPROCESS, check_nonnegative, integer_totals
+from .pipeline import LocalEngine, run_release
 from .plan import GeoPlan
-from .files import finish_output, start_output, write_units
-from .workers import check_workers, map_partitions
-from .nonneg import POSTPROCESS, check_nonnegative, integer_totals, nonnegative_estimates
-from .steps import apply_invariants, created_now, invariant_multipliers, measure_top, progress_printer, provenance
-from .units import HistogramSource, check_source, measure_partition
+from .report import total_query
+from .steps import created_now, progress_printer, provenance
+from .stores import DiskStore, MemoryAnswers, MemoryStore, ParquetAnswers
+from .units import HistogramSource, check_source
+from .workers import check_workers
 
 __all__ = ["GeoRelease", "release_geography", "ENGINES"]
 
@@ -52,7 +50,8 @@ class GeoRelease:
     ----------
     plan : GeoPlan
     estimates : dict
-        ``level -> units x (queries + 1)``: the person queries' answers and the unit's total.
+        ``level -> units x (queries + 1)``: the person queries' answers and the unit's total; empty
+        for a release written to ``path``.
     seeded : bool
         Whether the noise came from a seed (reproducible: for tests and research only).
     timings : dict
@@ -69,6 +68,9 @@ class GeoRelease:
     about : dict
         What the provenance records of the release's inputs: ``created`` (UTC) and what the caller
         gave (``release_geography(about=...)``, e.g. the workload and the data source).
+    path : str or None
+        The release files (:mod:`hdmm.georelease.files`) of a release written by the engine
+        (``release_geography(output=...)``); its answers are read back from them, a level at a time.
     """
 
     plan: GeoPlan
@@ -79,14 +81,30 @@ class GeoRelease:
     change: dict[int, float] | None = None
     charge: Charge | None = None
     about: dict = field(default_factory=dict)
+    path: str | None = None
+    _read: dict = field(default_factory=dict, repr=False)
 
     def answers(self, level: str | int) -> np.ndarray:
         """``units x queries`` answers of a released level."""
-        return self.estimates[self._level(level)][:, :-1]
+        d = self._level(level)
+        if d in self.estimates:
+            return self.estimates[d][:, :-1]
+        if d not in self._read:  # the last level read is kept (answers, then totals, of one level)
+            self._read.clear()
+            self._read[d] = read_answers(self.path, self.plan, d)
+        return self._read[d]
 
     def totals(self, level: str | int) -> np.ndarray:
-        """Estimated total of every unit of a released level (held exactly for invariant units)."""
-        return self.estimates[self._level(level)][:, -1]
+        """Estimated total of every unit of a released level (held exactly for invariant units); for a
+        written release, its answer to the workload's total query (the files hold the queries only)."""
+        d = self._level(level)
+        if d in self.estimates:
+            return self.estimates[d][:, -1]
+        q = self.plan.memo("total query", lambda: total_query(self.plan.person.workload))
+        if q is None:
+            raise ValueError("the release's files hold the workload's queries only, and the workload has no total "
+                             "query: add a total row to the workload to read the units' totals back")
+        return self.answers(d)[:, q]
 
     def std_errors(self, level: str | int) -> np.ndarray:
         """``units x queries`` standard errors (upper bounds unless ``plan.variance_exact``; for a plan with
@@ -112,8 +130,14 @@ class GeoRelease:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write a Parquet dataset partitioned by level (``path/level=<name>/...``) with the provenance
-        in every file's metadata and in ``path/_provenance.json``. Needs ``pyarrow`` (``hdmm[parquet]``)."""
+        in every file's metadata and in ``path/_provenance.json`` (a written release's files are copied).
+        Needs ``pyarrow`` (``hdmm[parquet]``)."""
         meta = self.provenance()
+        if self.path is not None:
+            check_output(path)
+            shutil.copytree(self.path, partial_path(path))
+            os.rename(partial_path(path), os.path.normpath(os.fspath(path)))
+            return
         partial = start_output(path)
         for d in self.plan.levels:
             write_units(partial, self.plan, d, np.arange(self.plan.tree.sizes[d]), self.answers(d),
@@ -122,7 +146,9 @@ class GeoRelease:
 
     def __repr__(self) -> str:
         levels = ", ".join(f"{self.plan.tree.levels[d]}: {self.plan.tree.sizes[d]:,}" for d in self.plan.levels)
-        return f"GeoRelease({levels} units x {self.plan.queries:,} queries; {self.plan.privacy.description})"
+        where = "" if self.path is None else f"; written to {self.path}"
+        return (f"GeoRelease({levels} units x {self.plan.queries:,} queries; {self.plan.privacy.description}"
+                f"{where})")
 
 
 def _level_table(plan: GeoPlan, d: int, answers: np.ndarray, std_errors: np.ndarray, first: int = 0) -> pd.DataFrame:
@@ -158,10 +184,18 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
     engine
         ``"local"`` (default) or ``"spark"``.
     engine_options
-        The local engine's ``workers``: processes measuring and post-processing partitions at once
-        (:mod:`hdmm.georelease.workers`; default ``None``: every core the process may use, for
-        releases of at least ``POOL_UNITS`` units). The answers do not depend on it. Spark's options:
-        :func:`hdmm.georelease.spark.release_spark`.
+        The local engine's:
+
+        * ``workers``: processes measuring and post-processing partitions at once
+          (:mod:`hdmm.georelease.workers`; default ``None``: every core the process may use, for
+          releases of at least ``POOL_UNITS`` units). The answers do not depend on it.
+        * ``output``: write the release files (:mod:`hdmm.georelease.files`) to this new directory
+          as the release goes, keeping each partition's estimates on disk between steps (in a
+          private directory under ``work_dir``, default the output's parent, removed at the end):
+          memory then follows the largest partition, not the tree. The result reads its answers
+          back from the files.
+
+        Spark's options: :func:`hdmm.georelease.spark.release_spark`.
     seed
         ``None`` (default): noise from fresh OS entropy, as a real release must. An int: every
         unit's noise from a stream derived from the seed and the unit (for tests and research only).
@@ -207,76 +241,58 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
         return release_spark(plan, data, seed=seed, progress=progress, budget=budget, label=label,
                              postprocess=postprocess, about=about, **engine_options)
     workers = check_workers(engine_options.pop("workers", None), int(sum(plan.tree.sizes)))
+    output, work_dir = engine_options.pop("output", None), engine_options.pop("work_dir", None)
     if engine_options:
-        raise TypeError(f"the local engine takes only the option 'workers', not {sorted(engine_options)}")
+        raise TypeError(f"the local engine takes only the options 'workers', 'output' and 'work_dir', not "
+                        f"{sorted(engine_options)}")
+    if work_dir is not None and output is None:
+        raise TypeError("work_dir holds the estimates of a release written to output=: give output too")
+    if output is not None:
+        output = os.path.normpath(os.fspath(output))
+        check_output(output)
+        work_dir = os.path.dirname(os.path.abspath(output)) if work_dir is None else os.fspath(work_dir)
+        if not os.path.isdir(work_dir):
+            raise FileNotFoundError(f"work_dir {work_dir} is not an existing directory")
     if postprocess is not None:
-        check_nonnegative(plan)
+        check_nonnegative(plan, partitioned=output is not None)
     if postprocess == "integer":
         integer_totals(plan)
-    return replace(_release_local(plan, data, seed=seed, progress=progress, postprocess=postprocess, budget=budget,
-                                  label=label, workers=workers), about=about)
+    return _release_local(plan, data, seed=seed, progress=progress, postprocess=postprocess, budget=budget,
+                          label=label, workers=workers, about=about, output=output, work_dir=work_dir)
 
 
-def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, progress,
-                   postprocess: str | None = None, budget: Budget | None = None, label: str = "",
-                   workers: int = 1) -> GeoRelease:
-    say = progress_printer(progress)
-    space = "answers" if postprocess is None else "measurements"
-    tree, P = plan.tree, plan.partition_level
-    timings: dict[str, float] = {}
+def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, progress, postprocess: str | None,
+                   budget: Budget | None, label: str, workers: int, about: dict, output: str | None,
+                   work_dir: str | None) -> GeoRelease:
+    """The local engine: the steps of :mod:`hdmm.georelease.pipeline` in memory, or written to ``output``."""
     start = time.perf_counter()
     check_source(plan, source)
     charge = None if budget is None else budget.charge(plan.privacy, label)  # on disk before any noise
-    passes = None if plan.per_level else plan.passes
-    parts = [Partition.of(tree, P, u) for u in range(tree.sizes[P])]
-    owns, g_own, roots = [], [], []
-
-    def measure(i: int):
-        own, root = measure_partition(plan, parts[i], source.histograms, seed, space)
-        return own, None if passes is None else partition_up(passes, parts[i], own), root
-
-    first = [measure(0)]  # here: the plan's cached matrices are made once, before the workers fork
-    for i, (own, g, root) in enumerate(itertools.chain(first, map_partitions(lambda i: measure(i + 1),
-                                                                             len(parts) - 1, workers))):
-        owns.append(own)
-        g_own.append(g)
-        roots.append(root)
-        say(f"  measured {tree.label(P, parts[i].unit)} ({i + 1}/{len(parts)})")
-    timings["measure"] = time.perf_counter() - start
-    start = time.perf_counter()
-    if passes is None:  # per-level strategies: every unit's own measurements, for the top-down walk
-        estimates = measure_top(plan, np.vstack(roots), seed, space)
-        for d in range(P, max(plan.levels) + 1):
-            estimates[d] = np.vstack([own[d] for own in owns])
+    seconds = time.perf_counter() - start
+    engine = LocalEngine(workers)
+    if output is None:
+        answers, store = MemoryAnswers(plan), MemoryStore()
     else:
-        estimates = finish(plan, passes, parts, np.vstack(g_own), np.vstack(roots), owns, seed, space)
-    timings["estimate"] = time.perf_counter() - start
-    if postprocess is None:
-        apply_invariants(plan, estimates)
-        return GeoRelease(plan, {d: estimates[d] for d in plan.levels}, seeded=seed is not None, timings=timings,
-                          charge=charge)
-    start = time.perf_counter()
-    lam = None if plan.per_level else invariant_multipliers(plan, estimates, space)
-    result = nonnegative_estimates(plan, estimates, lam, progress=say, integer=postprocess == "integer",
-                                   workers=workers)
-    timings[postprocess.replace("nonnegative", "non-negative")] = time.perf_counter() - start
-    out = {d: np.column_stack([result.answers[d], result.totals[d]]) for d in plan.levels}
-    return GeoRelease(plan, out, seeded=seed is not None, timings=timings, postprocess=postprocess,
-                      change=result.change, charge=charge)
-
-
-def finish(plan: GeoPlan, passes: TreePasses, parts: list[Partition], g_own: np.ndarray, roots: np.ndarray,
-           owns, seed: int | None, space: str = "answers") -> dict[int, np.ndarray]:
-    """Steps 3 and 4 for the local engine: the top and the second passes (every level to the finest measured)."""
-    tree, P = plan.tree, plan.partition_level
-    k = g_own.shape[1]
-    c, t = top_passes(passes, P, g_own, measure_top(plan, roots, seed, space))
-    estimates = {d: np.empty((tree.sizes[d], k)) for d in range(passes.finest + 1)}
-    for part, own in zip(parts, owns):
-        for d, values in partition_down(passes, part, own, c[part.unit:part.unit + 1],
-                                        t[part.unit:part.unit + 1]).items():
-            lo, hi = part.range(d)
-            estimates[d][lo:hi] = values
-    for d in range(P - 1, -1, -1):
-        estimates[d] = np.add.reduceat(estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
-    return estimates
+        meta = provenance(plan, seed is not None, charge, postprocess, about)
+        store = DiskStore(work_dir)
+        try:
+            answers = ParquetAnswers(start_output(output), plan, meta)
+        except BaseException:
+            store.close()
+            raise
+    try:
+        outcome = run_release(plan, source.histograms, engine=engine, store=store, output=answers, seed=seed,
+                              postprocess=postprocess, say=progress_printer(progress))
+    except BaseException:
+        if output is not None:  # no output that looks like a release: the partial directory goes too
+            shutil.rmtree(partial_path(output), ignore_errors=True)
+        raise
+    finally:
+        store.close()
+    outcome.timings["measure"] += seconds
+    common = dict(seeded=seed is not None, timings=outcome.timings, postprocess=postprocess, change=outcome.change,
+                  charge=charge, about=about)
+    if output is None:
+        return GeoRelease(plan, answers.rows, **common)
+    finish_output(answers.partial, output, meta)
+    return GeoRelease(plan, {}, path=output, **common)

@@ -337,7 +337,7 @@ def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_col
         raise ValueError(f"postprocess must be one of {list(POSTPROCESS)}, got {postprocess!r}")
     space = "answers" if postprocess is None else "measurements"
     if postprocess is not None:
-        check_nonnegative(plan, "spark")
+        check_nonnegative(plan, partitioned=True)
     if postprocess == "integer":
         integer_totals(plan, "spark")
     say = progress_printer(progress)
@@ -531,7 +531,7 @@ def _families_to(plan: GeoPlan, plan_b, spark, d: int, cells: dict[int, np.ndarr
         lo = int(p.tree.child_bounds(d)[unit])
         counts = [0]
 
-        def write_task(level: int, units: np.ndarray, answers: np.ndarray) -> None:
+        def write_task(level: int, units: np.ndarray, answers: np.ndarray, totals=None) -> None:
             counts[0] += write_units(partial_, p, level, units, answers, np.sqrt(p.variances(level, units)), meta_,
                                      f"part-{p.tree.levels[d]}-{unit:07d}-{units[0]:09d}")
 
@@ -567,7 +567,7 @@ def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray],
     partial = start_output(output)
     written = []
 
-    def write(d: int, units: np.ndarray, answers: np.ndarray) -> None:
+    def write(d: int, units: np.ndarray, answers: np.ndarray, totals=None) -> None:
         written.append(write_units(partial, plan, d, units, answers, np.sqrt(plan.variances(d, units)), meta,
                                    f"part-driver-{len(written):05d}"))
 
@@ -607,7 +607,7 @@ def _nonnegative(plan: GeoPlan, plan_b, spark, estimates: dict[int, np.ndarray],
             x_plus = np.asarray(pdf.loc[pdf["level"] == CELLS_ROW, "values"].iloc[0], dtype=float)
             counts = {}
 
-            def write_task(d: int, units: np.ndarray, answers: np.ndarray) -> None:
+            def write_task(d: int, units: np.ndarray, answers: np.ndarray, totals=None) -> None:
                 errors = np.sqrt(p.variances(d, units))
                 counts[d] = counts.get(d, 0) + write_units(partial_, p, d, units, answers, errors, meta_,
                                                            f"part-{unit:07d}-{units[0]:09d}")

@@ -20,11 +20,15 @@ __all__ = ["measure_top", "apply_invariants", "invariant_multipliers", "correct"
 
 
 def measure_top(plan: GeoPlan, roots: np.ndarray, seed: int | None, space: str = "answers") -> dict[int, np.ndarray]:
-    """Measure the units of the measured levels above the partition level from the partition roots' histograms."""
+    """Measure the units of the measured levels above the partition level from the partition roots' histograms
+    (``partitions x cells``, sparse or dense)."""
     tree, P = plan.tree, plan.partition_level
-    own, X = {}, sp.csr_matrix(roots)
+    own, X = {}, sp.csr_matrix(roots)  # sparse: the driver never holds partitions x cells densely
     for d in range(P - 1, -1, -1):
-        X = sp.csr_matrix(np.add.reduceat(X.toarray(), tree.child_bounds(d)[:-1], axis=0))
+        bounds = tree.child_bounds(d)
+        parent = np.repeat(np.arange(bounds.size - 1), np.diff(bounds))
+        X = sp.csr_matrix((np.ones(parent.size), (parent, np.arange(parent.size))),
+                          shape=(bounds.size - 1, parent.size)) @ X
         if plan.level_weights[d] > 0:
             own[d] = measure_units(plan, d, 0, X, seed, space)
     return own

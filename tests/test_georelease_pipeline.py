@@ -1,0 +1,139 @@
+"""The release steps written once (hdmm.georelease.pipeline): a local release written to files as it goes,
+each partition's estimates kept on disk, gives the in-memory release answer for answer, and leaves nothing
+behind but its output."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import hdmm
+from hdmm.georelease import ArrayHistograms, geo_plan, release_geography
+from hdmm.georelease.pipeline import LocalEngine
+from hdmm.georelease.stores import DiskStore, MemoryAnswers, MemoryStore
+from trees import small_country
+
+pytest.importorskip("pyarrow")
+
+DOMAIN = hdmm.Domain(["a", "b"], [2, 3])
+WP = hdmm.product(DOMAIN, {"a": hdmm.Identity(2), "b": hdmm.Prefix(3)})
+AP = hdmm.Kronecker([hdmm.Identity(2), hdmm.Prefix(3)])
+
+
+def _data(seed: int = 1):
+    tree = small_country(seed, counties=(2, 5), tracts=(1, 4))
+    rng = np.random.default_rng(2)
+    H = sp.csr_matrix(rng.poisson(0.8, size=(tree.leaves, DOMAIN.size)).astype(float))
+    return tree, H
+
+
+def _invariants(tree, H, level: str) -> dict:
+    b = tree.leaf_bounds(level)
+    return {level: {code: float(H[b[u]:b[u + 1]].sum()) for u, code in enumerate(tree.codes(level))}}
+
+
+@pytest.mark.parametrize("postprocess", [None, "nonnegative", "integer"])
+@pytest.mark.parametrize("held", [None, "state", "county"])
+@pytest.mark.parametrize("partition", ["nation", "state", "tract"])
+def test_a_written_release_is_the_in_memory_release(tmp_path, postprocess, held, partition):
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, partition=partition,
+                    invariants=None if held is None else _invariants(tree, H, held))
+    memory = release_geography(plan, ArrayHistograms(H), seed=7, postprocess=postprocess, workers=1)
+    for workers in (1, 2):
+        out = tmp_path / f"out{workers}"
+        written = release_geography(plan, ArrayHistograms(H), seed=7, postprocess=postprocess, workers=workers,
+                                    output=out)
+        assert written.path == str(out) and not written.estimates
+        for d in plan.levels:
+            np.testing.assert_array_equal(written.answers(d), memory.answers(d))
+        if postprocess is not None:
+            assert written.change == pytest.approx(memory.change, rel=1e-12)
+        assert written.provenance()["estimates"] == memory.provenance()["estimates"]
+        # the estimates' work directory (under the output's parent) is gone
+        assert sorted(os.listdir(tmp_path)) == [f"out{w}" for w in range(1, workers + 1)]
+
+
+def test_a_written_release_copies_and_tabulates(tmp_path):
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP)
+    written = release_geography(plan, ArrayHistograms(H), seed=3, output=tmp_path / "a", work_dir=tmp_path)
+    memory = release_geography(plan, ArrayHistograms(H), seed=3)
+    assert written.table().equals(memory.table())
+    written.save(tmp_path / "b")
+    assert sorted(os.listdir(tmp_path / "b")) == sorted(os.listdir(tmp_path / "a"))
+    with pytest.raises(FileExistsError):
+        written.save(tmp_path / "a")
+    with pytest.raises(ValueError, match="no total query"):
+        written.totals("county")
+    assert "written to" in repr(written)
+
+
+class _Failing:
+    """Histograms that fail on a given partition's leaves, after the first partitions were measured."""
+
+    def __init__(self, H: sp.csr_matrix, fail_at: int):
+        self.H, self.fail_at, self.person_cells = H, fail_at, H.shape[1]
+
+    def leaf_totals(self) -> np.ndarray:
+        return np.asarray(self.H.sum(axis=1)).ravel()
+
+    def histograms(self, lo: int, hi: int) -> sp.csr_matrix:
+        if lo <= self.fail_at < hi:
+            raise OSError("the disk went away")
+        return self.H[lo:hi]
+
+
+def test_a_failed_written_release_leaves_nothing_behind(tmp_path):
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, partition="county")
+    with pytest.raises(OSError, match="disk went away"):
+        release_geography(plan, _Failing(H, tree.leaves - 1), seed=1, output=tmp_path / "out")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_written_release_refuses_an_existing_output_before_any_noise(tmp_path):
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP)
+    (tmp_path / "out").mkdir()
+    budget = hdmm.Budget(hdmm.PureDP(1.0))
+    with pytest.raises(FileExistsError, match="never overwritten"):
+        release_geography(plan, ArrayHistograms(H), output=tmp_path / "out", budget=budget)
+    assert budget.charges == ()
+    with pytest.raises(FileNotFoundError, match="work_dir"):
+        release_geography(plan, ArrayHistograms(H), output=tmp_path / "new", work_dir=tmp_path / "missing")
+
+
+def test_stores_give_back_what_they_keep(tmp_path):
+    vectors = {2: np.arange(6.0).reshape(2, 3), 3: np.ones((4, 3))}
+    for store in (MemoryStore(), DiskStore(tmp_path)):
+        store.accept(5, store.save(5, vectors))
+        got = store.load(5)
+        assert sorted(got) == [2, 3]
+        for d in vectors:
+            np.testing.assert_array_equal(got[d], vectors[d])
+        store.accept(5, store.save(5, {3: np.zeros((4, 3))}))  # a later step replaces the partition's levels
+        assert sorted(store.load(5)) == [3]
+        store.close()
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(FileNotFoundError, match="not an existing directory"):
+        DiskStore(tmp_path / "missing")
+
+
+def test_memory_answers_gather_rows_and_totals():
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP)
+    out = MemoryAnswers(plan)
+    d = plan.levels[-1]
+    writer = out.writer("t")
+    writer.write(d, np.array([1, 0]), np.ones((2, plan.queries)) * [[2.0], [1.0]], np.array([5.0, 4.0]))
+    out.gather(writer.result())
+    assert out.rows[d][0, -1] == 4.0 and out.rows[d][1, 0] == 2.0
+
+
+def test_local_engine_runs_items_in_order():
+    assert list(LocalEngine(workers=2).map(lambda x: -x, [3, 1, 2])) == [-3, -1, -2]
+    assert list(LocalEngine().map(lambda x: x, [])) == []
