@@ -1,7 +1,7 @@
 """PL94-171 (2020 tables) from the nation down, at the 2020 production budget: least squares, non-negative, integer.
 
 Run ``python benchmarks/census_production.py [--states 11,10,44] [--levels state,county,tract,block_group,block]
-[--engine local|spark] [--partition county] [--workers 1] [--allocation hdmm|production]``; it writes
+[--engine local|spark] [--partition county] [--workers 1] [--allocation hdmm|production] [--write]``; it writes
 ``benchmarks/results/census_production.md`` (and ``.json``).
 Every output (least squares, non-negative, integer) is released in its own process (peak memory is
 the memory of that process and its children, PSS summed (geography.PeakMemory), sampled every 0.5 s,
@@ -24,8 +24,9 @@ The setting, for every run:
   error counts the same); invariants: the state totals (as production's);
 * error against the true answers of the synthetic data: census_workloads' accuracy report
   (hdmm.georelease.report), with production's measurement sigma of total population per level
-  (census_workloads.das2020) as the goal of the integer output; on Spark the answers are read back from
-  its Parquet files (SparkGeoRelease.answers), and the files are removed afterwards.
+  (census_workloads.das2020) as the goal of the integer output; on Spark, and on the local engine with
+  ``--write`` (the release written to files as it goes, each partition's estimates on disk), the answers
+  are read back from the release files, which are removed afterwards.
 
 With ``--allocation production``: production's own mechanism instead of hdmm's person strategy, its
 per-level strategies and shares at the same rho (census_workloads.das2020.ProductionConfig.geo_plan),
@@ -90,12 +91,13 @@ def setting(states: tuple[str, ...] | None, levels: tuple[str, ...], total_weigh
 
 
 def run(states, levels, output: str, engine: str, total_weight: float = TOTAL_WEIGHT, workload: str = "pl94",
-        epsilon: float = 1.0, partition: str = "county", workers: int | None = 1, allocation: str = "hdmm") -> dict:
+        epsilon: float = 1.0, partition: str = "county", workers: int | None = 1, allocation: str = "hdmm",
+        write: bool = False) -> dict:
     from census_workloads.das2020 import PL94_2020
     from hdmm.georelease import geo_plan, release_geography
     from hdmm.georelease.report import accuracy_report, true_answers
 
-    out: dict = {"output": output, "engine": engine}
+    out: dict = {"output": output, "engine": engine, "written": write or engine != "local"}
     with PeakMemory() as memory:
         start = time.perf_counter()
         tree, source, W, strategy, privacy, shares = setting(states, levels, total_weight, workload, epsilon, allocation)
@@ -116,8 +118,9 @@ def run(states, levels, output: str, engine: str, total_weight: float = TOTAL_WE
         out["privacy"] = plan.privacy.description
         out["level weights"] = {tree.levels[d]: float(plan.level_weights[d]) for d in plan.measured}
         start = time.perf_counter()
-        options = ({"workers": workers} if engine == "local"
-                   else {"output": f"/tmp/hdmm-census-production-{os.getpid()}"})
+        options = {"workers": workers} if engine == "local" else {}
+        if write or engine != "local":  # the answers written to files as the release goes, then read back
+            options["output"] = f"/tmp/hdmm-census-production-{os.getpid()}"
         release = release_geography(plan, source, seed=1, postprocess=OUTPUTS[output], engine=engine, **options)
         out["release seconds"] = time.perf_counter() - start
         out["release steps"] = dict(release.timings)
@@ -128,7 +131,7 @@ def run(states, levels, output: str, engine: str, total_weight: float = TOTAL_WE
         out["errors"] = report.errors.to_dict(orient="records")
         out["bias"] = report.bias.to_dict(orient="records")
         del truth, report
-        if engine != "local":
+        if "output" in options:
             shutil.rmtree(options["output"])
         out["report seconds"] = time.perf_counter() - start
         out["expected RMSE"] = {tree.levels[d]: plan.expected_rmse(d) for d in plan.levels}
@@ -142,7 +145,7 @@ def run(states, levels, output: str, engine: str, total_weight: float = TOTAL_WE
 def _child(args) -> dict:
     states = None if args.states == "all" else tuple(args.states.split(","))
     return run(states, tuple(args.levels.split(",")), args.child, args.engine, args.total_weight, args.workload,
-               args.epsilon, args.partition, args.workers, args.allocation)
+               args.epsilon, args.partition, args.workers, args.allocation, args.write)
 
 
 def _report(results: list[dict], args) -> str:
@@ -157,7 +160,8 @@ def _report(results: list[dict], args) -> str:
         lines = ["# PL94-171 (2020 tables) from the nation down at the 2020 production budget", "",
                  f"`python benchmarks/census_production.py --states {args.states} --levels {args.levels} "
                  f"--engine {args.engine} --total-weight {args.total_weight:g} --partition {args.partition}"
-                 f"{f' --workers {args.workers}' if args.engine == 'local' else ''} --allocation {args.allocation}` "
+                 f"{f' --workers {args.workers}' if args.engine == 'local' else ''} --allocation {args.allocation}"
+                 f"{' --write' if args.write else ''}` "
                  "(module docstring: SYNTHETIC data, "
                  "production's rho, state totals held).", ""]
         if args.allocation == "production":
@@ -215,6 +219,9 @@ def main() -> None:
     parser.add_argument("--allocation", default="hdmm", choices=["hdmm", "production"],
                         help="hdmm's person strategy and level weights, or production's per-level strategies and "
                              "shares (estimated top down; non-negative and integer outputs only)")
+    parser.add_argument("--write", action="store_true",
+                        help="local engine: write the answers to files as the release goes (release_geography's "
+                             "output=: each partition's estimates kept on disk), read back for the report")
     parser.add_argument("--name", default="census_production", help="results file name (without extension)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -226,7 +233,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--child", output, "--states", args.states, "--levels", args.levels,
                "--engine", args.engine, "--total-weight", str(args.total_weight), "--workload", args.workload,
                "--epsilon", str(args.epsilon), "--partition", args.partition, "--workers", str(args.workers),
-               "--allocation", args.allocation]
+               "--allocation", args.allocation] + (["--write"] if args.write else [])
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             sys.stderr.write(done.stderr)
