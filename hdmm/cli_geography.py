@@ -178,7 +178,7 @@ def _about(args: argparse.Namespace, named: NamedWorkload, synthetic: bool) -> d
 PRODUCTION = "production"
 
 
-def _check_production(args: argparse.Namespace, engine: str, levels: list[str]) -> None:
+def _check_production(args: argparse.Namespace, levels: list[str]) -> None:
     """Refuse, before any data is read, ``--strategy production`` where it does not apply."""
     if args.strategy != PRODUCTION:
         return
@@ -192,9 +192,9 @@ def _check_production(args: argparse.Namespace, engine: str, levels: list[str]) 
     if args.workload != "pl94-2020":
         raise UsageError("--strategy production is the 2020 Census's mechanism for the PL94-171 tables over its "
                          "2,016 cells: use --workload pl94-2020")
-    if args.postprocess is None or engine != "local":
+    if args.postprocess is None:
         raise UsageError("--strategy production is estimated top down from each level's own measurements, as the "
-                         "Census did: add --postprocess integer (or nonnegative), on the local engine")
+                         "Census did: add --postprocess integer (or nonnegative)")
 
 
 def _production_plan(tree: GeographyTree, named: NamedWorkload, privacy: Privacy, released, invariants):
@@ -234,7 +234,7 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers {args.workers}: give a positive number of processes")
     _check_output(args.output, engine)
-    _check_production(args, engine, levels)
+    _check_production(args, levels)
     if any(level in named.domain.names for level in levels):
         raise ValueError(f"the workload's domain has a {levels[0]!r} attribute already: use a person workload "
                          "(e.g. sf1, not sf1-states) with --geography")
@@ -301,11 +301,11 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
 
         try:
             result = release_geography(plan, source, seed=args.noise_seed, postprocess=args.postprocess,
-                                       progress=show, budget=budget, label=label, about=about, workers=args.workers)
+                                       progress=show, budget=budget, label=label, about=about, workers=args.workers,
+                                       output=args.output)  # written as it goes: memory follows a partition
         finally:
             for bar in bars.values():
                 bar.close()
-        result.save(args.output)
     if result.change is not None:
         kind = "integer" if result.postprocess == "integer" else "non-negative"
         print(f"  {kind} estimates (top down) moved the answers by RMSE " + ", ".join(

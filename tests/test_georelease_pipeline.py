@@ -128,12 +128,18 @@ def test_memory_answers_gather_rows_and_totals():
     plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP)
     out = MemoryAnswers(plan)
     d = plan.levels[-1]
-    writer = out.writer("t")
+    writer = out.writer("t", plan)
     writer.write(d, np.array([1, 0]), np.ones((2, plan.queries)) * [[2.0], [1.0]], np.array([5.0, 4.0]))
     out.gather(writer.result())
     assert out.rows[d][0, -1] == 4.0 and out.rows[d][1, 0] == 2.0
 
 
-def test_local_engine_runs_items_in_order():
-    assert list(LocalEngine(workers=2).map(lambda x: -x, [3, 1, 2])) == [-3, -1, -2]
-    assert list(LocalEngine().map(lambda x: x, [])) == []
+def test_local_engine_runs_items_in_order_and_keeps_states():
+    engine = LocalEngine(lambda lo, hi: np.arange(lo, hi), MemoryStore(), workers=2)
+    k = (engine.share(10),)
+    assert list(engine.map(lambda ten, x: -x * ten, k, [3, 1, 2])) == [-30, -10, -20]
+    assert list(engine.map(lambda ten, x: x, k, [])) == []
+    firsts = list(engine.measure(lambda ten, i, read: ({0: read(i, i + 2) * ten}, i), k, 3))
+    assert firsts == [0, 1, 2] and engine.store.load(2)[0].tolist() == [20, 30]
+    got = list(engine.update(lambda ten, i, state, extra: (None, int(state[0].sum()) + extra), k, 3, [100, 200, 300]))
+    assert got == [110, 230, 350] and engine.store.load(1)[0].tolist() == [10, 20]  # kept as it was

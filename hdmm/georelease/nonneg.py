@@ -191,25 +191,17 @@ class NonNegative:
     widened: dict[int, int] | None = None
 
 
-def integer_totals(plan: GeoPlan, engine: str = "local") -> dict[int, np.ndarray]:
+def integer_totals(plan: GeoPlan) -> dict[int, np.ndarray]:
     """The held totals of integer cells, per level (NaN: not held), checked before any noise.
 
     Refused: what cannot be rounded (:func:`hdmm.georelease.roundtree.check_integer`: totals that are
-    not whole or do not add up) and, on Spark, held totals below the partition level (the held region
-    is rounded at once, on the driver). Held totals that :func:`check_nonnegative` accepts (families
-    held all or none, closed upward) cover whole levels from the root down: the held region.
+    not whole or do not add up). Held totals that :func:`check_nonnegative` accepts (families held
+    all or none, closed upward) cover whole levels from the root down: the held region, rounded at
+    once in the calling process (:mod:`hdmm.georelease.pipeline`).
     """
     tree = plan.tree
-    closed = plan.memo("integer totals", lambda: check_integer(
+    return plan.memo("integer totals", lambda: check_integer(
         tree, {d: v for d, v in known_totals(plan).items() if np.isfinite(v).any()}))  # once per plan (data free)
-    h = max(held_region(tree, closed))
-    if engine == "spark" and h > plan.partition_level:
-        raise GeographyError(
-            f"on Spark, integer estimates round the held levels on the driver, down to the partition level "
-            f"{tree.levels[plan.partition_level]!r}; the invariants reach {tree.levels[h]!r}: partition at "
-            f"{tree.levels[h]!r} or finer"
-        )
-    return closed
 
 
 def known_totals(plan: GeoPlan) -> dict[int, np.ndarray]:

@@ -23,11 +23,24 @@ tracts), each with its subtree. Its steps:
      rounded at once); then, level by level down to ``P``, a task per unit projects its family;
      then a task per partition walks its subtree and writes its units' answers.
 
-An *engine* (:class:`Engine`) runs a step's tasks: ``engine.map(fn, items)`` yields ``fn(item)``
-for every item, in order. :class:`LocalEngine` runs them in this process or in forked worker
-processes (:mod:`hdmm.georelease.workers`). The answers do not depend on the engine, the store
-or the number of workers: every unit's noise comes from its own stream (or fresh OS entropy)
-and every task is a deterministic function of its inputs.
+An *engine* (:class:`Engine`) runs a step's tasks and keeps each partition's estimates between
+steps (its *state*, ``{level: units x k}``):
+
+* ``measure(fn, shared, n)``: ``state, result = fn(*values, i, read)`` for every partition ``i``,
+  where ``read(lo, hi)`` gives the sparse counts of leaves ``lo..hi-1``;
+* ``update(fn, shared, n, inputs=None)``: ``state, result = fn(*values, i, state[, inputs[i]])``
+  (``None`` keeps the state);
+* ``map(fn, shared, items)``: ``fn(*values, item)`` for every item (a family, say);
+
+each yielding the results in order. ``values`` are the values of the ``shared`` handles that
+:meth:`Engine.share` made (the plan once per release, each step's inputs once per step): a
+cluster ships them once per worker, not once per task. The task functions are module-level
+functions of this module, so that an engine may pickle them. :class:`LocalEngine` runs the tasks
+in this process or in forked worker processes (:mod:`hdmm.georelease.workers`) and keeps the
+states in a store (:mod:`hdmm.georelease.stores`); Spark's engine is
+:class:`hdmm.georelease.spark.SparkEngine`. The answers do not depend on the engine, the store or
+the number of workers: every unit's noise comes from its own stream (or fresh OS entropy) and
+every task is a deterministic function of its inputs.
 """
 
 from __future__ import annotations
@@ -54,35 +67,98 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+class Shared(Protocol[T]):
+    """A value shipped to the tasks (:meth:`Engine.share`)."""
+
+    @property
+    def value(self) -> T: ...
+
+
 class Engine(Protocol):
-    """What runs a release's tasks (module docstring)."""
+    """What runs a release's tasks and keeps each partition's state between steps (module docstring)."""
 
     name: str
 
-    def map(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
-        """``fn(item)`` for every item, yielded in the items' order."""
+    def share(self, value: T) -> Shared[T]:
+        """``value`` made available to tasks (handed to them as an argument, before their own)."""
+        ...
+
+    def measure(self, fn: Callable[..., tuple[dict, R]], shared: tuple, partitions: int) -> Iterator[R]:
+        """Every partition's first state and result from its leaves' counts, results in order."""
+        ...
+
+    def update(self, fn: Callable[..., tuple[dict | None, R]], shared: tuple, partitions: int,
+               inputs: Sequence | None = None) -> Iterator[R]:
+        """Every partition's new state (``None``: unchanged) and result from its state (and its entry of
+        ``inputs``, if given), results in order."""
+        ...
+
+    def map(self, fn: Callable[..., R], shared: tuple, items: Sequence) -> Iterator[R]:
+        """``fn(*values, item)`` for every item, in order."""
         ...
 
 
 @dataclass(frozen=True)
-class LocalEngine:
-    """Tasks in this process, or in ``workers`` forked processes (:func:`~hdmm.georelease.workers.map_partitions`).
+class Value:
+    """A shared value that is simply held (:meth:`LocalEngine.share`)."""
 
-    The first item of every step runs here, so that what it caches on the plan (matrices made
+    value: object
+
+
+@dataclass(frozen=True)
+class LocalEngine:
+    """Tasks in this process, or in ``workers`` forked processes (:func:`~hdmm.georelease.workers.map_partitions`);
+    states in ``store`` (:mod:`hdmm.georelease.stores`); leaves' counts from ``histograms(lo, hi)``.
+
+    The first task of every step runs here, so that what it caches on the plan (matrices made
     once) is made before the workers fork and is shared by them.
 
-    >>> list(LocalEngine(workers=2).map(lambda x: x * x, [1, 2, 3]))
-    [1, 4, 9]
+    >>> from hdmm.georelease.stores import MemoryStore
+    >>> engine = LocalEngine(lambda lo, hi: None, MemoryStore(), workers=2)
+    >>> list(engine.map(lambda k, x: k * x, (engine.share(10),), [1, 2, 3]))
+    [10, 20, 30]
     """
 
+    histograms: Callable
+    store: object
     workers: int = 1
     name: str = "local"
 
-    def map(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
-        if not items:
-            return
-        yield fn(items[0])
-        yield from map_partitions(lambda i: fn(items[i + 1]), len(items) - 1, self.workers)
+    def share(self, value: T) -> Value:
+        return Value(value)
+
+    def _run(self, fn: Callable[[int], R], n: int) -> Iterator[R]:
+        if n:
+            yield fn(0)
+            yield from map_partitions(lambda i: fn(i + 1), n - 1, self.workers)
+
+    def measure(self, fn, shared: tuple, partitions: int) -> Iterator:
+        values = [h.value for h in shared]
+
+        def task(i: int):
+            state, result = fn(*values, i, self.histograms)
+            return self.store.save(i, state), result
+
+        for i, (token, result) in enumerate(self._run(task, partitions)):
+            self.store.accept(i, token)
+            yield result
+
+    def update(self, fn, shared: tuple, partitions: int, inputs: Sequence | None = None) -> Iterator:
+        values = [h.value for h in shared]
+
+        def task(i: int):
+            extra = () if inputs is None else (inputs[i],)
+            state, result = fn(*values, i, self.store.load(i), *extra)
+            return None if state is None else self.store.save(i, state), state is not None, result
+
+        for i, (token, changed, result) in enumerate(self._run(task, partitions)):
+            if changed:
+                self.store.accept(i, token)
+            yield result
+
+    def map(self, fn, shared: tuple, items: Sequence) -> Iterator:
+        values = [h.value for h in shared]
+        return self._run(lambda i: fn(*values, items[i]), len(items))
 
 
 @dataclass
@@ -104,34 +180,22 @@ def _held_depth(plan: GeoPlan, integer: bool) -> int:
     return max(held_region(plan.tree, integer_totals(plan))) if integer else 0
 
 
-def run_release(plan: GeoPlan, histograms, *, engine: Engine, store, output, seed: int | None,
-                postprocess: str | None, say: Callable[[str], None]) -> Outcome:
-    """Run the steps of the module docstring; the answers go to ``output``.
-
-    ``histograms`` is a :class:`~hdmm.georelease.units.HistogramSource`'s ``histograms`` (leaves
-    ``lo..hi-1`` -> sparse counts), ``store`` a store and ``output`` an output of
-    :mod:`hdmm.georelease.stores`. The caller has checked the data and charged the budget.
-    """
+def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, postprocess: str | None,
+                say: Callable[[str], None]) -> Outcome:
+    """Run the steps of the module docstring on ``engine``; the answers go to ``output`` (an output of
+    :mod:`hdmm.georelease.stores`). The caller has checked the data and charged the budget."""
     tree, P = plan.tree, plan.partition_level
     space = "answers" if postprocess is None else "measurements"
-    passes = None if plan.per_level else plan.passes
     out = Outcome()
-    parts = list(range(tree.sizes[P]))
+    n = tree.sizes[P]
+    the_plan = (engine.share(plan),)
 
     start = time.perf_counter()
-
-    def measure(i: int):
-        part = Partition.of(tree, P, i)
-        own, root = measure_partition(plan, part, histograms, seed, space)
-        g = None if passes is None else partition_up(passes, part, own)
-        return store.save(i, own), g, sp.csr_matrix(root[None, :])
-
     g_own, roots = [], []
-    for i, (token, g, root) in enumerate(engine.map(measure, parts)):
-        store.accept(i, token)
+    for i, (g, root) in enumerate(engine.measure(_measure_task, the_plan + (engine.share((seed, space)),), n)):
         g_own.append(g)
         roots.append(root)
-        say(f"  measured {tree.label(P, i)} ({i + 1}/{len(parts)})")
+        say(f"  measured {tree.label(P, i)} ({i + 1}/{n})")
     roots = sp.vstack(roots, format="csr")
     out.timings["measure"] = time.perf_counter() - start
 
@@ -144,90 +208,134 @@ def run_release(plan: GeoPlan, histograms, *, engine: Engine, store, output, see
         kept |= {d for d in np.unique(inv.levels).tolist() if d > P}
     top = measure_top(plan, roots, seed, space)
     del roots
-    if passes is None:  # per-level strategies: every unit's own measurements are its estimates
-        def collect(i: int):
-            return {d: v for d, v in store.load(i).items() if d in kept}
-        estimates = {**top, **_stack_levels(list(engine.map(collect, parts)))}
+    if plan.per_level:  # per-level strategies: every unit's own measurements are its estimates
+        rows = list(engine.update(_collect_task, the_plan + (engine.share(kept),), n))
+        estimates = {**top, **_stack_levels(rows)}
     else:
-        c, t = top_passes(passes, P, np.vstack(g_own), top)
+        c, t = top_passes(plan.passes, P, np.vstack(g_own), top)
         del g_own
-
-        def estimate(i: int):
-            part = Partition.of(tree, P, i)
-            est = partition_down(passes, part, store.load(i), c[i:i + 1], t[i:i + 1])
-            return store.save(i, est), {d: est[d] for d in kept}
-
-        rows = []
-        for i, (token, needed) in enumerate(engine.map(estimate, parts)):
-            store.accept(i, token)
-            rows.append(needed)
+        rows = list(engine.update(_estimate_task, the_plan + (engine.share((kept, c, t)),), n))
+        del c, t
         estimates = _stack_levels(rows)
         for d in range(P - 1, -1, -1):
             estimates[d] = np.add.reduceat(estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
+    del rows
     out.timings["estimate"] = time.perf_counter() - start
 
     start = time.perf_counter()
     if postprocess is None:
-        _least_squares(plan, engine, store, output, estimates, parts)
+        _least_squares(plan, engine, the_plan, output, estimates)
         out.timings["answers"] = time.perf_counter() - start
         return out
     lam = None if plan.per_level else invariant_multipliers(plan, estimates, space)
-    squared = _top_down(plan, engine, store, output, estimates, lam, parts, integer, held, say)
+    squared = _top_down(plan, engine, the_plan, output, estimates, lam, integer, held, say)
     out.timings[postprocess.replace("nonnegative", "non-negative")] = time.perf_counter() - start
     out.change = change_rmse(plan, squared)
     return out
 
 
-def _least_squares(plan: GeoPlan, engine: Engine, store, output, estimates: dict[int, np.ndarray],
-                   parts: list[int]) -> None:
+# ---------------------------------------------------------------------------------------------- tasks
+def _measure_task(plan: GeoPlan, job: tuple, i: int, read) -> tuple[dict, tuple]:
+    """Step 1 for partition ``i``: its units' own estimates (the state), its first-pass vector and total."""
+    seed, space = job
+    part = Partition.of(plan.tree, plan.partition_level, i)
+    own, root = measure_partition(plan, part, read, seed, space)
+    g = None if plan.per_level else partition_up(plan.passes, part, own)
+    return own, (g, sp.csr_matrix(root[None, :]))
+
+
+def _collect_task(plan: GeoPlan, kept: set, i: int, state: dict) -> tuple[None, dict]:
+    """Step 3 of a plan with per-level strategies: the rows of the levels the driver keeps."""
+    return None, {d: v for d, v in state.items() if d in kept}
+
+
+def _estimate_task(plan: GeoPlan, job: tuple, i: int, state: dict) -> tuple[dict, dict]:
+    """Step 3 for partition ``i``: its units' least-squares estimates (the new state) and the kept levels' rows."""
+    kept, c, t = job
+    part = Partition.of(plan.tree, plan.partition_level, i)
+    est = partition_down(plan.passes, part, state, c[i:i + 1], t[i:i + 1])
+    return est, {d: est[d] for d in kept}
+
+
+def _corrected(plan: GeoPlan, lam, d: int, values: np.ndarray, lo: int) -> np.ndarray:
+    """Rows ``lo, lo + 1, ...`` of level ``d`` moved by the invariants' correction (if any)."""
+    if lam is None:
+        return values
+    return values - np.outer(lam[d][lo:lo + len(values)], np.append(*plan.total_direction))
+
+
+def _answer_task(plan: GeoPlan, job: tuple, i: int, state: dict) -> tuple[None, object]:
+    """Step 5 (least squares) for partition ``i``: its released units' answers, written to the output."""
+    below, lam, output = job
+    part = Partition.of(plan.tree, plan.partition_level, i)
+    writer = output.writer(f"{i:07d}", plan)
+    for d in below:
+        lo, hi = part.range(d)
+        values = _corrected(plan, lam, d, state[d], lo)
+        writer.write(d, np.arange(lo, hi), values[:, :-1], values[:, -1])
+    return None, writer.result()
+
+
+def _family_task(plan: GeoPlan, job: tuple, item: tuple) -> tuple:
+    """Step 5 (top down) for one unit of level ``d`` above the partition level: its family's cells."""
+    d, lam, integer, output = job
+    u, x_plus, children = item
+    lo = int(plan.tree.child_bounds(d)[u])
+    writer = output.writer(f"{plan.tree.levels[d]}-{u:07d}", plan)
+    task = TopDown(plan, lambda e, units: children[units - lo], lam, sink=writer.write, integer=integer)
+    reached: dict[int, np.ndarray] = {}
+    task.descend(d, u, x_plus, d + 1, reached)
+    task.flush()
+    return reached, writer.result(), task.squared.get(d + 1, 0.0), task.projected
+
+
+def _subtree_task(plan: GeoPlan, job: tuple, i: int, state: dict, cells: np.ndarray) -> tuple[None, tuple]:
+    """Step 5 (top down) for partition ``i``: the walk below its units of level ``s`` (whose cells are ``cells``)."""
+    s, lam, integer, output = job
+    part = Partition.of(plan.tree, plan.partition_level, i)
+    writer = output.writer(f"{i:07d}", plan)
+    task = TopDown(plan, lambda e, units: state[e][units - part.range(e)[0]], lam, sink=writer.write,
+                   integer=integer)
+    lo, hi = part.range(s)
+    for u in range(lo, hi):
+        task.descend(s, u, cells[u - lo])
+    task.flush()
+    return None, (writer.result(), {e: task.squared[e] for e in plan.levels if e > s}, task.projected)
+
+
+# ---------------------------------------------------------------------------------------------- step 5
+def _least_squares(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates: dict[int, np.ndarray]) -> None:
     """Every released unit's answers, moved by the invariants' correction (if any) and written to ``output``."""
     tree, P = plan.tree, plan.partition_level
     lam = invariant_multipliers(plan, estimates)
-    direction = None if lam is None else np.append(*plan.total_direction)
-
-    def corrected(d: int, values: np.ndarray, lo: int) -> np.ndarray:
-        return values if lam is None else values - np.outer(lam[d][lo:lo + len(values)], direction)
-
-    writer = output.writer("driver")
+    writer = output.writer("driver", plan)
     for d in plan.levels:
         if d < P:
-            values = corrected(d, estimates[d], 0)
+            values = _corrected(plan, lam, d, estimates[d], 0)
             writer.write(d, np.arange(tree.sizes[d]), values[:, :-1], values[:, -1])
     output.gather(writer.result())
     below = [d for d in plan.levels if d >= P]
-    if not below:
-        return
-
-    def answer(i: int):
-        part = Partition.of(tree, P, i)
-        est = store.load(i)
-        task = output.writer(f"{i:07d}")
-        for d in below:
-            lo, hi = part.range(d)
-            values = corrected(d, est[d], lo)
-            task.write(d, np.arange(lo, hi), values[:, :-1], values[:, -1])
-        return task.result()
-
-    for result in engine.map(answer, parts):
-        output.gather(result)
+    if below:
+        for result in engine.update(_answer_task, the_plan + (engine.share((below, lam, output)),), tree.sizes[P]):
+            output.gather(result)
 
 
-def _top_down(plan: GeoPlan, engine: Engine, store, output, estimates: dict[int, np.ndarray], lam, parts: list[int],
+def _top_down(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates: dict[int, np.ndarray], lam,
               integer: bool, held: int, say: Callable[[str], None]) -> dict[int, float]:
     """The non-negative (or integer) walk of the module docstring, step 5; returns the squared changes per level."""
     tree, P = plan.tree, plan.partition_level
-    writer = output.writer("driver")
+    writer = output.writer("driver", plan)
     walk = TopDown(plan, lambda d, units: estimates[d][units], lam, sink=writer.write, progress=say, integer=integer)
     a = max(held, min(1, P))  # the driver's walk: the root's family (if P allows), or the held region
+    cells: dict[int, np.ndarray] = {}
     if walk.deepest <= a:
         walk.start()
-        walk.flush()
-        output.gather(writer.result())
-        return walk.squared
-    cells: dict[int, np.ndarray] = {}
-    walk.start(stop=a, reached=cells)
+    else:
+        walk.start(stop=a, reached=cells)
     walk.flush()
     output.gather(writer.result())
+    if walk.deepest <= a:
+        return walk.squared
     squared, projected = dict(walk.squared), walk.projected
 
     def report(d: int, unit: int, done: int, n: int) -> None:  # every hundredth task of a step
@@ -236,47 +344,28 @@ def _top_down(plan: GeoPlan, engine: Engine, store, output, estimates: dict[int,
 
     for d in range(a, min(P, walk.deepest)):  # families level by level, a task per unit
         bounds = tree.child_bounds(d)
-
-        def family(item, d=d, bounds=bounds):
-            u, x_plus, children = item
-            lo = int(bounds[u])
-            task_writer = output.writer(f"{tree.levels[d]}-{u:07d}")
-            task = TopDown(plan, lambda e, units: children[units - lo], lam, sink=task_writer.write, integer=integer)
-            reached: dict[int, np.ndarray] = {}
-            task.descend(d, u, x_plus, d + 1, reached)
-            task.flush()
-            return reached, task_writer.result(), task.squared.get(d + 1, 0.0), task.projected
-
         items = [(u, x, estimates[d + 1][bounds[u]:bounds[u + 1]]) for u, x in sorted(cells.items())]
-        reached_all: dict[int, np.ndarray] = {}
-        for n, (reached, result, sq, count) in enumerate(engine.map(family, items)):
-            reached_all.update(reached)
+        cells = {}
+        job = the_plan + (engine.share((d, lam, integer, output)),)
+        for k, (reached, result, sq, count) in enumerate(engine.map(_family_task, job, items)):
+            cells.update(reached)
             output.gather(result)
             if d + 1 in squared:
                 squared[d + 1] += sq
             projected += count
-            report(d, items[n][0], n + 1, len(items))
-        cells = reached_all
+            report(d, items[k][0], k + 1, len(items))
     if walk.deepest <= P:
         return squared
     s = max(a, P)  # each partition walks on from its units of level s
-
-    def subtree(i: int):
-        part = Partition.of(tree, P, i)
-        own = store.load(i)
-        task_writer = output.writer(f"{i:07d}")
-        task = TopDown(plan, lambda e, units: own[e][units - part.range(e)[0]], lam, sink=task_writer.write,
-                       integer=integer)
-        lo, hi = part.range(s)
-        for u in range(lo, hi):
-            task.descend(s, u, cells[u])
-        task.flush()
-        return task_writer.result(), {e: task.squared[e] for e in plan.levels if e > s}, task.projected
-
-    for i, (result, sq, count) in enumerate(engine.map(subtree, parts)):
+    inputs = []
+    for i in range(tree.sizes[P]):
+        lo, hi = Partition.of(tree, P, i).range(s)
+        inputs.append(np.vstack([cells.pop(u) for u in range(lo, hi)]))
+    job = the_plan + (engine.share((s, lam, integer, output)),)
+    for i, (result, sq, count) in enumerate(engine.update(_subtree_task, job, tree.sizes[P], inputs)):
         output.gather(result)
         for e, value in sq.items():
             squared[e] += value
         projected += count
-        report(P, i, i + 1, len(parts))
+        report(P, i, i + 1, tree.sizes[P])
     return squared

@@ -226,10 +226,9 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
         raise TypeError(f"seed must be None (OS entropy, for real releases) or an int, got {seed!r}")
     if postprocess not in POSTPROCESS:
         raise ValueError(f"postprocess must be one of {list(POSTPROCESS)}, got {postprocess!r}")
-    if plan.per_level and (postprocess is None or engine != "local"):
+    if plan.per_level and postprocess is None:
         raise ValueError("a plan with per-level strategies is estimated top down from each level's own measurements "
-                         "(hdmm.georelease.plan): release it with postprocess='nonnegative' or 'integer' on the local "
-                         "engine")
+                         "(hdmm.georelease.plan): release it with postprocess='nonnegative' or 'integer'")
     if budget is not None:
         if not isinstance(budget, Budget):
             raise TypeError(f"budget must be an hdmm.Budget, got {type(budget).__name__}")
@@ -269,19 +268,18 @@ def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, 
     check_source(plan, source)
     charge = None if budget is None else budget.charge(plan.privacy, label)  # on disk before any noise
     seconds = time.perf_counter() - start
-    engine = LocalEngine(workers)
     if output is None:
         answers, store = MemoryAnswers(plan), MemoryStore()
     else:
         meta = provenance(plan, seed is not None, charge, postprocess, about)
         store = DiskStore(work_dir)
         try:
-            answers = ParquetAnswers(start_output(output), plan, meta)
+            answers = ParquetAnswers(start_output(output), meta)
         except BaseException:
             store.close()
             raise
     try:
-        outcome = run_release(plan, source.histograms, engine=engine, store=store, output=answers, seed=seed,
+        outcome = run_release(plan, engine=LocalEngine(source.histograms, store, workers), output=answers, seed=seed,
                               postprocess=postprocess, say=progress_printer(progress))
     except BaseException:
         if output is not None:  # no output that looks like a release: the partial directory goes too

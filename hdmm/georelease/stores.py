@@ -17,7 +17,8 @@ the disk store, whose worker wrote the files itself).
 The answers go to an *output*: :class:`MemoryAnswers` (the arrays of an in-memory
 :class:`~hdmm.georelease.release.GeoRelease`) or :class:`ParquetAnswers` (the release files of
 :mod:`hdmm.georelease.files`, written by the tasks themselves). A task takes a writer from
-:meth:`~MemoryAnswers.writer`, calls ``write(level, units, answers, totals)`` and returns
+:meth:`~MemoryAnswers.writer` (``writer(tag, plan)``: ``tag`` names its files), calls
+``write(level, units, answers, totals)`` and returns
 ``writer.result()``; the caller hands that to :meth:`~MemoryAnswers.gather`.
 
 >>> store = MemoryStore()
@@ -110,7 +111,7 @@ class MemoryAnswers:
     def __init__(self, plan: GeoPlan) -> None:
         self.rows = {d: np.full((plan.tree.sizes[d], plan.queries + 1), np.nan) for d in plan.levels}
 
-    def writer(self, tag: str) -> _Collected:
+    def writer(self, tag: str, plan: GeoPlan) -> _Collected:
         return _Collected()
 
     def gather(self, result: list) -> None:
@@ -137,13 +138,14 @@ class _Files:
 
 class ParquetAnswers:
     """Answers written as release files into the partial directory ``partial`` (:mod:`hdmm.georelease.files`),
-    with their standard errors and the provenance ``meta``; :attr:`rows` counts the rows written."""
+    with their standard errors and the provenance ``meta``; :attr:`rows` counts the rows written. (It holds
+    no plan: a task's writer gets the plan the task has.)"""
 
-    def __init__(self, partial: str, plan: GeoPlan, meta: dict) -> None:
-        self.partial, self.plan, self.meta, self.rows = partial, plan, meta, 0
+    def __init__(self, partial: str, meta: dict) -> None:
+        self.partial, self.meta, self.rows = partial, meta, 0
 
-    def writer(self, tag: str) -> _Files:
-        return _Files(self.partial, self.plan, self.meta, tag)
+    def writer(self, tag: str, plan: GeoPlan) -> _Files:
+        return _Files(self.partial, plan, self.meta, tag)
 
     def gather(self, result: int) -> None:
         self.rows += result
