@@ -41,6 +41,7 @@ from .cli_inputs import UsageError, check_records_count, need_pyarrow, probe_dir
 from .geography import GeographyTree
 from .georelease import RecordHistograms, geo_plan, release_geography
 from .georelease.files import check_output
+from .georelease.release import ENGINES
 from .georelease.units import check_record_columns
 from .io import load_strategy, workload_fingerprint
 from .matrix import Identity
@@ -72,7 +73,7 @@ def add_geography_options(p: argparse.ArgumentParser) -> None:
                    "finest unit and the --geography columns (default: the built-in synthetic United States of "
                    "census_workloads.geography; never taken from the data)")
     g.add_argument("--levels", help="the released levels (default: nation and every --geography level)")
-    g.add_argument("--engine", choices=["local", "spark"], help="one process (default) or Apache "
+    g.add_argument("--engine", choices=list(ENGINES), help="one process (default) or Apache "
                    "Spark (pip install 'hdmm[spark]', Java 17+; the master of --master, or of Spark's own "
                    "configuration: spark-submit, PYSPARK_SUBMIT_ARGS, MASTER, spark-defaults.conf; else local[2])")
     g.add_argument("--master", help="the Spark master of --engine spark, e.g. spark://host:7077 or local[4] "

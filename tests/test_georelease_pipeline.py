@@ -103,7 +103,7 @@ def test_a_written_release_refuses_an_existing_output_before_any_noise(tmp_path)
     with pytest.raises(FileExistsError, match="never overwritten"):
         release_geography(plan, ArrayHistograms(H), output=tmp_path / "out", budget=budget)
     assert budget.charges == ()
-    with pytest.raises(FileNotFoundError, match="work_dir"):
+    with pytest.raises(FileNotFoundError, match="not an existing directory"):
         release_geography(plan, ArrayHistograms(H), output=tmp_path / "new", work_dir=tmp_path / "missing")
 
 

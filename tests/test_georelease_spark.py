@@ -279,7 +279,7 @@ def test_spark_nonnegative_with_every_released_level_above_the_partition_level(s
 def test_spark_work_directory_is_checked_before_the_charge_and_never_left_behind(spark, country, tmp_path,
                                                                                 monkeypatch):
     from hdmm.budget import Budget
-    import hdmm.georelease.spark as S
+    import hdmm.georelease.pipeline as steps
 
     tree, records = country
     source = RecordHistograms.of(tree, DOMAIN, records)
@@ -295,17 +295,17 @@ def test_spark_work_directory_is_checked_before_the_charge_and_never_left_behind
     shared = tmp_path / "shared"
     shared.mkdir()
     (shared / "precious.txt").write_text("keep me")
-    monkeypatch.setattr(S, "start_output", lambda path: (_ for _ in ()).throw(RuntimeError("disk full")))
+    monkeypatch.setattr(steps, "top_passes", lambda *a: (_ for _ in ()).throw(RuntimeError("disk full")))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        with pytest.raises(RuntimeError, match="disk full"):   # after stage 1 wrote exact partition totals
+        with pytest.raises(RuntimeError, match="disk full"):   # after the measure step wrote exact partition totals
             release_geography(plan, ArrayHistograms(source.histograms(0, tree.leaves)), engine="spark", seed=1,
                               output=str(tmp_path / "b"), work_dir=str(shared))
         with pytest.raises(RuntimeError, match="disk full"):
             release_geography(plan, ArrayHistograms(source.histograms(0, tree.leaves)), engine="spark", seed=1,
                               output=str(tmp_path / "c"))
     assert [p.name for p in shared.iterdir()] == ["precious.txt"]
-    assert not (tmp_path / "c.work").exists()
+    assert not (tmp_path / "c.work").exists() and not (tmp_path / "c.partial").exists()
 
 
 def test_spark_refuses_records_without_a_code_and_releases_no_records(spark, country, tmp_path):

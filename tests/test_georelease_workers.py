@@ -67,7 +67,7 @@ def test_local_engine_refuses_unknown_options():
     tree = country(0)
     plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP)
     H = sp.csr_matrix(np.ones((tree.leaves, DOMAIN.size)))
-    with pytest.raises(TypeError, match="only the options 'workers', 'output' and 'work_dir'"):
+    with pytest.raises(TypeError, match="local engine takes only the options \\['workers', 'output', 'work_dir'\\], not \\['spark'\\]"):
         release_geography(plan, ArrayHistograms(H), seed=0, spark=None)
     with pytest.raises(TypeError, match="give output too"):
         release_geography(plan, ArrayHistograms(H), seed=0, work_dir=".")

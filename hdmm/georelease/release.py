@@ -17,11 +17,13 @@ every unit's estimate is the sum of its finest measured descendants' estimates.
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -29,7 +31,7 @@ import pandas as pd
 from ..budget import Budget, Charge
 from .files import check_output, finish_output, partial_path, read_answers, start_output, write_units
 from .nonneg import POSTPROCESS, check_nonnegative, integer_totals
-from .pipeline import LocalEngine, run_release
+from .pipeline import Engine, LocalEngine, run_release
 from .plan import GeoPlan
 from .report import total_query
 from .steps import created_now, progress_printer, provenance
@@ -37,7 +39,7 @@ from .stores import DiskStore, MemoryAnswers, MemoryStore, ParquetAnswers
 from .units import HistogramSource, check_source
 from .workers import check_workers
 
-__all__ = ["GeoRelease", "release_geography", "ENGINES"]
+__all__ = ["GeoRelease", "release_geography", "ENGINES", "EngineKind", "Opened", "engine_kind"]
 
 ENGINES = ("local", "spark")
 
@@ -182,7 +184,7 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
         :class:`~hdmm.georelease.units.ArrayHistograms`; for ``engine="spark"`` also a Spark
         DataFrame of records or a Parquet path (see :func:`hdmm.georelease.spark.release_spark`).
     engine
-        ``"local"`` (default) or ``"spark"``.
+        A name in :data:`ENGINES`: ``"local"`` (default) or ``"spark"``.
     engine_options
         The local engine's:
 
@@ -216,10 +218,9 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
 
     Returns
     -------
-    GeoRelease (local) or :class:`~hdmm.georelease.spark.SparkGeoRelease`.
+    GeoRelease (held in memory, or written to ``output``), or for Spark its
+    :class:`~hdmm.georelease.spark.SparkGeoRelease` (a GeoRelease with a DataFrame of the answers).
     """
-    if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; choose one of {list(ENGINES)}")
     if not isinstance(plan, GeoPlan):
         raise TypeError(f"plan must be a GeoPlan (from geo_plan), got {type(plan).__name__}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
@@ -233,64 +234,118 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
         if not isinstance(budget, Budget):
             raise TypeError(f"budget must be an hdmm.Budget, got {type(budget).__name__}")
         budget.check(plan.privacy)  # refused before any work; charged after the data checks
+    kind = engine_kind(engine)
+    unknown = sorted(set(engine_options) - set(kind.options))
+    if unknown:
+        raise TypeError(f"the {engine} engine takes only the options {list(kind.options)}, not {unknown}")
     label = label or f"geography release of {[plan.tree.levels[d] for d in plan.levels]}"
     about = {"created": created_now(), **(about or {})}
-    if engine == "spark":
-        from .spark import release_spark
-        return release_spark(plan, data, seed=seed, progress=progress, budget=budget, label=label,
-                             postprocess=postprocess, about=about, **engine_options)
-    workers = check_workers(engine_options.pop("workers", None), int(sum(plan.tree.sizes)))
-    output, work_dir = engine_options.pop("output", None), engine_options.pop("work_dir", None)
-    if engine_options:
-        raise TypeError(f"the local engine takes only the options 'workers', 'output' and 'work_dir', not "
-                        f"{sorted(engine_options)}")
-    if work_dir is not None and output is None:
-        raise TypeError("work_dir holds the estimates of a release written to output=: give output too")
-    if output is not None:
-        output = os.path.normpath(os.fspath(output))
-        check_output(output)
-        work_dir = os.path.dirname(os.path.abspath(output)) if work_dir is None else os.fspath(work_dir)
-        if not os.path.isdir(work_dir):
-            raise FileNotFoundError(f"work_dir {work_dir} is not an existing directory")
-    if postprocess is not None:
-        check_nonnegative(plan, partitioned=output is not None)
+    if postprocess is not None:  # what the walk will hold, refused before the data are read
+        check_nonnegative(plan, partitioned=kind.partitioned(engine_options))
     if postprocess == "integer":
         integer_totals(plan)
-    return _release_local(plan, data, seed=seed, progress=progress, postprocess=postprocess, budget=budget,
-                          label=label, workers=workers, about=about, output=output, work_dir=work_dir)
-
-
-def _release_local(plan: GeoPlan, source: HistogramSource, *, seed: int | None, progress, postprocess: str | None,
-                   budget: Budget | None, label: str, workers: int, about: dict, output: str | None,
-                   work_dir: str | None) -> GeoRelease:
-    """The local engine: the steps of :mod:`hdmm.georelease.pipeline` in memory, or written to ``output``."""
     start = time.perf_counter()
-    check_source(plan, source)
-    charge = None if budget is None else budget.charge(plan.privacy, label)  # on disk before any noise
-    seconds = time.perf_counter() - start
-    if output is None:
-        answers, store = MemoryAnswers(plan), MemoryStore()
-    else:
-        meta = provenance(plan, seed is not None, charge, postprocess, about)
-        store = DiskStore(work_dir)
-        try:
-            answers = ParquetAnswers(start_output(output), meta)
-        except BaseException:
-            store.close()
-            raise
+    opened = kind.open(plan, data, engine_options)  # the data read and checked against the plan, before any noise
     try:
-        outcome = run_release(plan, engine=LocalEngine(source.histograms, store, workers), output=answers, seed=seed,
-                              postprocess=postprocess, say=progress_printer(progress))
-    except BaseException:
-        if output is not None:  # no output that looks like a release: the partial directory goes too
-            shutil.rmtree(partial_path(output), ignore_errors=True)
-        raise
+        charge = None if budget is None else budget.charge(plan.privacy, label)  # on disk before any noise
+        meta = provenance(plan, seed is not None, charge, postprocess, about)
+        answers = MemoryAnswers(plan) if opened.output is None else ParquetAnswers(start_output(opened.output), meta)
+        checks = time.perf_counter() - start
+        try:
+            outcome = run_release(plan, engine=opened.engine, output=answers, seed=seed, postprocess=postprocess,
+                                  say=progress_printer(progress))
+        except BaseException:
+            if opened.output is not None:  # no output that looks like a release: the partial directory goes too
+                shutil.rmtree(partial_path(opened.output), ignore_errors=True)
+            raise
+        if opened.output is not None:
+            finish_output(answers.partial, opened.output, meta)
     finally:
-        store.close()
-    outcome.timings["measure"] += seconds
-    common = dict(seeded=seed is not None, timings=outcome.timings, postprocess=postprocess, change=outcome.change,
-                  charge=charge, about=about)
-    if output is None:
-        return GeoRelease(plan, answers.rows, **common)
-    finish_output(answers.partial, output, meta)
-    return GeoRelease(plan, {}, path=output, **common)
+        opened.close()  # work files (the disk store, Spark's steps) never outlive the release
+    result = GeoRelease(plan, answers.rows if opened.output is None else {}, seeded=seed is not None,
+                        timings={"checks": checks, **outcome.timings}, postprocess=postprocess, change=outcome.change,
+                        charge=charge, about=about, path=opened.output)
+    return opened.finish(result)
+
+
+# ---------------------------------------------------------------------------------------------- engines
+@dataclass(frozen=True)
+class Opened:
+    """An engine ready to run one release (:meth:`EngineKind.open`).
+
+    Attributes
+    ----------
+    engine : Engine
+        Runs the steps' tasks (:class:`hdmm.georelease.pipeline.Engine`).
+    output : str or None
+        The new directory the release files are written to, or ``None`` (the answers held in memory).
+    close : callable
+        Removes the engine's work files; called once the release ends, whether it succeeds or fails.
+    finish : callable
+        The engine's result from the common :class:`GeoRelease` (e.g. Spark's, with a DataFrame).
+    """
+
+    engine: Engine
+    output: str | None = None
+    close: Callable[[], None] = lambda: None
+    finish: Callable[[GeoRelease], GeoRelease] = lambda result: result
+
+
+class EngineKind(Protocol):
+    """An engine as :func:`release_geography` sees it: the options it takes, and how it opens a release.
+
+    Everything else (the checks of the plan, the single budget charge, the steps, the post-processing,
+    the provenance and the output directory) is done once, in :func:`release_geography`.
+    """
+
+    options: tuple[str, ...]
+
+    def partitioned(self, options: dict) -> bool:
+        """Whether the release keeps each partition's estimates apart (what its memory check counts)."""
+        ...
+
+    def open(self, plan: GeoPlan, data, options: dict) -> Opened:
+        """Read and check ``data`` against ``plan`` (before any noise) and make the engine and its work files."""
+        ...
+
+
+class LocalKind:
+    """The local engine (:class:`hdmm.georelease.pipeline.LocalEngine`): options ``workers``, ``output``,
+    ``work_dir`` (:func:`release_geography`)."""
+
+    options = ("workers", "output", "work_dir")
+
+    def partitioned(self, options: dict) -> bool:
+        return options.get("output") is not None
+
+    def open(self, plan: GeoPlan, data: HistogramSource, options: dict) -> Opened:
+        workers = check_workers(options.get("workers"), int(sum(plan.tree.sizes)))
+        output, work_dir = options.get("output"), options.get("work_dir")
+        if work_dir is not None and output is None:
+            raise TypeError("work_dir holds the estimates of a release written to output=: give output too")
+        if output is not None:
+            output = os.path.normpath(os.fspath(output))
+            check_output(output)
+            work_dir = os.path.dirname(os.path.abspath(output)) if work_dir is None else os.fspath(work_dir)
+        check_source(plan, data)
+        store = MemoryStore() if output is None else DiskStore(work_dir)
+        return Opened(LocalEngine(data.histograms, store, workers), output, store.close)
+
+
+#: The engines by name: an object with :class:`EngineKind`'s methods, or ``"module:name"`` of one (imported
+#: when first used). An engine is one module and one line here (docs/engines.md).
+ENGINES: dict[str, EngineKind | str] = {
+    "local": LocalKind(),
+    "spark": "hdmm.georelease.spark:SPARK",
+}
+
+
+def engine_kind(name: str) -> EngineKind:
+    """The registered engine ``name`` (:data:`ENGINES`)."""
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}; choose one of {list(ENGINES)}")
+    kind = ENGINES[name]
+    if isinstance(kind, str):
+        module, attribute = kind.split(":")
+        kind = getattr(importlib.import_module(module), attribute)
+    return kind

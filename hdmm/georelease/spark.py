@@ -45,10 +45,9 @@ import os
 import pickle
 import shutil
 import tempfile
-import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pandas as pd
@@ -56,15 +55,12 @@ import scipy.sparse as sp
 
 from ..domain import Domain
 from ..geography import GeographyError, GeographyTree
-from .report import total_query
 from .passes import Partition
-from .pipeline import run_release
 from .plan import GeoPlan
-from .files import check_output, finish_output, read_answers, start_output
-from .nonneg import POSTPROCESS, cell_space, check_nonnegative, dense_parts, integer_totals
+from .release import GeoRelease, Opened, release_geography
+from .files import check_output
+from .nonneg import cell_space, dense_parts
 from .session import require_spark, spark_session
-from .steps import created_now, progress_printer, provenance
-from .stores import ParquetAnswers
 from .units import check_record_columns, check_source
 
 __all__ = ["SparkGeoRelease", "SparkEngine", "release_spark", "require_spark", "spark_session", "leaf_totals", "LEAF",
@@ -75,58 +71,17 @@ LEAF, PART = "_hdmm_leaf", "_hdmm_partition"
 
 
 @dataclass(frozen=True, eq=False)
-class SparkGeoRelease:
-    """A geography release written by Spark: the Parquet dataset at ``path``, partitioned by level.
+class SparkGeoRelease(GeoRelease):
+    """A geography release written by Spark (a :class:`~hdmm.georelease.release.GeoRelease` written to ``path``,
+    its answers read back from the files), with the answers as a Spark DataFrame.
 
     Attributes
     ----------
-    plan : GeoPlan
-    path : str
-        The output directory (``level=<name>/`` parts and ``_provenance.json``).
     dataframe : pyspark.sql.DataFrame
         The answers, read back: ``level, code, name, query, answer, std_error``.
-    seeded : bool
-    timings : dict
-    charge : Charge or None
-    postprocess : str or None
-        ``"nonnegative"`` for the top-down non-negative estimates (:mod:`hdmm.georelease.nonneg`).
-    change : dict or None
-        With ``postprocess``: per level, the RMSE of the answers' change from least squares.
-    about : dict
-        What the provenance records of the release's inputs (``release_geography(about=...)``).
     """
 
-    plan: GeoPlan
-    path: str
-    dataframe: object
-    seeded: bool
-    timings: dict[str, float] = field(default_factory=dict)
-    charge: object = None
-    postprocess: str | None = None
-    change: dict[int, float] | None = None
-    about: dict = field(default_factory=dict)
-    _read: dict = field(default_factory=dict, repr=False)
-
-    def provenance(self) -> dict:
-        """What the release's files record (privacy spent, sensitivity, levels, weights, charge)."""
-        return provenance(self.plan, self.seeded, self.charge, self.postprocess, self.about)
-
-    def answers(self, level: str | int) -> np.ndarray:
-        """``units x queries`` answers of a released level, read back from the files (:func:`read_answers`)."""
-        key = self.plan.tree.levels[self.plan.tree.level_index(level)]
-        if key not in self._read:  # the last level read is kept (answers, then totals, of one level)
-            self._read.clear()
-            self._read[key] = read_answers(self.path, self.plan, key)
-        return self._read[key]
-
-    def totals(self, level: str | int) -> np.ndarray:
-        """Every unit's total of a released level: its answer to the workload's total query (the files hold
-        the queries only)."""
-        q = self.plan.memo("total query", lambda: total_query(self.plan.person.workload))
-        if q is None:
-            raise ValueError("the release's files hold the workload's queries only, and the workload has no total "
-                             "query: add a total row to the workload to read the units' totals back")
-        return self.answers(level)[:, q]
+    dataframe: object = None
 
 
 def _records_frame(spark, plan: GeoPlan, data, domain: Domain, leaf_column: str | None, codes: bool):
@@ -205,12 +160,9 @@ class _Totals:
         return self.totals
 
 
-def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: bool | Callable[[str], None] = False,
-                  spark=None, output: str | os.PathLike | None = None, domain: Domain | None = None,
-                  leaf_column: str | None = None, codes: bool = False, work_dir: str | None = None,
-                  budget=None, label: str = "", postprocess: str | None = None,
-                  about: dict | None = None) -> SparkGeoRelease:
-    """Run a geography release on Spark (module docstring).
+def release_spark(plan: GeoPlan, data, **options) -> SparkGeoRelease:
+    """Run a geography release on Spark: :func:`~hdmm.georelease.release_geography` with ``engine="spark"``
+    (module docstring). Besides that function's arguments (``seed``, ``postprocess``, ``budget``, ...):
 
     Parameters
     ----------
@@ -243,22 +195,51 @@ def release_spark(plan: GeoPlan, data, *, seed: int | None = None, progress: boo
     about
         What the provenance records of the release's inputs (see :func:`~hdmm.georelease.release_geography`).
     """
-    with warnings.catch_warnings():
-        # PySpark 4 warns on every pandas conversion that pandas 3 is not yet fully supported;
-        # the conversions used here (numbers, strings, arrays of doubles) are tested
-        warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+    return release_geography(plan, data, engine="spark", **options)
+
+
+class SparkKind:
+    """The Spark engine as :func:`~hdmm.georelease.release_geography` opens it (:class:`~hdmm.georelease.release.EngineKind`)."""
+
+    options = ("spark", "output", "domain", "leaf_column", "codes", "work_dir")
+
+    def partitioned(self, options: dict) -> bool:
+        return True
+
+    def open(self, plan: GeoPlan, data, options: dict) -> Opened:
+        require_spark()
         warnings.filterwarnings("ignore", message="The copy keyword is deprecated", module="pyspark")
+        spark = options.get("spark") or spark_session()
+        output = options.get("output")
         output = (os.path.normpath(os.fspath(output)) if output is not None
                   else os.path.join(tempfile.mkdtemp(prefix="hdmm-"), "release"))
         check_output(output)
-        about = {"created": created_now(), **(about or {})}
-        work = _work_directory(output, work_dir)  # before any charge: an existing one is refused
+        work = _work_directory(output, options.get("work_dir"))  # an existing one is refused
         try:
-            return _run(plan, data, seed=seed, progress=progress, spark=spark, output=output, domain=domain,
-                        leaf_column=leaf_column, codes=codes, work=work, budget=budget, label=label,
-                        postprocess=postprocess, about=about)
-        finally:  # the measure step holds exact partition totals: never left behind
+            domain, codes = options.get("domain"), bool(options.get("codes", False))
+            if hasattr(data, "histograms") and hasattr(data, "leaf_totals"):
+                check_source(plan, data)
+                engine = SparkEngine(spark, plan, work, source=data)
+            else:
+                if domain is None:
+                    raise TypeError("records need domain= (the person domain) to be read")
+                records, totals = _records_frame(spark, plan, data, domain, options.get("leaf_column"), codes)
+                check_source(plan, _Totals(totals, domain.size))
+                engine = SparkEngine(spark, plan, work, records=records, domain=domain, codes=codes)
+        except BaseException:
             shutil.rmtree(work, ignore_errors=True)
+            raise
+
+        def finish(result: GeoRelease) -> SparkGeoRelease:
+            return SparkGeoRelease(**{f.name: getattr(result, f.name) for f in fields(GeoRelease) if f.init},
+                                   dataframe=spark.read.parquet(output))
+
+        # the measure step's results hold exact partition totals: never left behind
+        return Opened(engine, output, lambda: shutil.rmtree(work, ignore_errors=True), finish)
+
+
+#: The registered Spark engine (``ENGINES["spark"]`` of :mod:`hdmm.georelease.release`).
+SPARK = SparkKind()
 
 
 def _work_directory(output: str, work_dir: str | os.PathLike | None) -> str:
@@ -274,43 +255,6 @@ def _work_directory(output: str, work_dir: str | os.PathLike | None) -> str:
     if not os.path.isdir(work_dir):
         raise FileNotFoundError(f"work_dir {work_dir} is not an existing directory")
     return tempfile.mkdtemp(prefix="hdmm-", dir=work_dir)
-
-
-def _run(plan: GeoPlan, data, *, seed, progress, spark, output, domain, leaf_column, codes, work, budget, label,
-         postprocess, about) -> SparkGeoRelease:
-    require_spark()
-    if postprocess not in POSTPROCESS:
-        raise ValueError(f"postprocess must be one of {list(POSTPROCESS)}, got {postprocess!r}")
-    if postprocess is not None:
-        check_nonnegative(plan, partitioned=True)
-    if postprocess == "integer":
-        integer_totals(plan)
-    say = progress_printer(progress)
-    spark = spark_session() if spark is None else spark
-    timings: dict[str, float] = {}
-    start = time.perf_counter()
-    # ---------------------------------------------------------------- checks, before any noise
-    is_source = hasattr(data, "histograms") and hasattr(data, "leaf_totals")
-    if is_source:
-        check_source(plan, data)
-        records = None
-    else:
-        if domain is None:
-            raise TypeError("records need domain= (the person domain) to be read")
-        records, totals = _records_frame(spark, plan, data, domain, leaf_column, codes)
-        check_source(plan, _Totals(totals, domain.size))
-    charge = None if budget is None else budget.charge(plan.privacy, label)  # on disk before any noise
-    engine = SparkEngine(spark, plan, work, records=records, source=data if is_source else None, domain=domain,
-                         codes=codes, postprocess=postprocess)
-    meta = provenance(plan, seed is not None, charge, postprocess, about)
-    answers = ParquetAnswers(start_output(output), meta)
-    timings["checks"] = time.perf_counter() - start
-    outcome = run_release(plan, engine=engine, output=answers, seed=seed, postprocess=postprocess, say=say)
-    finish_output(answers.partial, output, meta)
-    timings.update(outcome.timings)
-    say(f"  wrote {answers.rows:,} answers")
-    return SparkGeoRelease(plan, output, spark.read.parquet(output), seeded=seed is not None, timings=timings,
-                           charge=charge, postprocess=postprocess, change=outcome.change, about=about)
 
 
 def _schema():
