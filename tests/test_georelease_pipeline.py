@@ -5,6 +5,7 @@ behind but its output."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -143,3 +144,32 @@ def test_local_engine_runs_items_in_order_and_keeps_states():
     assert firsts == [0, 1, 2] and engine.store.load(2)[0].tolist() == [20, 30]
     got = list(engine.update(lambda ten, i, state, extra: (None, int(state[0].sum()) + extra), k, 3, [100, 200, 300]))
     assert got == [110, 230, 350] and engine.store.load(1)[0].tolist() == [10, 20]  # kept as it was
+
+
+def _docs_engine_example() -> str:
+    """The thread engine of docs/engines.md, as written there."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "engines.md").read_text()
+    start = text.index("```python\nfrom concurrent.futures")
+    return text[start + len("```python\n"):text.index("```", start + 10)]
+
+
+def test_an_engine_is_one_module_and_one_registry_line(monkeypatch):
+    from hdmm.georelease import release as R
+
+    monkeypatch.setattr(R, "ENGINES", dict(R.ENGINES))  # the example's registry line is undone afterwards
+    exec(compile(_docs_engine_example(), "docs/engines.md", "exec"), {})
+    assert "threads" in R.ENGINES
+    tree, H = _data()
+    b = tree.leaf_bounds("state")
+    held = {"state": {code: float(H[b[u]:b[u + 1]].sum()) for u, code in enumerate(tree.codes("state"))}}
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, partition="county", invariants=held)
+    for postprocess in (None, "integer"):
+        local = release_geography(plan, ArrayHistograms(H), seed=5, postprocess=postprocess)
+        threads = release_geography(plan, ArrayHistograms(H), seed=5, postprocess=postprocess, engine="threads",
+                                    threads=3)
+        for d in plan.levels:
+            np.testing.assert_array_equal(threads.estimates[d], local.estimates[d])
+    with pytest.raises(TypeError, match="threads engine takes only the options \\['threads'\\]"):
+        release_geography(plan, ArrayHistograms(H), engine="threads", workers=2)
+    with pytest.raises(ValueError, match="unknown engine 'dask'"):
+        release_geography(plan, ArrayHistograms(H), engine="dask")

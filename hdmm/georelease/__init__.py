@@ -3,9 +3,11 @@
 * :func:`geo_plan` (:mod:`hdmm.georelease.plan`): the data-independent plan (person strategy,
   level weights optimized by :mod:`hdmm.georelease.levels`, sensitivity, invariants).
 * :func:`release_geography` (:mod:`hdmm.georelease.release`): measure every unit through the
-  kernel and estimate by the tree passes (:mod:`hdmm.georelease.passes`), on one machine
-  (``engine="local"``) or on Apache Spark (``engine="spark"``, :mod:`hdmm.georelease.spark`; its session
-  and master: :mod:`hdmm.georelease.session`).
+  kernel and estimate by the tree passes (:mod:`hdmm.georelease.passes`), in the steps of
+  :mod:`hdmm.georelease.pipeline`, on one machine (``engine="local"``, in memory or written as it
+  goes with ``output=``) or on Apache Spark (``engine="spark"``, :mod:`hdmm.georelease.spark`; its
+  session and master: :mod:`hdmm.georelease.session`); engines are registered in ``ENGINES``
+  (docs/engines.md).
 * :class:`RecordHistograms`, :class:`ArrayHistograms` (:mod:`hdmm.georelease.units`): the data.
 * :class:`Invariants` (:mod:`hdmm.georelease.invariants`): public totals held exactly.
 * :func:`accuracy_report`, :func:`true_answers` (:mod:`hdmm.georelease.report`): errors of the
