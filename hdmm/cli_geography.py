@@ -222,6 +222,28 @@ def _person_strategy(spec: str, named: NamedWorkload):
     return strategy
 
 
+class _Bars:
+    """A progress bar per step of a release (its ``step(name, done, total)`` reports: hdmm.georelease.steps.Progress),
+    with the rate and the time left."""
+
+    def __init__(self) -> None:
+        self.bars: dict[str, tqdm] = {}
+
+    def __call__(self, text: str) -> None:  # lines of text: not shown beside the bars
+        return None
+
+    def step(self, name: str, done: int, total: int) -> None:
+        if name not in self.bars:
+            self.close()
+            self.bars[name] = tqdm(total=total, desc=f"release: {name}", file=sys.stderr, leave=False)
+        self.bars[name].update(done - self.bars[name].n)
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+        self.bars.clear()
+
+
 def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWorkload,
                       budget: Budget | None = None) -> None:
     """Run ``hdmm release --geography`` (module docstring); ``budget`` (``--budget``) is charged once."""
@@ -274,39 +296,22 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     label = f"{args.workload} by {','.join(levels)}"
     about = _about(args, named, synthetic)
     start = time.perf_counter()
-    if engine == "spark":
-        from .georelease.session import spark_session
+    bars = _Bars()  # a bar per step, with its rate and the time left
+    try:
+        if engine == "spark":
+            from .georelease.session import spark_session
 
-        spark = spark_session(args.master)
-        data = records if isinstance(records, str) else spark.createDataFrame(records)
-        result = release_geography(plan, data, engine="spark", seed=args.noise_seed, output=args.output,
-                                   domain=named.domain, codes=args.codes, progress=True, budget=budget,
-                                   label=label, postprocess=args.postprocess, about=about)
-    else:
-        bars = {"measure": tqdm(total=tree.sizes[plan.partition_level], desc="release: measure", unit="partition",
-                                file=sys.stderr, leave=False)}
-
-        def show(text: str) -> None:  # a bar of the partitions measured, then one of the non-negative walk's families
-            if not text.startswith("  non-negative:"):
-                bars["measure"].update()
-                return
-            try:  # "... (done/total)"
-                done, total = (int(v) for v in text.rsplit("(", 1)[1].rstrip(")").split("/"))
-            except (IndexError, ValueError):
-                return  # a line in another form: the bar waits for the next one
-            if "families" not in bars:
-                bars["measure"].close()
-                bars["families"] = tqdm(total=total, desc="release: non-negative", unit="family", file=sys.stderr,
-                                        leave=False)
-            bars["families"].update(done - bars["families"].n)
-
-        try:
+            spark = spark_session(args.master)
+            data = records if isinstance(records, str) else spark.createDataFrame(records)
+            result = release_geography(plan, data, engine="spark", seed=args.noise_seed, output=args.output,
+                                       domain=named.domain, codes=args.codes, progress=bars, budget=budget,
+                                       label=label, postprocess=args.postprocess, about=about)
+        else:
             result = release_geography(plan, source, seed=args.noise_seed, postprocess=args.postprocess,
-                                       progress=show, budget=budget, label=label, about=about, workers=args.workers,
+                                       progress=bars, budget=budget, label=label, about=about, workers=args.workers,
                                        output=args.output)  # written as it goes: memory follows a partition
-        finally:
-            for bar in bars.values():
-                bar.close()
+    finally:
+        bars.close()
     if result.change is not None:
         kind = "integer" if result.postprocess == "integer" else "non-negative"
         print(f"  {kind} estimates (top down) moved the answers by RMSE " + ", ".join(

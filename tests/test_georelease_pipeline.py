@@ -173,3 +173,34 @@ def test_an_engine_is_one_module_and_one_registry_line(monkeypatch):
         release_geography(plan, ArrayHistograms(H), engine="threads", workers=2)
     with pytest.raises(ValueError, match="unknown engine 'dask'"):
         release_geography(plan, ArrayHistograms(H), engine="dask")
+
+
+class _Steps:
+    def __init__(self):
+        self.seen: dict[str, list[tuple[int, int]]] = {}
+
+    def __call__(self, text):  # lines: not for a step reporter
+        raise AssertionError(f"a step reporter got a line: {text!r}")
+
+    def step(self, name, done, total):
+        self.seen.setdefault(name, []).append((done, total))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_progress_counts_every_step_from_the_engine(workers, tmp_path):
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, partition="county")
+    steps = _Steps()
+    release_geography(plan, ArrayHistograms(H), seed=1, postprocess="integer", progress=steps, workers=workers)
+    partitions, families = tree.sizes[2], sum(tree.sizes[:-1])
+    assert list(steps.seen) == ["measure", "estimate", "integer"]
+    assert steps.seen["measure"][0] == (0, partitions) and steps.seen["measure"][-1] == (partitions, partitions)
+    assert steps.seen["estimate"][-1] == (partitions, partitions)
+    assert steps.seen["integer"][-1] == (families, families)
+    done = [d for d, _ in steps.seen["integer"]]
+    assert done == sorted(done)
+    lines: list[str] = []
+    release_geography(plan, ArrayHistograms(H), seed=1, progress=lines.append, workers=workers,
+                      output=tmp_path / "o")
+    assert any(line.startswith(f"  measure: {partitions}/{partitions} partitions") and "/s" in line for line in lines)
+    assert any(line.startswith(f"  answers: {partitions}/{partitions} partitions") for line in lines)

@@ -497,7 +497,8 @@ class TopDown:
     :meth:`descend` projects every family below a unit whose non-negative cells are known, down to
     the deepest released level; :attr:`answers`, :attr:`totals` and :attr:`squared` collect, for
     the units of the released levels it meets, the answers, totals and the squared change of the
-    answers from least squares; ``progress`` (if given) gets a line every hundredth of the families.
+    answers from least squares; ``progress`` (if given) gets a line every hundredth of the families,
+    or, with ``counted``, only the root's fit, and ``counted(families done, label)`` every family.
     With ``sink``, the answers and totals go instead to ``sink(level, units, answers, totals)`` in
     batches of ``batch`` units of a level (call :meth:`flush` at the end), so that a walk over many
     units does not hold them all. A release walks down to the partition level in the calling process
@@ -506,8 +507,8 @@ class TopDown:
     """
 
     def __init__(self, plan: GeoPlan, z, lam: dict[int, np.ndarray] | None, sink=None, batch: int = 1024,
-                 progress=None, integer: bool = False):
-        self.plan, self.z, self.lam, self.progress = plan, z, lam, progress
+                 progress=None, integer: bool = False, counted=None):
+        self.plan, self.z, self.lam, self.progress, self.counted = plan, z, lam, progress, counted
         self.integer, self.recording, self.rounding = integer, True, integer
         self.widened = {d: 0 for d in range(1, len(plan.tree.levels))}  # integer: the rows' largest widening
         self.families = sum(plan.tree.sizes[d] for d in range(max(plan.levels)))  # units with children to project
@@ -752,9 +753,12 @@ class TopDown:
         return R.astype(float)
 
     def _count(self, d: int, unit: int) -> None:
-        """Count the family below ``unit`` of level ``d`` as projected, reporting every hundredth."""
+        """Count the family below ``unit`` of level ``d`` as projected: to ``counted(projected, label)`` if given,
+        else as a line to ``progress`` every hundredth."""
         self.projected += 1
-        if self.progress is not None and (self.projected % max(1, self.families // 100) == 0
+        if self.counted is not None:
+            self.counted(self.projected, self.plan.tree.label(d, unit))
+        elif self.progress is not None and (self.projected % max(1, self.families // 100) == 0
                                           or self.projected == self.families):
             self.progress(f"  non-negative: projected the units below {self.plan.tree.label(d, unit)} "
                           f"({self.projected}/{self.families})")

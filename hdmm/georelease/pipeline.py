@@ -57,7 +57,7 @@ from .nonneg import TopDown, change_rmse, integer_totals
 from .passes import Partition, partition_down, partition_up, top_passes
 from .plan import GeoPlan
 from .roundtree import held_region
-from .steps import invariant_multipliers, measure_top
+from .steps import Progress, invariant_multipliers, measure_top
 from .units import measure_partition
 from .workers import map_partitions
 
@@ -181,9 +181,10 @@ def _held_depth(plan: GeoPlan, integer: bool) -> int:
 
 
 def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, postprocess: str | None,
-                say: Callable[[str], None]) -> Outcome:
+                progress: Progress) -> Outcome:
     """Run the steps of the module docstring on ``engine``; the answers go to ``output`` (an output of
-    :mod:`hdmm.georelease.stores`). The caller has checked the data and charged the budget."""
+    :mod:`hdmm.georelease.stores`), each step's tasks are counted to ``progress``. The caller has checked the
+    data and charged the budget."""
     tree, P = plan.tree, plan.partition_level
     space = "answers" if postprocess is None else "measurements"
     out = Outcome()
@@ -192,10 +193,11 @@ def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, post
 
     start = time.perf_counter()
     g_own, roots = [], []
+    progress.start("measure", n, "partition")
     for i, (g, root) in enumerate(engine.measure(_measure_task, the_plan + (engine.share((seed, space)),), n)):
         g_own.append(g)
         roots.append(root)
-        say(f"  measured {tree.label(P, i)} ({i + 1}/{n})")
+        progress.done("measure", i + 1, tree.label(P, i))
     roots = sp.vstack(roots, format="csr")
     out.timings["measure"] = time.perf_counter() - start
 
@@ -208,13 +210,15 @@ def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, post
         kept |= {d for d in np.unique(inv.levels).tolist() if d > P}
     top = measure_top(plan, roots, seed, space)
     del roots
+    progress.start("estimate", n, "partition")
     if plan.per_level:  # per-level strategies: every unit's own measurements are its estimates
-        rows = list(engine.update(_collect_task, the_plan + (engine.share(kept),), n))
+        rows = _counted(engine.update(_collect_task, the_plan + (engine.share(kept),), n), progress, "estimate")
         estimates = {**top, **_stack_levels(rows)}
     else:
         c, t = top_passes(plan.passes, P, np.vstack(g_own), top)
         del g_own
-        rows = list(engine.update(_estimate_task, the_plan + (engine.share((kept, c, t)),), n))
+        rows = _counted(engine.update(_estimate_task, the_plan + (engine.share((kept, c, t)),), n), progress,
+                        "estimate")
         del c, t
         estimates = _stack_levels(rows)
         for d in range(P - 1, -1, -1):
@@ -224,13 +228,22 @@ def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, post
 
     start = time.perf_counter()
     if postprocess is None:
-        _least_squares(plan, engine, the_plan, output, estimates)
+        _least_squares(plan, engine, the_plan, output, estimates, progress)
         out.timings["answers"] = time.perf_counter() - start
         return out
     lam = None if plan.per_level else invariant_multipliers(plan, estimates, space)
-    squared = _top_down(plan, engine, the_plan, output, estimates, lam, integer, held, say)
+    squared = _top_down(plan, engine, the_plan, output, estimates, lam, integer, held, progress)
     out.timings[postprocess.replace("nonnegative", "non-negative")] = time.perf_counter() - start
     out.change = change_rmse(plan, squared)
+    return out
+
+
+def _counted(results, progress: Progress, step: str) -> list:
+    """The results of a step's tasks, each counted to ``progress`` as it comes."""
+    out = []
+    for result in results:
+        out.append(result)
+        progress.done(step, len(out))
     return out
 
 
@@ -304,7 +317,8 @@ def _subtree_task(plan: GeoPlan, job: tuple, i: int, state: dict, cells: np.ndar
 
 
 # ---------------------------------------------------------------------------------------------- step 5
-def _least_squares(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates: dict[int, np.ndarray]) -> None:
+def _least_squares(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates: dict[int, np.ndarray],
+                   progress: Progress) -> None:
     """Every released unit's answers, moved by the invariants' correction (if any) and written to ``output``."""
     tree, P = plan.tree, plan.partition_level
     lam = invariant_multipliers(plan, estimates)
@@ -316,16 +330,22 @@ def _least_squares(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estim
     output.gather(writer.result())
     below = [d for d in plan.levels if d >= P]
     if below:
-        for result in engine.update(_answer_task, the_plan + (engine.share((below, lam, output)),), tree.sizes[P]):
+        progress.start("answers", tree.sizes[P], "partition")
+        for i, result in enumerate(engine.update(_answer_task, the_plan + (engine.share((below, lam, output)),),
+                                                 tree.sizes[P])):
             output.gather(result)
+            progress.done("answers", i + 1, tree.label(P, i))
 
 
 def _top_down(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates: dict[int, np.ndarray], lam,
-              integer: bool, held: int, say: Callable[[str], None]) -> dict[int, float]:
+              integer: bool, held: int, progress: Progress) -> dict[int, float]:
     """The non-negative (or integer) walk of the module docstring, step 5; returns the squared changes per level."""
     tree, P = plan.tree, plan.partition_level
     writer = output.writer("driver", plan)
-    walk = TopDown(plan, lambda d, units: estimates[d][units], lam, sink=writer.write, progress=say, integer=integer)
+    step = "integer" if integer else "non-negative"
+    walk = TopDown(plan, lambda d, units: estimates[d][units], lam, sink=writer.write, progress=progress.say,
+                   integer=integer, counted=lambda done, where: progress.done(step, done, where))
+    progress.start(step, walk.families, "family")
     a = max(held, min(1, P))  # the driver's walk: the root's family (if P allows), or the held region
     cells: dict[int, np.ndarray] = {}
     if walk.deepest <= a:
@@ -338,10 +358,6 @@ def _top_down(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates:
         return walk.squared
     squared, projected = dict(walk.squared), walk.projected
 
-    def report(d: int, unit: int, done: int, n: int) -> None:  # every hundredth task of a step
-        if done % max(1, n // 100) == 0 or done == n:
-            say(f"  non-negative: projected the units below {tree.label(d, unit)} ({projected}/{walk.families})")
-
     for d in range(a, min(P, walk.deepest)):  # families level by level, a task per unit
         bounds = tree.child_bounds(d)
         items = [(u, x, estimates[d + 1][bounds[u]:bounds[u + 1]]) for u, x in sorted(cells.items())]
@@ -353,7 +369,7 @@ def _top_down(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates:
             if d + 1 in squared:
                 squared[d + 1] += sq
             projected += count
-            report(d, items[k][0], k + 1, len(items))
+            progress.done(step, projected, tree.label(d, items[k][0]))
     if walk.deepest <= P:
         return squared
     s = max(a, P)  # each partition walks on from its units of level s
@@ -367,5 +383,5 @@ def _top_down(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates:
         for e, value in sq.items():
             squared[e] += value
         projected += count
-        report(P, i, i + 1, tree.sizes[P])
+        progress.done(step, projected, tree.label(P, i))
     return squared

@@ -34,7 +34,7 @@ from .nonneg import POSTPROCESS, check_nonnegative, integer_totals
 from .pipeline import Engine, LocalEngine, run_release
 from .plan import GeoPlan
 from .report import total_query
-from .steps import created_now, progress_printer, provenance
+from .steps import Progress, created_now, provenance
 from .stores import DiskStore, MemoryAnswers, MemoryStore, ParquetAnswers
 from .units import HistogramSource, check_source
 from .workers import check_workers
@@ -201,6 +201,11 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
     seed
         ``None`` (default): noise from fresh OS entropy, as a real release must. An int: every
         unit's noise from a stream derived from the seed and the unit (for tests and research only).
+    progress
+        ``False`` (default: nothing), ``True`` (a line per hundredth of each step's tasks, with the rate
+        and the time left), a function of such a line, or an object with a method
+        ``step(name, done, total)`` that gets every step's count of tasks instead
+        (:class:`~hdmm.georelease.steps.Progress`; the command line draws its bars from it).
     postprocess
         ``None`` (least squares), ``"nonnegative"`` (top-down non-negative estimates,
         :mod:`hdmm.georelease.nonneg`, on either engine; the change it makes is reported) or
@@ -253,7 +258,7 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
         checks = time.perf_counter() - start
         try:
             outcome = run_release(plan, engine=opened.engine, output=answers, seed=seed, postprocess=postprocess,
-                                  say=progress_printer(progress))
+                                  progress=Progress(progress))
         except BaseException:
             if opened.output is not None:  # no output that looks like a release: the partial directory goes too
                 shutil.rmtree(partial_path(opened.output), ignore_errors=True)

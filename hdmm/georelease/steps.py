@@ -6,7 +6,7 @@ See :mod:`hdmm.georelease.release` for the order of the steps.
 from __future__ import annotations
 
 import datetime
-
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -16,7 +16,8 @@ from ..version import HDMM_VERSION
 from .plan import GeoPlan
 from .units import SPACES, measure_units
 
-__all__ = ["measure_top", "apply_invariants", "invariant_multipliers", "correct", "provenance", "progress_printer"]
+__all__ = ["measure_top", "apply_invariants", "invariant_multipliers", "correct", "provenance", "progress_printer",
+           "Progress"]
 
 
 def measure_top(plan: GeoPlan, roots: np.ndarray, seed: int | None, space: str = "answers") -> dict[int, np.ndarray]:
@@ -116,3 +117,56 @@ def progress_printer(progress) -> Callable[[str], None]:
     if progress:
         return lambda text: print(text, flush=True)
     return lambda text: None
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else \
+        f"{seconds / 3600:.1f} h"
+
+
+class Progress:
+    """What a release reports as it goes, read from its steps (never parsed from text).
+
+    ``progress`` is what :func:`~hdmm.georelease.release_geography` was given: ``False`` (nothing),
+    ``True`` (lines printed), a function of a line, or an object with a method
+    ``step(name, done, total)``, which then gets every step's count of tasks done instead of lines
+    (the command line draws its bars from it). Lines come at most every hundredth task of a step,
+    with the rate and the time left at that rate.
+
+    >>> lines = []
+    >>> p = Progress(lines.append)
+    >>> p.start("measure", 2, "partition")
+    >>> p.done("measure", 1, "Alabama")
+    >>> p.done("measure", 2, "Alaska")
+    >>> lines[-1].split(",")[0]
+    '  measure: 2/2 partitions (Alaska)'
+    """
+
+    def __init__(self, progress) -> None:
+        self._step = getattr(progress, "step", None)
+        self._say = (lambda text: None) if self._step is not None else progress_printer(progress)
+        self._steps: dict[str, tuple[int, str, float]] = {}
+
+    def say(self, text: str) -> None:
+        """A line of text (not shown to a ``step`` reporter)."""
+        self._say(text)
+
+    def start(self, name: str, total: int, unit: str) -> None:
+        """Step ``name`` begins ``total`` tasks, each one ``unit`` (a partition, a family)."""
+        self._steps[name] = (total, unit, time.perf_counter())
+        if self._step is not None:
+            self._step(name, 0, total)
+
+    def done(self, name: str, done: int, where: str = "") -> None:
+        """``done`` of step ``name``'s tasks are done (the last one at ``where``)."""
+        total, unit, began = self._steps[name]
+        if self._step is not None:
+            self._step(name, done, total)
+            return
+        if done % max(1, total // 100) and done != total:
+            return
+        elapsed = time.perf_counter() - began
+        rate = done / elapsed if elapsed > 0 else float("inf")
+        left = "" if done == total or rate == 0 else f", about {_duration((total - done) / rate)} left"
+        self._say(f"  {name}: {done:,}/{total:,} {unit}s" + (f" ({where})" if where else "") +
+                  f", {rate:.3g}/s{left}")
