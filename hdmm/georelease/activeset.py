@@ -54,7 +54,7 @@ import numpy as np
 
 from .simplex import simplex_projection
 
-__all__ = ["family_projection", "family_gap", "root_projection", "EPSILON", "MAX_ENTRIES", "MAX_CELLS", "MAX_SWEEPS", "MAX_STEPS",
+__all__ = ["family_projection", "family_gap", "root_projection", "gap_floor", "EPSILON", "MAX_ENTRIES", "MAX_CELLS", "MAX_SWEEPS", "MAX_STEPS",
            "BACKUP_EXCHANGES", "MAX_EPSILON"]
 
 #: The proximal weight, relative to :math:`\|G\|_2`.
@@ -230,11 +230,23 @@ def _root_active_set(G: np.ndarray, eps: float, C: np.ndarray, r: np.ndarray, t:
     return None
 
 
+def gap_floor(G: np.ndarray, x: np.ndarray, total: float) -> float:
+    """What :func:`root_projection`'s Frank-Wolfe gap can resolve in double precision: the total times the largest
+    row sum of :math:`|G|` times the spacing of doubles at the largest cell of ``x`` (the cells' scale)."""
+    largest = float(np.abs(x).max(initial=0.0))
+    return float(total) * float(np.abs(G).sum(axis=1).max(initial=0.0)) * float(np.spacing(largest))
+
+
 def root_projection(G: np.ndarray, x: np.ndarray, total: float, bound: float,
                     norm: float | None = None) -> np.ndarray | None:
     r"""The root's cells :math:`v \ge 0` with :math:`\mathbf 1^Tv =` ``total`` minimizing
     :math:`f(v) = \tfrac12 (v - x)^TG(v - x)` to within ``bound`` (its Frank-Wolfe gap,
     :math:`\nabla f^Tv - t\min_j\partial_jf`), or ``None`` if the active set does not settle.
+
+    The gap cannot be resolved below :func:`gap_floor` (cells of a country's size are stored to about
+    1e-10 persons, and the gradient's rounding times the total is what the gap can see): a ``bound``
+    below that is raised to it, for the stop and for the exchange rule alike, so that cells are not
+    freed on rounding.
 
     The family's method (module docstring) for one unit whose cells add up to one number: proximal
     point steps, the first centred on the Euclidean projection of ``x`` (the least-squares cells), each
@@ -254,8 +266,10 @@ def root_projection(G: np.ndarray, x: np.ndarray, total: float, bound: float,
     scale = float(np.linalg.eigvalsh(G)[-1]) if norm is None else float(norm)
     if scale <= 0:
         return None
+    bound = max(bound, gap_floor(G, x, total))
     eps = EPSILON * scale
     centre = simplex_projection(x[:, None], np.array([total]))[:, 0]  # feasible: the first centre
+    bound = max(bound, gap_floor(G, x, total))
     free = centre > 0
     for _ in range(MAX_STEPS):
         r = G @ (centre - x)

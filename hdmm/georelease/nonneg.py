@@ -221,7 +221,8 @@ def held_measurements(plan: GeoPlan, partitioned: bool = False) -> int:
     """How many strategy answers the top-down pass holds at once: every unit's to the finest measured
     level (a release held in memory), or, for a release that keeps each partition's estimates apart
     (Spark, or the local engine writing its output), the most of the driver's (levels down to the
-    partition level, and invariant levels below it) and one partition's (its units below that level)."""
+    partition level, and the invariant and held levels below it) and one partition's (its units below that
+    level)."""
     tree, finest, P = plan.tree, plan.solver.finest, plan.partition_level
     if not partitioned:
         units = sum(tree.sizes[d] for d in range(finest + 1))
@@ -230,7 +231,8 @@ def held_measurements(plan: GeoPlan, partitioned: bool = False) -> int:
         for u in range(tree.sizes[P]):
             part = Partition.of(tree, P, u)
             widest = max(widest, sum(hi - lo for lo, hi in (part.range(d) for d in range(P, finest + 1))))
-        deeper = [] if plan.invariants is None else [d for d in np.unique(plan.invariants.levels).tolist() if d > P]
+        deeper = set() if plan.invariants is None else {d for d in np.unique(plan.invariants.levels).tolist() if d > P}
+        deeper |= set(range(P + 1, max(held_region(tree, known_totals(plan))) + 1))  # rounded at once, above
         units = max(sum(tree.sizes[d] for d in range(P + 1)) + sum(tree.sizes[d] for d in deeper), widest)
     return units * max(plan.person_plan(d).strategy.shape[0] for d in plan.measured)
 
