@@ -36,7 +36,7 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["spark_session", "require_spark", "configured_master", "DEFAULT_MASTER", "PANDAS_WARNING"]
+__all__ = ["spark_session", "require_spark", "configured_master", "quiet_pandas_warnings", "DEFAULT_MASTER", "PANDAS_WARNING"]
 
 #: The master of a new session when neither the caller nor Spark's configuration names one.
 DEFAULT_MASTER = "local[2]"
@@ -76,6 +76,13 @@ def configured_master(environ: Mapping[str, str] | None = None) -> bool:
     return False
 
 
+def quiet_pandas_warnings() -> None:
+    """Silence, in this process, PySpark's warnings about the pandas version (``PANDAS_WARNING``, and the
+    ``copy`` keyword pandas 3 deprecates): the conversions hdmm makes are tested."""
+    warnings.filterwarnings("ignore", message=PANDAS_WARNING, category=FutureWarning)
+    warnings.filterwarnings("ignore", message="The copy keyword is deprecated", module="pyspark")
+
+
 def spark_session(master: str | None = None, memory: str = "8g"):
     """A Spark session for hdmm: the active one if any (with a warning if ``master`` names another), else a new one on ``master``, or on the master Spark's
     configuration names, or on ``DEFAULT_MASTER`` (module docstring). A new session's driver (in local mode
@@ -84,7 +91,7 @@ def spark_session(master: str | None = None, memory: str = "8g"):
     require_spark()
     from pyspark.sql import SparkSession
 
-    warnings.filterwarnings("ignore", message=PANDAS_WARNING, category=FutureWarning)
+    quiet_pandas_warnings()
     active = SparkSession.getActiveSession()
     if active is not None:
         if master is not None and active.conf.get("spark.master", None) not in (None, master):

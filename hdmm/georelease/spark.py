@@ -1,4 +1,4 @@
-r"""The Spark engine of a geography release: the steps of :mod:`hdmm.georelease.release` as Spark stages.
+r"""The Spark engine of a geography release: the steps of :mod:`hdmm.georelease.pipeline` as Spark stages.
 
 The steps are those of :mod:`hdmm.georelease.pipeline`; :class:`SparkEngine` runs their tasks as
 Spark stages. The plan and each step's inputs are broadcast. A partition's state (its units'
@@ -45,7 +45,6 @@ import os
 import pickle
 import shutil
 import tempfile
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 
@@ -60,7 +59,7 @@ from .plan import GeoPlan
 from .release import GeoRelease, Opened, release_geography
 from .files import check_output
 from .nonneg import cell_space, dense_parts
-from .session import require_spark, spark_session
+from .session import quiet_pandas_warnings, require_spark, spark_session
 from .units import check_record_columns, check_source
 
 __all__ = ["SparkGeoRelease", "SparkEngine", "release_spark", "require_spark", "spark_session", "leaf_totals", "LEAF",
@@ -208,7 +207,7 @@ class SparkKind:
 
     def open(self, plan: GeoPlan, data, options: dict) -> Opened:
         require_spark()
-        warnings.filterwarnings("ignore", message="The copy keyword is deprecated", module="pyspark")
+        quiet_pandas_warnings()  # also for a session the caller made
         spark = options.get("spark") or spark_session()
         output = options.get("output")
         output = (os.path.normpath(os.fspath(output)) if output is not None
