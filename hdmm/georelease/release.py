@@ -41,8 +41,6 @@ from .workers import check_workers
 
 __all__ = ["GeoRelease", "release_geography", "ENGINES", "EngineKind", "Opened", "engine_kind"]
 
-ENGINES = ("local", "spark")
-
 
 @dataclass(frozen=True, eq=False)
 class GeoRelease:
