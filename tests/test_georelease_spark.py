@@ -375,3 +375,31 @@ def test_spark_runs_what_only_the_local_engine_ran(spark, tmp_path, case):
     for level in tree.levels:
         np.testing.assert_array_equal(remote.answers(level), local.answers(level))
     assert remote.change == pytest.approx(local.change, rel=1e-9)
+
+
+def test_spark_reports_a_steps_tasks_while_they_run(spark, tmp_path, monkeypatch):
+    """A 30-minute Spark step is not silent: the engine reads its stages' tasks from Spark's status tracker."""
+    import hdmm.georelease.spark as S
+    from trees import small_country
+
+    monkeypatch.setattr(S, "WATCH_SECONDS", 0.01)
+    tree = small_country(2, counties=(2, 4), tracts=(1, 3))
+    H = sp.csr_matrix(np.random.default_rng(0).poisson(2.0, size=(tree.leaves, 3)).astype(float))
+    seen: list[tuple[str, int, int]] = []
+
+    class Steps:
+        def __call__(self, text):
+            return None
+
+        def step(self, name, done, total):
+            seen.append((name, done, total))
+
+    release_geography(geo_plan(tree, hdmm.Identity(3), hdmm.ZCDP(0.5), strategy=hdmm.Prefix(3)),
+                      ArrayHistograms(H), engine="spark", seed=0, output=str(tmp_path / "o"), progress=Steps())
+    partitions = tree.sizes[geo_plan(tree, hdmm.Identity(3), hdmm.ZCDP(0.5), strategy=hdmm.Prefix(3)).partition_level]
+    assert ("measure", partitions, partitions) in seen and ("answers", partitions, partitions) in seen
+    assert all(0 <= done <= total for _, done, total in seen)
+    lines: list[str] = []
+    release_geography(geo_plan(tree, hdmm.Identity(3), hdmm.ZCDP(0.5), strategy=hdmm.Prefix(3)),
+                      ArrayHistograms(H), engine="spark", seed=0, output=str(tmp_path / "p"), progress=lines.append)
+    assert any("% of its tasks done" in line for line in lines)

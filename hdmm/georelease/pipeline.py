@@ -32,7 +32,8 @@ steps (its *state*, ``{level: units x k}``):
   (``None`` keeps the state);
 * ``map(fn, shared, items)``: ``fn(*values, item)`` for every item (a family, say);
 
-each yielding the results in order. ``values`` are the values of the ``shared`` handles that
+each yielding the results in order (an engine may also have ``observe(progress)``, to report a
+step's tasks while they run: :meth:`hdmm.georelease.steps.Progress.within`). ``values`` are the values of the ``shared`` handles that
 :meth:`Engine.share` made (the plan once per release, each step's inputs once per step): a
 cluster ships them once per worker, not once per task. The task functions are module-level
 functions of this module, so that an engine may pickle them. :class:`LocalEngine` runs the tasks
@@ -189,6 +190,8 @@ def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, post
     space = "answers" if postprocess is None else "measurements"
     out = Outcome()
     n = tree.sizes[P]
+    if hasattr(engine, "observe"):  # an engine that can see a step's tasks before their results come back
+        engine.observe(progress)
     the_plan = (engine.share(plan),)
 
     start = time.perf_counter()

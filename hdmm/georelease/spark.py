@@ -45,6 +45,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 
@@ -267,6 +268,9 @@ def _schema():
 
 _COLUMNS = ["partition", "level", "unit", "values", "payload"]
 
+#: Seconds between two reports of a running step's Spark tasks (:meth:`SparkEngine.observe`).
+WATCH_SECONDS = 15.0
+
 #: ``level`` of the rows that carry a task's result and a partition's extra input (pickled, in ``payload``).
 RESULT, INPUT = -1, -2
 
@@ -307,6 +311,36 @@ class SparkEngine:
         self._plan = self.share(plan)  # the engine's own tasks read the tree from it
         self._state = None
         self._steps = 0
+        self._progress = None
+
+    def observe(self, progress) -> None:
+        """Report, every ``WATCH_SECONDS`` while a step's Spark jobs run, the share of their active stages'
+        tasks done (:meth:`hdmm.georelease.steps.Progress.within`), read from Spark's status tracker."""
+        self._progress = progress
+
+    def _watched(self, action):
+        """``action()``, with the status of its stages reported while it runs (:meth:`observe`)."""
+        if self._progress is None:
+            return action()
+        stop, tracker = threading.Event(), self.sc.statusTracker()
+
+        def watch() -> None:
+            while not stop.wait(WATCH_SECONDS):
+                done = total = 0
+                for stage in tracker.getActiveStageIds():
+                    info = tracker.getStageInfo(stage)
+                    if info is not None:
+                        done, total = done + info.numCompletedTasks, total + info.numTasks
+                if total:
+                    self._progress.within(done / total)
+
+        thread = threading.Thread(target=watch, name="hdmm-spark-progress", daemon=True)
+        thread.start()
+        try:
+            return action()
+        finally:
+            stop.set()
+            thread.join()
 
     def share(self, value):
         """A broadcast of ``value``, made once per object (the plan is broadcast once per release)."""
@@ -322,7 +356,7 @@ class SparkEngine:
 
         self._steps += 1
         path = os.path.join(self.work, f"step{self._steps}")
-        df.write.parquet(path)
+        self._watched(lambda: df.write.parquet(path))
         df = self.spark.read.parquet(path)
         results = df.filter(F.col("level") == RESULT).select("partition", "payload").toPandas()
         results = sorted(zip(results["partition"].tolist(), results["payload"].tolist()))
@@ -398,8 +432,8 @@ class SparkEngine:
         if not items:
             return iter(())
         indexed = list(enumerate(items))
-        done = self.sc.parallelize(indexed, len(indexed)).map(
-            lambda kv: (kv[0], fn(*[h.value for h in shared], kv[1]))).collect()
+        done = self._watched(self.sc.parallelize(indexed, len(indexed)).map(
+            lambda kv: (kv[0], fn(*[h.value for h in shared], kv[1]))).collect)
         return (result for _, result in sorted(done, key=lambda r: r[0]))
 
 

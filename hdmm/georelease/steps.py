@@ -157,6 +157,20 @@ class Progress:
         if self._step is not None:
             self._step(name, 0, total)
 
+    def within(self, share: float) -> None:
+        """An engine's view of the current step while its results have not come back: ``share`` of its
+        tasks are done (Spark reports a stage's tasks, not partitions; a line each time)."""
+        if not self._steps:
+            return
+        name = next(reversed(self._steps))
+        total, unit, began = self._steps[name]
+        if self._step is not None:
+            self._step(name, int(share * total), total)
+            return
+        elapsed = time.perf_counter() - began
+        left = f", about {_duration(elapsed * (1 - share) / share)} left" if 0 < share < 1 else ""
+        self._say(f"  {name}: {100 * share:.0f}% of its tasks done{left}")
+
     def done(self, name: str, done: int, where: str = "") -> None:
         """``done`` of step ``name``'s tasks are done (the last one at ``where``)."""
         total, unit, began = self._steps[name]
