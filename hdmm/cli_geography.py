@@ -229,9 +229,6 @@ class _Bars:
     def __init__(self) -> None:
         self.bars: dict[str, tqdm] = {}
 
-    def __call__(self, text: str) -> None:  # lines of text: not shown beside the bars
-        return None
-
     def step(self, name: str, done: int, total: int) -> None:
         if name not in self.bars:
             self.close()

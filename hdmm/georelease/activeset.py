@@ -266,7 +266,6 @@ def root_projection(G: np.ndarray, x: np.ndarray, total: float, bound: float,
     scale = float(np.linalg.eigvalsh(G)[-1]) if norm is None else float(norm)
     if scale <= 0:
         return None
-    bound = max(bound, gap_floor(G, x, total))
     eps = EPSILON * scale
     centre = simplex_projection(x[:, None], np.array([total]))[:, 0]  # feasible: the first centre
     bound = max(bound, gap_floor(G, x, total))

@@ -1,6 +1,7 @@
-"""The steps both geography engines share: the coarse levels, the invariants and the provenance.
+"""What the release steps share: the coarse levels' measurements, the invariants' multipliers, the provenance
+and the progress reports.
 
-See :mod:`hdmm.georelease.release` for the order of the steps.
+See :mod:`hdmm.georelease.pipeline` for the order of the steps.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ..version import HDMM_VERSION
 from .plan import GeoPlan
 from .units import SPACES, measure_units
 
-__all__ = ["measure_top", "apply_invariants", "invariant_multipliers", "correct", "provenance", "progress_printer",
+__all__ = ["measure_top", "invariant_multipliers", "provenance", "progress_printer",
            "Progress"]
 
 
@@ -52,22 +53,6 @@ def invariant_multipliers(plan: GeoPlan, estimates: dict[int, np.ndarray], space
         rows = estimates[d][inv.units_at[mask]]
         estimated[mask] = rows[:, -1] if space == "answers" else rows @ plan.total_parts[0]
     return inv.multipliers(plan.tree, plan.solver, estimated, plan.total_direction[1])
-
-
-def apply_invariants(plan: GeoPlan, estimates: dict[int, np.ndarray]) -> None:
-    """Move every estimate (answers and total) by the invariants' correction, in place
-    (:mod:`hdmm.georelease.invariants`)."""
-    lam = invariant_multipliers(plan, estimates)
-    if lam is not None:
-        correct(plan, estimates, lam)
-
-
-def correct(plan: GeoPlan, estimates: dict[int, np.ndarray], lam: dict[int, np.ndarray]) -> None:
-    """Subtract the invariants' correction with multipliers ``lam`` from every level in ``estimates``, in place."""
-    h, gamma = plan.total_direction
-    direction = np.append(h, gamma)
-    for d in estimates:
-        estimates[d] -= np.outer(lam[d], direction)
 
 
 def provenance(plan: GeoPlan, seeded: bool, charge=None, postprocess: str | None = None,
