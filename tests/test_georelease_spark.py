@@ -131,10 +131,18 @@ def test_missing_spark_names_the_extra(monkeypatch):
     with pytest.raises(ImportError, match=r"pip install 'hdmm\[spark\]'"):
         engine.spark_session()
     monkeypatch.setattr(builtins, "__import__", real_import)
-    monkeypatch.setattr(engine.shutil, "which", lambda name: None)
+    import hdmm.georelease.session as session
+
+    monkeypatch.setattr(session.shutil, "which", lambda name: None)
     monkeypatch.delenv("JAVA_HOME", raising=False)
     with pytest.raises(RuntimeError, match="Java 17"):
         engine.spark_session()
+
+
+def _level_rows(directory) -> pd.DataFrame:
+    """A level's release rows in code and query order (Spark writes plain strings, the local engine dictionaries)."""
+    rows = pd.read_parquet(directory)
+    return rows.astype({"code": str, "query": str}).sort_values(["code", "query"])
 
 
 def test_cli_spark_engine_reads_a_parquet_of_people(spark, tmp_path, capsys):
@@ -148,8 +156,7 @@ def test_cli_spark_engine_reads_a_parquet_of_people(spark, tmp_path, capsys):
     assert meta["data"]["source"] == str(files / "people.parquet") and meta["created"].endswith("+00:00")
     local = files / "local"
     assert main(_release(files, "--data", str(files / "people.parquet"), "--output", str(local))) == 0
-    a = pd.read_parquet(out / "level=county").sort_values(["code", "query"])
-    b = pd.read_parquet(local / "level=county").sort_values(["code", "query"])
+    a, b = _level_rows(out / "level=county"), _level_rows(local / "level=county")
     np.testing.assert_allclose(a["answer"].to_numpy(), b["answer"].to_numpy(), rtol=1e-9, atol=1e-9)
 
 
@@ -251,8 +258,7 @@ def test_cli_spark_parquet_takes_invariants_and_nonnegative_estimates(spark, tmp
     assert main(geography_release_args(files, *more, "--output", str(files / "l"))) == 0
     people = pd.read_parquet(files / "people.parquet")
     for level in ("state", "county"):
-        a = pd.read_parquet(files / "s" / f"level={level}").sort_values(["code", "query"])
-        b = pd.read_parquet(files / "l" / f"level={level}").sort_values(["code", "query"])
+        a, b = _level_rows(files / "s" / f"level={level}"), _level_rows(files / "l" / f"level={level}")
         np.testing.assert_allclose(a["answer"].to_numpy(), b["answer"].to_numpy(), rtol=1e-9, atol=1e-8)
         assert (a["answer"] >= -1e-9).all()
     held = people.groupby(people["state"].astype(str)).size()
@@ -276,36 +282,31 @@ def test_spark_nonnegative_with_every_released_level_above_the_partition_level(s
     assert remote.change == pytest.approx(local.change, rel=1e-9)
 
 
-def test_spark_work_directory_is_checked_before_the_charge_and_never_left_behind(spark, country, tmp_path,
-                                                                                monkeypatch):
+def test_spark_output_is_checked_before_the_charge_and_a_failed_release_leaves_nothing(spark, country, tmp_path,
+                                                                                     monkeypatch):
+    """No work files: each step is checkpointed in the executors, so nothing but the output is ever written,
+    and a failure after the measure step (which holds exact partition totals) leaves nothing behind."""
     from hdmm.budget import Budget
     import hdmm.georelease.pipeline as steps
 
     tree, records = country
-    source = RecordHistograms.of(tree, DOMAIN, records)
+    source = ArrayHistograms(RecordHistograms.of(tree, DOMAIN, records).histograms(0, tree.leaves))
     plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP)
     budget = Budget(hdmm.PureDP(5.0))
-    # an interrupted run's work directory: refused before anything is charged, and left alone
-    (tmp_path / "a.work").mkdir()
-    with pytest.raises(FileExistsError, match="a.work exists"):
-        release_geography(plan, ArrayHistograms(source.histograms(0, tree.leaves)), engine="spark", seed=1,
-                          output=str(tmp_path / "a"), budget=budget)
-    assert budget.spent == 0.0 and (tmp_path / "a.work").is_dir()
-    # a given work_dir keeps what it holds; the release's own subdirectory goes, even when the release fails
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    (shared / "precious.txt").write_text("keep me")
+    (tmp_path / "a.partial").mkdir()  # an interrupted run's partial output: refused before anything is charged
+    with pytest.raises(FileExistsError, match="a.partial exists"):
+        release_geography(plan, source, engine="spark", seed=1, output=str(tmp_path / "a"), budget=budget)
+    (tmp_path / "b").mkdir()
+    with pytest.raises(FileExistsError, match="b exists"):
+        release_geography(plan, source, engine="spark", seed=1, output=str(tmp_path / "b"), budget=budget)
+    with pytest.raises(TypeError, match="work_dir"):
+        release_geography(plan, source, engine="spark", seed=1, output=str(tmp_path / "c"), work_dir=str(tmp_path))
+    assert budget.spent == 0.0
+    before = sorted(p.name for p in tmp_path.iterdir())
     monkeypatch.setattr(steps, "top_passes", lambda *a: (_ for _ in ()).throw(RuntimeError("disk full")))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        with pytest.raises(RuntimeError, match="disk full"):   # after the measure step wrote exact partition totals
-            release_geography(plan, ArrayHistograms(source.histograms(0, tree.leaves)), engine="spark", seed=1,
-                              output=str(tmp_path / "b"), work_dir=str(shared))
-        with pytest.raises(RuntimeError, match="disk full"):
-            release_geography(plan, ArrayHistograms(source.histograms(0, tree.leaves)), engine="spark", seed=1,
-                              output=str(tmp_path / "c"))
-    assert [p.name for p in shared.iterdir()] == ["precious.txt"]
-    assert not (tmp_path / "c.work").exists() and not (tmp_path / "c.partial").exists()
+    with pytest.raises(RuntimeError, match="disk full"):  # after the measure step
+        release_geography(plan, source, engine="spark", seed=1, output=str(tmp_path / "d"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 def test_spark_refuses_records_without_a_code_and_releases_no_records(spark, country, tmp_path):

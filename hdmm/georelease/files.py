@@ -22,7 +22,8 @@ import numpy as np
 
 from .plan import GeoPlan
 
-__all__ = ["check_output", "start_output", "write_units", "finish_output", "partial_path", "read_answers"]
+__all__ = ["check_output", "start_output", "release_table", "write_units", "finish_output", "partial_path",
+           "read_answers", "answers_of"]
 
 
 def _arrow():
@@ -65,13 +66,12 @@ def start_output(path: str | os.PathLike) -> str:
     return partial
 
 
-def write_units(partial: str, plan: GeoPlan, level: int, units: np.ndarray, answers: np.ndarray,
-                std_errors: np.ndarray, meta: dict, name: str) -> int:
-    """Write the answers of ``units`` (positions at ``level``) as ``partial/level=<level>/<name>.parquet``.
-
-    Returns the number of rows written.
-    """
-    pa, pq = _arrow()
+def release_table(plan: GeoPlan, level: int, units: np.ndarray, answers: np.ndarray, std_errors: np.ndarray,
+                  meta: dict, dictionary: bool = True):
+    """The release rows of ``units`` (positions at ``level``) as an Arrow table: ``code, name, query, answer,
+    std_error, privacy`` (one row per unit and query). ``dictionary``: string columns dictionary encoded (a
+    unit's code and a query's label stored once), as the local engine writes them; plain strings for Spark."""
+    pa, _ = _arrow()
     tree, q = plan.tree, answers.shape[1]
     units = np.asarray(units, dtype=np.int64)
     n = units.size
@@ -79,45 +79,104 @@ def write_units(partial: str, plan: GeoPlan, level: int, units: np.ndarray, answ
     codes = pa.array([all_codes[u] for u in units.tolist()], type=pa.string())
     names = pa.array([all_names[u] for u in units.tolist()], type=pa.string())
     labels = pa.array(plan.labels, type=pa.string())
-    per_unit = np.repeat(np.arange(n, dtype=np.int32), q)
-    table = pa.table({
-        "code": pa.DictionaryArray.from_arrays(pa.array(per_unit), codes),
-        "name": pa.DictionaryArray.from_arrays(pa.array(per_unit), names),
+    per_unit = pa.array(np.repeat(np.arange(n, dtype=np.int32), q))
+    columns = {
+        "code": pa.DictionaryArray.from_arrays(per_unit, codes),
+        "name": pa.DictionaryArray.from_arrays(per_unit, names),
         "query": pa.DictionaryArray.from_arrays(pa.array(np.tile(np.arange(q, dtype=np.int32), n)), labels),
         "answer": pa.array(np.ascontiguousarray(answers, dtype=float).ravel()),
         "std_error": pa.array(np.ascontiguousarray(std_errors, dtype=float).ravel()),
         "privacy": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n * q, dtype=np.int32)),
                                                   pa.array([meta["privacy_description"]])),
-    })
+    }
+    if not dictionary:
+        columns = {k: v.cast(pa.string()) if pa.types.is_dictionary(v.type) else v for k, v in columns.items()}
+    return pa.table(columns)
+
+
+def write_units(partial: str, plan: GeoPlan, level: int, units: np.ndarray, answers: np.ndarray,
+                std_errors: np.ndarray, meta: dict, name: str) -> int:
+    """Write the answers of ``units`` (positions at ``level``) as ``partial/level=<level>/<name>.parquet``
+    (flushed to disk before it returns: :func:`finish_output` renames what is complete).
+
+    Returns the number of rows written.
+    """
+    _, pq = _arrow()
+    table = release_table(plan, level, units, answers, std_errors, meta)
     table = table.replace_schema_metadata({b"hdmm": json.dumps(meta).encode()})
-    directory = os.path.join(partial, f"level={tree.levels[level]}")
+    directory = os.path.join(partial, f"level={plan.tree.levels[level]}")
     os.makedirs(directory, exist_ok=True)
-    pq.write_table(table, os.path.join(directory, f"{name}.parquet"))
-    return n * q
+    with open(os.path.join(directory, f"{name}.parquet"), "wb") as fh:
+        pq.write_table(table, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return table.num_rows
+
+
+def _sync_directory(path: str) -> None:
+    """Flush ``path``'s entries (new files, renames) to disk, where the system allows it."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
 
 
 def finish_output(partial: str, path: str | os.PathLike, meta: dict) -> None:
-    """Write ``_provenance.json`` and rename the partial directory to ``path``."""
+    """Write ``_provenance.json``, flush the partial directory to disk and rename it to ``path`` (the release
+    appears whole or not at all)."""
     with open(os.path.join(partial, "_provenance.json"), "w") as fh:
         json.dump(meta, fh, indent=2)
+        fh.flush()
+        os.fsync(fh.fileno())
+    for root, directories, _ in os.walk(partial):
+        for d in directories:
+            _sync_directory(os.path.join(root, d))
+    _sync_directory(partial)
     os.rename(partial, _directory(path))
+    _sync_directory(os.path.dirname(os.path.abspath(_directory(path))))
 
 
 def _positions(column, index: dict[str, int], what: str, level: str) -> np.ndarray:
-    """Each row's position (``index`` of its string) from a string or dictionary column of one file."""
+    """Each row's position (``index`` of its string) from a string or dictionary column (chunk by chunk: the
+    files' dictionaries differ)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if not pa.types.is_dictionary(column.type):
-        column = pc.dictionary_encode(column)
-    names = column.dictionary.to_pylist()
-    unknown = [x for x in names if x not in index]
-    if unknown:
-        raise ValueError(f"level {level!r} holds {what} {unknown[:3]} that the plan does not have: were these files "
-                         "written by another release?")
-    lookup = np.array([index[x] for x in names], dtype=np.int64)
-    return lookup[column.indices.to_numpy(zero_copy_only=False)]
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    out = []
+    for chunk in chunks:
+        if not pa.types.is_dictionary(chunk.type):
+            chunk = pc.dictionary_encode(chunk)
+        names = chunk.dictionary.to_pylist()
+        unknown = [x for x in names if x not in index]
+        if unknown:
+            raise ValueError(f"level {level!r} holds {what} {unknown[:3]} that the plan does not have: were these "
+                             "files written by another release?")
+        lookup = np.array([index[x] for x in names], dtype=np.int64)
+        out.append(lookup[chunk.indices.to_numpy(zero_copy_only=False)])
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def answers_of(plan: GeoPlan, level: int, code, query, answer: np.ndarray, where: str) -> np.ndarray:
+    """The ``units x queries`` array of one level from its rows' ``code``, ``query`` (Arrow string or dictionary
+    columns) and ``answer``; raises if a unit or query is not the plan's, or a (unit, query) pair is missing or
+    repeated. ``where`` names the files in the errors."""
+    tree, name = plan.tree, plan.tree.levels[level]
+    units, labels = tree.codes(level), plan.labels
+    out = np.full((len(units), len(labels)), np.nan)
+    rows = _positions(code, {str(c): i for i, c in enumerate(units)}, "units", name)
+    cols = _positions(query, {x: i for i, x in enumerate(labels)}, "queries", name)
+    out[rows, cols] = answer
+    if len(answer) != out.size or np.isnan(out).any():
+        raise ValueError(f"{where}: {len(answer):,} answers for {len(units):,} units x {len(labels):,} queries; a "
+                         "unit or query is missing or repeated (an incomplete or mixed release?)")
+    return out
 
 
 def read_answers(path: str | os.PathLike, plan: GeoPlan, level: str | int) -> np.ndarray:
@@ -127,6 +186,8 @@ def read_answers(path: str | os.PathLike, plan: GeoPlan, level: str | int) -> np
     has no such level, holds a unit or query the plan does not have, or misses or repeats a
     (unit, query) pair.
     """
+    import pyarrow as pa
+
     _, pq = _arrow()
     tree = plan.tree
     d = tree.level_index(level)
@@ -136,18 +197,7 @@ def read_answers(path: str | os.PathLike, plan: GeoPlan, level: str | int) -> np
     if not files:
         raise FileNotFoundError(f"{directory}: no answers of level {name!r} (released levels have a 'level=<name>' "
                                 "directory of Parquet files)")
-    units, labels = tree.codes(d), plan.labels
-    unit_index = {str(c): i for i, c in enumerate(units)}
-    query_index = {x: i for i, x in enumerate(labels)}
-    out = np.full((len(units), len(labels)), np.nan)
-    seen = 0
-    for f in files:
-        table = pq.read_table(os.path.join(directory, f), columns=["code", "query", "answer"])
-        rows = _positions(table.column("code"), unit_index, "units", name)
-        cols = _positions(table.column("query"), query_index, "queries", name)
-        out[rows, cols] = table.column("answer").to_numpy()
-        seen += table.num_rows
-    if seen != out.size or np.isnan(out).any():
-        raise ValueError(f"{directory}: {seen:,} answers for {len(units):,} units x {len(labels):,} queries; a unit or "
-                         "query is missing or repeated (an incomplete or mixed release?)")
-    return out
+    tables = [pq.read_table(os.path.join(directory, f), columns=["code", "query", "answer"]) for f in files]
+    table = pa.concat_tables(tables, promote_options="permissive")
+    return answers_of(plan, d, table.column("code"), table.column("query"), table.column("answer").to_numpy(),
+                      directory)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,13 +28,13 @@ import numpy as np
 import pandas as pd
 
 from ..budget import Budget, Charge
-from .files import check_output, finish_output, partial_path, read_answers, start_output, write_units
+from .files import finish_output, read_answers, start_output, write_units
 from .nonneg import POSTPROCESS, check_nonnegative, integer_totals
 from .pipeline import Engine, LocalEngine, run_release
 from .plan import GeoPlan
 from .report import total_query
 from .steps import Progress, created_now, provenance
-from .stores import DiskStore, MemoryAnswers, MemoryStore, ParquetAnswers
+from .stores import DiskStore, MemoryAnswers, MemoryStore, ReleaseFiles
 from .units import HistogramSource, check_source
 from .workers import check_workers
 
@@ -70,7 +69,8 @@ class GeoRelease:
         gave (``release_geography(about=...)``, e.g. the workload and the data source).
     path : str or None
         The release files (:mod:`hdmm.georelease.files`) of a release written by the engine
-        (``release_geography(output=...)``); its answers are read back from them, a level at a time.
+        (``release_geography(output=...)``); its answers are read back from them, a level at a time
+        (a Spark release's through Spark, from whatever URL they were written to).
     """
 
     plan: GeoPlan
@@ -83,6 +83,7 @@ class GeoRelease:
     about: dict = field(default_factory=dict)
     path: str | None = None
     _read: dict = field(default_factory=dict, repr=False)
+    _files: object = field(default=None, repr=False)  # the engine's output target that wrote path
 
     def answers(self, level: str | int) -> np.ndarray:
         """``units x queries`` answers of a released level."""
@@ -91,7 +92,8 @@ class GeoRelease:
             return self.estimates[d][:, :-1]
         if d not in self._read:  # the last level read is kept (answers, then totals, of one level)
             self._read.clear()
-            self._read[d] = read_answers(self.path, self.plan, d)
+            self._read[d] = (read_answers(self.path, self.plan, d) if self._files is None
+                             else self._files.read(self.plan, d))
         return self._read[d]
 
     def totals(self, level: str | int) -> np.ndarray:
@@ -134,9 +136,7 @@ class GeoRelease:
         Needs ``pyarrow`` (``hdmm[parquet]``)."""
         meta = self.provenance()
         if self.path is not None:
-            check_output(path)
-            shutil.copytree(self.path, partial_path(path))
-            os.rename(partial_path(path), os.path.normpath(os.fspath(path)))
+            (ReleaseFiles if self._files is None else self._files).copy(path, meta)
             return
         partial = start_output(path)
         for d in self.plan.levels:
@@ -252,22 +252,23 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
     try:
         charge = None if budget is None else budget.charge(plan.privacy, label)  # on disk before any noise
         meta = provenance(plan, seed is not None, charge, postprocess, about)
-        answers = MemoryAnswers(plan) if opened.output is None else ParquetAnswers(start_output(opened.output), meta)
+        files = opened.output
+        answers = MemoryAnswers(plan) if files is None else files.answers(meta)
         checks = time.perf_counter() - start
         try:
             outcome = run_release(plan, engine=opened.engine, output=answers, seed=seed, postprocess=postprocess,
                                   progress=Progress(progress))
         except BaseException:
-            if opened.output is not None:  # no output that looks like a release: the partial directory goes too
-                shutil.rmtree(partial_path(opened.output), ignore_errors=True)
+            if files is not None:  # no output that looks like a release: the partial directory goes too
+                files.abort()
             raise
-        if opened.output is not None:
-            finish_output(answers.partial, opened.output, meta)
+        if files is not None:
+            files.finish(answers, meta)
     finally:
-        opened.close()  # work files (the disk store, Spark's steps) never outlive the release
-    result = GeoRelease(plan, answers.rows if opened.output is None else {}, seeded=seed is not None,
+        opened.close()  # work files (the disk store, Spark's checkpoints) never outlive the release
+    result = GeoRelease(plan, answers.rows if files is None else {}, seeded=seed is not None,
                         timings={"checks": checks, **outcome.timings}, postprocess=postprocess, change=outcome.change,
-                        charge=charge, about=about, path=opened.output)
+                        charge=charge, about=about, path=None if files is None else files.path, _files=files)
     return opened.finish(result)
 
 
@@ -280,8 +281,10 @@ class Opened:
     ----------
     engine : Engine
         Runs the steps' tasks (:class:`hdmm.georelease.pipeline.Engine`).
-    output : str or None
-        The new directory the release files are written to, or ``None`` (the answers held in memory).
+    output : ReleaseFiles-like or None
+        Where the release files go (:class:`~hdmm.georelease.stores.ReleaseFiles`, or Spark's
+        :class:`~hdmm.georelease.sparkfiles.SparkFiles`: ``path``, ``answers(meta)``, ``finish``,
+        ``abort``, ``read``, ``copy``), checked new; or ``None`` (the answers held in memory).
     close : callable
         Removes the engine's work files; called once the release ends, whether it succeeds or fails.
     finish : callable
@@ -289,7 +292,7 @@ class Opened:
     """
 
     engine: Engine
-    output: str | None = None
+    output: object | None = None
     close: Callable[[], None] = lambda: None
     finish: Callable[[GeoRelease], GeoRelease] = lambda result: result
 
@@ -326,13 +329,12 @@ class LocalKind:
         output, work_dir = options.get("output"), options.get("work_dir")
         if work_dir is not None and output is None:
             raise TypeError("work_dir holds the estimates of a release written to output=: give output too")
-        if output is not None:
-            output = os.path.normpath(os.fspath(output))
-            check_output(output)
-            work_dir = os.path.dirname(os.path.abspath(output)) if work_dir is None else os.fspath(work_dir)
+        files = None if output is None else ReleaseFiles(output)  # refuses an output that exists
+        if files is not None and work_dir is None:
+            work_dir = os.path.dirname(os.path.abspath(files.path))
         check_source(plan, data)
         store = MemoryStore() if output is None else DiskStore(work_dir)
-        return Opened(LocalEngine(data.histograms, store, workers), output, store.close)
+        return Opened(LocalEngine(data.histograms, store, workers), files, store.close)
 
 
 #: The engines by name: an object with :class:`EngineKind`'s methods, or ``"module:name"`` of one (imported

@@ -107,6 +107,7 @@ def spark_session(master: str | None = None, memory: str = "8g"):
                .config("spark.driver.memory", memory)
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.io.encryption.enabled", "true")  # checkpoints and shuffles on local disks
                .config("spark.executorEnv.PYTHONWARNINGS", f"ignore:{PANDAS_WARNING}:FutureWarning"))
     if master is None and not configured_master():
         master = DEFAULT_MASTER

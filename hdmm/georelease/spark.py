@@ -2,20 +2,24 @@ r"""The Spark engine of a geography release: the steps of :mod:`hdmm.georelease.
 
 The steps are those of :mod:`hdmm.georelease.pipeline`; :class:`SparkEngine` runs their tasks as
 Spark stages. The plan and each step's inputs are broadcast. A partition's state (its units'
-estimates) is a set of rows ``(partition, level, unit, values)`` of a DataFrame:
+estimates) is a set of rows ``(kind, partition, level, unit, values)`` of a DataFrame:
 
 * *measure*: the records are grouped by partition (``groupBy(partition).applyInPandas``), and each
   task builds its leaves' histograms and measures them (or, for a picklable histogram source,
-  ``mapInPandas`` over the partition ids). Its output (the state rows and one row carrying the
-  task's result, pickled) is written to Parquet in the work directory and read back, so that the
-  noise is drawn exactly once even if Spark recomputes a lost partition. Partitions without any
-  record are measured on the driver, with their own noise streams;
-* *update*: the state rows grouped by partition again, one task per partition, written and read
-  back the same way;
-* *map*: the families above the partition level, ``parallelize(items).map(...)``.
+  ``mapInPandas`` over the partition ids). Partitions without any record are measured on the
+  driver, with their own noise streams;
+* *update*: the state rows grouped by partition again, one task per partition;
+* *map*: the families above the partition level, ``mapInPandas`` over their ids.
 
-The tasks write their answers into the output with pyarrow (not through Spark's writers); the
-answers are the local engine's.
+A step's output (its partitions' new states, each task's result, pickled, and the released units'
+answers, each row's ``kind`` saying which) is checkpointed in the executors
+(``localCheckpoint``, on their local disks): computed once, so that the noise is drawn exactly once;
+if an executor holding it is lost, the release fails instead of drawing that noise again. Nothing is
+written to any shared file system but the output: the answers are appended to it by Spark's Parquet
+writer, at whatever URL the session reaches (:mod:`hdmm.georelease.sparkfiles`). The results come
+back to the driver: they hold the partitions' exact total histograms, so they live only in the
+executors' block managers (encrypted on disk in the sessions :func:`spark_session` makes:
+``spark.io.encryption.enabled``) and in the driver's memory.
 
 Memory: ``groupBy(...).applyInPandas`` hands each task its whole group, so one partition's units
 (every unit's strategy answers: units x strategy rows x 8 bytes, 1.2 GB for the 4,011 tracts of the
@@ -23,13 +27,11 @@ largest synthetic county under SF1) are held at once by Spark's JVM and by the P
 per concurrent task. :func:`~hdmm.georelease.session.spark_session` gives a local session 8 GB; on a
 cluster, size the executors' memory for the largest partition, or partition at a finer level.
 
-Files: the output and the work directory are ordinary paths: the driver creates and removes them
-with ``os``, Spark writes the steps' states into the work directory, and the tasks write their
-answers into the output with pyarrow (not through Spark's writers). On a cluster both must be on
-a file system that the driver and every executor mount at the same path (NFS, a mounted object
-store); an ``hdfs://`` or ``s3://`` URL is not supported. The work directory holds the
-partitions' results (their total histograms: exact counts) until the release ends, so keep it where
-only the release can read it.
+Sessions: the session passed (``spark=``), else the active one, else one made by
+:func:`~hdmm.georelease.session.spark_session` on the master Spark is configured with. A Spark
+Connect session runs the steps too (values are shipped with each step's functions instead of
+broadcast, and progress is reported per finished partition), but writing the output needs a classic
+session's Hadoop file system (:class:`~hdmm.georelease.sparkfiles.HadoopFiles`).
 
 The histograms may also come from any picklable :class:`~hdmm.georelease.units.HistogramSource`
 (a benchmark draws them instead of reading records); the measure step then runs over the partition ids.
@@ -43,7 +45,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
@@ -57,8 +58,9 @@ from ..domain import Domain
 from ..geography import GeographyError, GeographyTree
 from .passes import Partition
 from .plan import GeoPlan
+from .pipeline import Value
 from .release import GeoRelease, Opened, release_geography
-from .files import check_output
+from .sparkfiles import SparkFiles, task_rows
 from .nonneg import cell_space, dense_parts
 from .session import quiet_pandas_warnings, require_spark, spark_session
 from .units import check_record_columns, check_source
@@ -176,15 +178,12 @@ def release_spark(plan: GeoPlan, data, **options) -> SparkGeoRelease:
     spark
         A SparkSession (default: the active one, or ``local[2]``).
     output
-        The Parquet output directory (must not exist); default: a new temporary directory.
+        The Parquet output directory (must not exist): any URL the session's Spark writes to
+        (``hdfs://``, ``s3a://``, ``dbfs:``, ``file://``), or a path, which Spark resolves against its
+        default file system; default: a new temporary directory.
     domain, leaf_column, codes
         How to read records: the person domain, the column of leaf codes (default: the tree's
         level columns), and whether person columns hold codes.
-    work_dir
-        An existing directory in which a new subdirectory holds the intermediate stages (default:
-        ``output`` + ``.work``, which must not exist). The stages hold exact partition totals, so
-        the subdirectory is removed when the release ends, whether it succeeds or fails; nothing
-        else in ``work_dir`` is touched.
     budget, label
         A :class:`~hdmm.Budget` charged once, after the checks and before any noise, and the
         release's name in it.
@@ -201,7 +200,7 @@ def release_spark(plan: GeoPlan, data, **options) -> SparkGeoRelease:
 class SparkKind:
     """The Spark engine as :func:`~hdmm.georelease.release_geography` opens it (:class:`~hdmm.georelease.release.EngineKind`)."""
 
-    options = ("spark", "output", "domain", "leaf_column", "codes", "work_dir")
+    options = ("spark", "output", "domain", "leaf_column", "codes")
 
     def partitioned(self, options: dict) -> bool:
         return True
@@ -211,89 +210,89 @@ class SparkKind:
         quiet_pandas_warnings()  # also for a session the caller made
         spark = options.get("spark") or spark_session()
         output = options.get("output")
-        output = (os.path.normpath(os.fspath(output)) if output is not None
-                  else os.path.join(tempfile.mkdtemp(prefix="hdmm-"), "release"))
-        check_output(output)
-        work = _work_directory(output, options.get("work_dir"))  # an existing one is refused
-        try:
-            domain, codes = options.get("domain"), bool(options.get("codes", False))
-            if hasattr(data, "histograms") and hasattr(data, "leaf_totals"):
-                check_source(plan, data)
-                engine = SparkEngine(spark, plan, work, source=data)
-            else:
-                if domain is None:
-                    raise TypeError("records need domain= (the person domain) to be read")
-                records, totals = _records_frame(spark, plan, data, domain, options.get("leaf_column"), codes)
-                check_source(plan, _Totals(totals, domain.size))
-                engine = SparkEngine(spark, plan, work, records=records, domain=domain, codes=codes)
-        except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
-            raise
+        output = os.fspath(output) if output is not None else os.path.join(tempfile.mkdtemp(prefix="hdmm-"), "release")
+        files = SparkFiles(spark, output, plan)  # refuses an output that exists, before any noise
+        domain, codes = options.get("domain"), bool(options.get("codes", False))
+        if hasattr(data, "histograms") and hasattr(data, "leaf_totals"):
+            check_source(plan, data)
+            engine = SparkEngine(spark, plan, files, source=data)
+        else:
+            if domain is None:
+                raise TypeError("records need domain= (the person domain) to be read")
+            records, totals = _records_frame(spark, plan, data, domain, options.get("leaf_column"), codes)
+            check_source(plan, _Totals(totals, domain.size))
+            engine = SparkEngine(spark, plan, files, records=records, domain=domain, codes=codes)
 
         def finish(result: GeoRelease) -> SparkGeoRelease:
             return SparkGeoRelease(**{f.name: getattr(result, f.name) for f in fields(GeoRelease) if f.init},
-                                   dataframe=spark.read.parquet(output))
+                                   dataframe=files.frame())
 
-        # the measure step's results hold exact partition totals: never left behind
-        return Opened(engine, output, lambda: shutil.rmtree(work, ignore_errors=True), finish)
+        return Opened(engine, files, engine.close, finish)
 
 
 #: The registered Spark engine (``ENGINES["spark"]`` of :mod:`hdmm.georelease.release`).
 SPARK = SparkKind()
 
 
-def _work_directory(output: str, work_dir: str | os.PathLike | None) -> str:
-    """Create and return the directory of the intermediate stages (see :func:`release_spark`)."""
-    if work_dir is None:
-        work = output + ".work"
-        try:
-            os.makedirs(work)
-        except FileExistsError:
-            raise FileExistsError(f"{work} exists (left by an interrupted run?): remove it first") from None
-        return work
-    work_dir = os.fspath(work_dir)
-    if not os.path.isdir(work_dir):
-        raise FileNotFoundError(f"work_dir {work_dir} is not an existing directory")
-    return tempfile.mkdtemp(prefix="hdmm-", dir=work_dir)
-
-
 def _schema():
     from pyspark.sql.types import ArrayType, BinaryType, DoubleType, IntegerType, LongType, StructField, StructType
 
     return StructType([
-        StructField("partition", LongType()), StructField("level", IntegerType()), StructField("unit", LongType()),
-        StructField("values", ArrayType(DoubleType())), StructField("payload", BinaryType()),
+        StructField("kind", IntegerType()), StructField("partition", LongType()), StructField("level", IntegerType()),
+        StructField("unit", LongType()), StructField("values", ArrayType(DoubleType())),
+        StructField("payload", BinaryType()),
     ])
 
 
-_COLUMNS = ["partition", "level", "unit", "values", "payload"]
+_COLUMNS = ["kind", "partition", "level", "unit", "values", "payload"]
 
 #: Seconds between two reports of a running step's Spark tasks (:meth:`SparkEngine.observe`).
 WATCH_SECONDS = 15.0
 
-#: ``level`` of the rows that carry a task's result and a partition's extra input (pickled, in ``payload``).
-RESULT, INPUT = -1, -2
+#: What a row of a step's output is (its ``kind``): a unit's estimates (the partition's state), the task's
+#: result (pickled in ``payload``), a partition's extra input (pickled), or a released unit's answers.
+STATE, RESULT, INPUT, ANSWERS = 0, 1, 2, 3
 
 
-def _rows(i: int, state: dict | None, result) -> pd.DataFrame:
-    """A task's output: its partition's state, a row per unit (``unit``: its place in the partition's level),
-    and its result (with whether the state changed)."""
-    rows = [] if state is None else [(i, d, k, v, None) for d, values in state.items() for k, v in enumerate(values)]
-    rows.append((i, RESULT, -1, None, pickle.dumps((state is not None, result), protocol=pickle.HIGHEST_PROTOCOL)))
+def _rows(i: int, state: dict | None, result, answers: list) -> pd.DataFrame:
+    """A task's output: its partition's state (a row per unit: ``unit`` is its place in the partition's level),
+    its result (with whether the state changed and how many answer rows it gave) and its answers."""
+    rows = [] if state is None else [(STATE, i, d, k, v, None) for d, values in state.items()
+                                     for k, v in enumerate(values)]
+    rows += [(ANSWERS, i, d, int(u), a, None) for d, units, values in answers for u, a in zip(units, values)]
+    count = sum(units.size for _, units, _ in answers)
+    rows.append((RESULT, i, -1, -1, None, pickle.dumps((state is not None, count, result),
+                                                       protocol=pickle.HIGHEST_PROTOCOL)))
     return pd.DataFrame(rows, columns=_COLUMNS)
+
+
+def _run(i: int, fn, *args) -> pd.DataFrame:
+    """``fn(*args)`` (a pipeline task: ``state, result``) as partition ``i``'s rows, with the answers its writers gave."""
+    with task_rows() as answers:
+        state, result = fn(*args)
+    return _rows(i, state, result, answers)
 
 
 def _state(pdf: pd.DataFrame) -> dict[int, np.ndarray]:
     """A partition's state from its rows."""
     state = {}
-    for d, group in pdf[pdf["level"] >= 0].groupby("level"):
+    for d, group in pdf[pdf["kind"] == STATE].groupby("level"):
         state[int(d)] = np.vstack(group.sort_values("unit")["values"].to_numpy())
     return state
 
 
+def _context(spark):
+    """The session's SparkContext, or ``None`` for a Spark Connect session (which has none)."""
+    try:
+        return spark.sparkContext
+    except Exception:  # Spark Connect: PySparkNotImplementedError
+        return None
+
+
 class SparkEngine:
-    """The :class:`~hdmm.georelease.pipeline.Engine` of Spark (module docstring): its steps write their
-    outputs under ``work`` (one directory per step) and read them back.
+    """The :class:`~hdmm.georelease.pipeline.Engine` of Spark (module docstring): every step's output is
+    checkpointed in the executors (``localCheckpoint``: computed once, its noise never drawn again), its
+    results collected, its answers appended to ``files`` (:class:`~hdmm.georelease.sparkfiles.SparkFiles`).
 
     The data are ``records`` (a DataFrame with the columns ``LEAF`` and ``PART`` and the person
     ``domain``'s, read with ``codes``) or a picklable histogram ``source``.
@@ -301,26 +300,26 @@ class SparkEngine:
 
     name = "spark"
 
-    def __init__(self, spark, plan: GeoPlan, work: str, *, records=None, source=None, domain: Domain | None = None,
-                 codes: bool = False, postprocess: str | None = None) -> None:
-        self.spark, self.sc, self.work = spark, spark.sparkContext, work
+    def __init__(self, spark, plan: GeoPlan, files: SparkFiles, *, records=None, source=None,
+                 domain: Domain | None = None, codes: bool = False, postprocess: str | None = None) -> None:
+        self.spark, self.sc, self.files = spark, _context(spark), files
         self.records, self.source, self.domain, self.codes = records, source, domain, codes
         self.partitions = plan.tree.sizes[plan.partition_level]
         _warm(plan, postprocess)
         self._shared: dict[int, tuple[object, object]] = {}
         self._plan = self.share(plan)  # the engine's own tasks read the tree from it
         self._state = None
-        self._steps = 0
         self._progress = None
 
     def observe(self, progress) -> None:
         """Report, every ``WATCH_SECONDS`` while a step's Spark jobs run, the share of their active stages'
-        tasks done (:meth:`hdmm.georelease.steps.Progress.within`), read from Spark's status tracker."""
+        tasks done (:meth:`hdmm.georelease.steps.Progress.within`), read from Spark's status tracker (a
+        classic session's; Spark Connect reports each step's partitions as they finish only)."""
         self._progress = progress
 
     def _watched(self, action):
         """``action()``, with the status of its stages reported while it runs (:meth:`observe`)."""
-        if self._progress is None:
+        if self._progress is None or self.sc is None:
             return action()
         stop, tracker = threading.Event(), self.sc.statusTracker()
 
@@ -343,24 +342,33 @@ class SparkEngine:
             thread.join()
 
     def share(self, value):
-        """A broadcast of ``value``, made once per object (the plan is broadcast once per release)."""
+        """A broadcast of ``value``, made once per object (the plan is broadcast once per release); on Spark
+        Connect, which has no broadcasts, the value itself, shipped with each step's function."""
         key = id(value)
         if key not in self._shared:
-            self._shared[key] = (value, self.sc.broadcast(value))
+            self._shared[key] = (value, Value(value) if self.sc is None else self.sc.broadcast(value))
         return self._shared[key][1]
 
     def _persist(self, df) -> tuple[object, list]:
-        """``df`` written to the next step's directory and read back: its state rows and its results in
-        partition order (with, for each, whether the state changed)."""
+        """``df`` computed once and kept in the executors (a local checkpoint on their disks: if one is lost
+        the release fails rather than draw its noise again); its answers appended to the output. Returns its
+        state rows and its results in partition order (each with whether the state changed)."""
+        from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        self._steps += 1
-        path = os.path.join(self.work, f"step{self._steps}")
-        self._watched(lambda: df.write.parquet(path))
-        df = self.spark.read.parquet(path)
-        results = df.filter(F.col("level") == RESULT).select("partition", "payload").toPandas()
-        results = sorted(zip(results["partition"].tolist(), results["payload"].tolist()))
-        return df.filter(F.col("level") >= 0), [(i, pickle.loads(bytes(b))) for i, b in results]
+        df = self._watched(lambda: df.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY))
+        rows = df.filter(F.col("kind") == RESULT).select("partition", "payload").toPandas()
+        results = sorted((int(i), pickle.loads(bytes(b))) for i, b in zip(rows["partition"], rows["payload"]))
+        if sum(count for _, (_, count, _) in results):
+            self._watched(lambda: self.files.write_units(
+                df.filter(F.col("kind") == ANSWERS).select("level", "unit", "values"), self._plan))
+        return df.filter(F.col("kind") == STATE), [(i, (changed, result)) for i, (changed, _, result) in results]
+
+    def _ids(self, n: int):
+        """A DataFrame of the ids ``0 .. n-1`` (column ``partition``), spread over the executors."""
+        ids = self.spark.createDataFrame(pd.DataFrame({"partition": np.arange(n, dtype=np.int64)}))
+        parallel = self.sc.defaultParallelism if self.sc is not None else 2
+        return ids.repartition(min(n, max(2, parallel * 4)), "partition")
 
     def measure(self, fn, shared: tuple, partitions: int) -> Iterator:
         plan_b, schema = self._plan, _schema()
@@ -371,11 +379,9 @@ class SparkEngine:
                 values = [h.value for h in shared]
                 for pdf in batches:
                     for i in pdf["partition"].tolist():
-                        yield _rows(int(i), *fn(*values, int(i), source_b.value.histograms))
+                        yield _run(int(i), fn, *values, int(i), source_b.value.histograms)
 
-            ids = self.spark.createDataFrame(pd.DataFrame({"partition": np.arange(partitions, dtype=np.int64)}))
-            ids = ids.repartition(min(partitions, max(2, self.sc.defaultParallelism * 4)), "partition")
-            df = ids.mapInPandas(run_ids, schema)
+            df = self._ids(partitions).mapInPandas(run_ids, schema)
         else:
             domain, codes = self.domain, self.codes
             names = list(domain.names)
@@ -387,7 +393,7 @@ class SparkEngine:
                 cells = domain.cell_index(pdf[names], codes=codes, private=True)
                 H = sp.csr_matrix((np.ones(len(pdf)), (pdf[LEAF].to_numpy() - lo, cells)), shape=(hi - lo, domain.size))
                 H.sum_duplicates()
-                return _rows(i, *fn(*[h.value for h in shared], i, lambda a, b: H[a - lo:b - lo]))
+                return _run(i, fn, *[h.value for h in shared], i, lambda a, b: H[a - lo:b - lo])
 
             df = self.records.select(PART, LEAF, *names).groupBy(PART).applyInPandas(run_records, schema)
         state, results = self._persist(df)
@@ -397,9 +403,10 @@ class SparkEngine:
         for i in sorted(set(range(partitions)) - seen):  # no records: measured here, with their own streams
             lo, hi = Partition.of(plan.tree, plan.partition_level, i).leaves()
             empty = sp.csr_matrix((hi - lo, plan.person.cells))
-            out = _rows(i, *fn(*[h.value for h in shared], i, lambda a, b: empty[a - lo:b - lo]))
-            extra.append(out[out["level"] >= 0])
-            results.append((i, pickle.loads(out["payload"].iloc[-1])))
+            out = _run(i, fn, *[h.value for h in shared], i, lambda a, b: empty[a - lo:b - lo])
+            extra.append(out[out["kind"] == STATE])
+            changed, _, result = pickle.loads(out["payload"].iloc[-1])
+            results.append((i, (changed, result)))
         if extra:
             state = state.unionByName(self.spark.createDataFrame(pd.concat(extra, ignore_index=True), schema))
         self._state = state
@@ -409,14 +416,14 @@ class SparkEngine:
     def update(self, fn, shared: tuple, partitions: int, inputs: Sequence | None = None) -> Iterator:
         df = self._state
         if inputs is not None:
-            rows = pd.DataFrame([(i, INPUT, -1, None, pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL))
+            rows = pd.DataFrame([(INPUT, i, -1, -1, None, pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL))
                                  for i, x in enumerate(inputs)], columns=_COLUMNS)
             df = df.unionByName(self.spark.createDataFrame(rows, _schema()))
 
         def run(pdf: pd.DataFrame) -> pd.DataFrame:
             i = int(pdf["partition"].iloc[0])
-            extra = () if inputs is None else (pickle.loads(bytes(pdf.loc[pdf["level"] == INPUT, "payload"].iloc[0])),)
-            return _rows(i, *fn(*[h.value for h in shared], i, _state(pdf), *extra))
+            extra = () if inputs is None else (pickle.loads(bytes(pdf.loc[pdf["kind"] == INPUT, "payload"].iloc[0])),)
+            return _run(i, fn, *[h.value for h in shared], i, _state(pdf), *extra)
 
         state, results = self._persist(df.groupBy("partition").applyInPandas(run, _schema()))
         changed = {c for _, (c, _) in results}
@@ -431,10 +438,23 @@ class SparkEngine:
     def map(self, fn, shared: tuple, items: Sequence) -> Iterator:
         if not items:
             return iter(())
-        indexed = list(enumerate(items))
-        done = self._watched(self.sc.parallelize(indexed, len(indexed)).map(
-            lambda kv: (kv[0], fn(*[h.value for h in shared], kv[1]))).collect)
-        return (result for _, result in sorted(done, key=lambda r: r[0]))
+        items_b = self.share(list(items))
+
+        def run(batches):
+            values = [h.value for h in shared]
+            for pdf in batches:
+                for k in pdf["partition"].tolist():
+                    with task_rows() as answers:
+                        result = fn(*values, items_b.value[int(k)])
+                    yield _rows(int(k), None, result, answers)
+
+        _, results = self._persist(self._ids(len(items)).mapInPandas(run, _schema()))
+        return (result for _, (_, result) in results)
+
+    def close(self) -> None:
+        """Let Spark free the steps' checkpoints (their blocks go when the JVM's cleaner collects them)."""
+        self._state = None
+        self._shared.clear()
 
 
 def _warm(plan: GeoPlan, postprocess: str | None) -> None:

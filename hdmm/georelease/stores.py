@@ -35,10 +35,10 @@ import tempfile
 
 import numpy as np
 
-from .files import write_units
+from .files import check_output, finish_output, partial_path, read_answers, start_output, write_units
 from .plan import GeoPlan
 
-__all__ = ["MemoryStore", "DiskStore", "MemoryAnswers", "ParquetAnswers", "UNITS_PER_FILE"]
+__all__ = ["MemoryStore", "DiskStore", "MemoryAnswers", "ParquetAnswers", "ReleaseFiles", "UNITS_PER_FILE"]
 
 #: Units per release file (each unit is ``queries`` rows).
 UNITS_PER_FILE = 1024
@@ -149,3 +149,35 @@ class ParquetAnswers:
 
     def gather(self, result: int) -> None:
         self.rows += result
+
+
+class ReleaseFiles:
+    """The release files at ``path`` on this machine's file system (:mod:`hdmm.georelease.files`), checked
+    (new, no partial directory left by an interrupted run) when made, before any noise.
+
+    An engine's output target: :meth:`answers` starts the partial directory and gives the output the
+    tasks write to, :meth:`finish` renames it complete, :meth:`abort` removes it, :meth:`read` reads a
+    level back and :meth:`copy` writes the release again elsewhere. (Spark's, at any URL:
+    :class:`hdmm.georelease.sparkfiles.SparkFiles`.)
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = os.path.normpath(os.fspath(path))
+        check_output(self.path)
+
+    def answers(self, meta: dict) -> ParquetAnswers:
+        return ParquetAnswers(start_output(self.path), meta)
+
+    def finish(self, answers: ParquetAnswers, meta: dict) -> None:
+        finish_output(answers.partial, self.path, meta)
+
+    def abort(self) -> None:
+        shutil.rmtree(partial_path(self.path), ignore_errors=True)
+
+    def read(self, plan: GeoPlan, level: int) -> np.ndarray:
+        return read_answers(self.path, plan, level)
+
+    def copy(self, path: str | os.PathLike, meta: dict) -> None:
+        check_output(path)
+        shutil.copytree(self.path, partial_path(path))
+        os.rename(partial_path(path), os.path.normpath(os.fspath(path)))

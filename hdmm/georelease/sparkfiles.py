@@ -1,0 +1,230 @@
+r"""Release files written by Spark, at any URL Spark can reach: no file system shared with the driver is assumed.
+
+A Spark release is written where the user's Spark session writes: ``hdfs://``, ``s3a://``,
+``dbfs:``, ``file://``, or a path without a scheme, which Spark resolves against its default file
+system (``fs.defaultFS``; the driver's disk only in local mode). So the driver never touches the
+output with ``os``: the answers are written by Spark's Parquet data source, and the few operations
+on whole files (does the output exist, write ``_provenance.json``, rename, delete) go through
+Hadoop's ``FileSystem`` of the session's configuration (:class:`HadoopFiles`).
+
+The layout is that of :mod:`hdmm.georelease.files`: ``<output>/level=<name>/part-*.parquet`` with the
+columns ``code, name, query, answer, std_error, privacy`` and ``<output>/_provenance.json``, written
+into ``<output>.partial`` and renamed when complete (a failed release's partial directory is
+deleted). Spark's writer cannot add the provenance to every file's metadata as the local engine
+does; every row carries the privacy spent, and ``_provenance.json`` the rest.
+
+Answers travel as rows: a task's writer (:class:`SparkAnswers`) hands each unit's answers to the
+Spark engine, which writes them after the step (:func:`release_rows` makes the release rows, with
+their standard errors, inside Spark). Answers written on the driver (the levels above the partition
+level) go the same way through a small DataFrame.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from .files import answers_of, release_table
+from .plan import GeoPlan
+
+__all__ = ["HadoopFiles", "SparkFiles", "SparkAnswers", "release_rows", "RELEASE_SCHEMA", "task_rows"]
+
+#: The schema of the release rows Spark writes (``level`` becomes the ``level=<name>`` directories).
+RELEASE_SCHEMA = ("level string, code string, name string, query string, answer double, std_error double, "
+                  "privacy string")
+
+
+class HadoopFiles:
+    """Whole-file operations through the Hadoop ``FileSystem`` of ``spark``'s configuration (the one its
+    readers and writers use), so that any URL Spark reaches works, and a path without a scheme means what
+    it means to Spark. Needs a classic Spark session (Spark Connect has no JVM on the client)."""
+
+    def __init__(self, spark) -> None:
+        jvm = getattr(spark, "_jvm", None)
+        if jvm is None:
+            raise NotImplementedError("release files on a Spark Connect session need the file operations of a "
+                                      "classic session (exists, rename, delete); use a classic SparkSession")
+        self._jvm = jvm
+        self._conf = spark._jsparkSession.sessionState().newHadoopConf()
+
+    def _fs(self, url: str):
+        path = self._jvm.org.apache.hadoop.fs.Path(url)
+        return path.getFileSystem(self._conf), path
+
+    def qualified(self, url: str) -> str:
+        """``url`` with its file system's scheme and authority (a path without a scheme: Spark's default)."""
+        fs, path = self._fs(url)
+        return str(fs.makeQualified(path).toString())
+
+    def exists(self, url: str) -> bool:
+        fs, path = self._fs(url)
+        return bool(fs.exists(path))
+
+    def delete(self, url: str) -> None:
+        fs, path = self._fs(url)
+        if fs.exists(path):
+            fs.delete(path, True)
+
+    def rename(self, source: str, target: str) -> None:
+        fs, path = self._fs(source)
+        if not fs.rename(path, self._jvm.org.apache.hadoop.fs.Path(target)):
+            raise OSError(f"could not rename {source} to {target}")
+
+    def write_text(self, url: str, text: str) -> None:
+        """Create the file ``url`` (never overwriting one) holding ``text``; closed (flushed) before it returns."""
+        fs, path = self._fs(url)
+        stream = fs.create(path, False)
+        try:
+            stream.write(bytearray(text.encode()))
+            stream.hsync()
+        finally:
+            stream.close()
+
+
+class SparkFiles:
+    """The release files of a Spark release at ``url`` (module docstring): checked (new, no partial directory
+    left by an interrupted run) when made, before any noise."""
+
+    def __init__(self, spark, url: str, plan: GeoPlan | None = None) -> None:
+        self.spark, self.fs, self.plan, self.meta = spark, HadoopFiles(spark), plan, None
+        self.path = self.fs.qualified(url.rstrip("/") or url)
+        self.partial = self.path + ".partial"
+        if self.fs.exists(self.path):
+            raise FileExistsError(f"{self.path} exists: choose a new output directory (a release is never "
+                                  "overwritten)")
+        if self.fs.exists(self.partial):
+            raise FileExistsError(f"{self.partial} exists (left by an interrupted run?): remove it first")
+
+    def answers(self, meta: dict) -> SparkAnswers:
+        """The output the release's tasks write to; the provenance ``meta`` is also what :meth:`write_units`
+        writes with."""
+        self.meta = meta
+        return SparkAnswers(meta, self.write_parts)
+
+    def write_parts(self, parts: list) -> None:
+        """Append answers held on the driver (``(level, units, answers)`` parts)."""
+        import pyarrow as pa
+
+        tables = []
+        for d, units, answers in parts:
+            table = release_table(self.plan, d, units, answers, np.sqrt(self.plan.variances(d, units)), self.meta,
+                                  dictionary=False)
+            tables.append(table.add_column(0, "level", pa.array([self.plan.tree.levels[d]] * table.num_rows,
+                                                                  type=pa.string())))
+        self.write(self.spark.createDataFrame(pa.concat_tables(tables)))
+
+    def write_units(self, rows, plan) -> None:
+        """Append a DataFrame of ``level, unit, values`` rows (units' answers, made in tasks) as release rows;
+        ``plan`` is what the tasks read it from (a broadcast, or the plan)."""
+        meta = self.meta
+        self.write(rows.mapInArrow(lambda batches: release_rows(plan.value, meta, batches), RELEASE_SCHEMA))
+
+    def write(self, rows) -> None:
+        """Append a DataFrame of release rows (:data:`RELEASE_SCHEMA`) to the partial directory."""
+        rows.write.mode("append").partitionBy("level").parquet(self.partial)
+
+    def finish(self, answers: SparkAnswers, meta: dict) -> None:
+        """Write ``_provenance.json`` and rename the partial directory to the output."""
+        self.fs.write_text(self.partial + "/_provenance.json", json.dumps(meta, indent=2))
+        self.fs.rename(self.partial, self.path)
+
+    def abort(self) -> None:
+        self.fs.delete(self.partial)
+
+    def frame(self):
+        """The release's answers as a Spark DataFrame (``level`` a string, whatever its names look like)."""
+        return self.spark.read.schema(RELEASE_SCHEMA).parquet(self.path)
+
+    def read(self, plan: GeoPlan, level: int) -> np.ndarray:
+        """The ``units x queries`` answers of ``level``, read back through Spark (:func:`~hdmm.georelease.files.answers_of`)."""
+        from pyspark.sql import functions as F
+
+        name = plan.tree.levels[level]
+        table = self.frame().where(F.col("level") == name).select("code", "query", "answer").toArrow()
+        if table.num_rows == 0:
+            raise FileNotFoundError(f"{self.path}: no answers of level {name!r}")
+        return answers_of(plan, level, table.column("code"), table.column("query"),
+                          table.column("answer").to_numpy(), self.path)
+
+    def copy(self, path: str, meta: dict) -> None:
+        """Write the release again at ``path`` (new), through Spark."""
+        target = SparkFiles(self.spark, path, self.plan)
+        target.write(self.frame())
+        target.finish(None, meta)
+
+
+# ---------------------------------------------------------------------------------------------- answers as rows
+_TASK = threading.local()  # the rows of the Spark task running in this thread (task_rows)
+
+
+class task_rows:
+    """While a Spark task runs its step's function: the answers its writers give (``level, units, answers``)."""
+
+    def __enter__(self) -> list:
+        _TASK.rows = []
+        return _TASK.rows
+
+    def __exit__(self, *exc) -> None:
+        _TASK.rows = None
+
+
+class _Rows:
+    def __init__(self) -> None:
+        self.parts: list[tuple[int, np.ndarray, np.ndarray]] = []
+
+    def write(self, level: int, units: np.ndarray, answers: np.ndarray, totals: np.ndarray) -> None:
+        self.parts.append((int(level), np.asarray(units, dtype=np.int64), np.asarray(answers, dtype=float)))
+
+    def result(self):
+        rows = getattr(_TASK, "rows", None)
+        if rows is None:  # on the driver: the answers themselves, which gather writes
+            return self.parts
+        rows.extend(self.parts)  # in a task: the engine writes them with the step's other rows
+        return sum(units.size for _, units, _ in self.parts)
+
+
+class SparkAnswers:
+    """The answers output of a Spark release (:mod:`hdmm.georelease.stores`' protocol): writers in tasks hand
+    their rows to the engine (module docstring); answers written on the driver are written by ``write``."""
+
+    def __init__(self, meta: dict, write: Callable | None = None) -> None:
+        self.meta, self.rows, self._write = meta, 0, write
+
+    def __getstate__(self) -> dict:  # shipped to tasks without the driver's writer
+        return {"meta": self.meta, "rows": 0, "_write": None}
+
+    def writer(self, tag: str, plan: GeoPlan) -> _Rows:
+        return _Rows()
+
+    def gather(self, result) -> None:
+        if isinstance(result, list):
+            if result:
+                self._write(result)
+            self.rows += sum(units.size for _, units, _ in result)
+        else:
+            self.rows += int(result)
+
+
+def release_rows(plan: GeoPlan, meta: dict, batches: Iterator) -> Iterator:
+    """Arrow batches of release rows (:data:`RELEASE_SCHEMA`) from batches of ``level, unit, values`` (a unit's
+    answers): what Spark writes (``mapInArrow``)."""
+    import pyarrow as pa
+
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        levels = batch.column("level").to_numpy()
+        units = batch.column("unit").to_numpy()
+        values = batch.column("values")
+        q = plan.queries
+        answers = values.flatten().to_numpy().reshape(batch.num_rows, q)
+        for d in np.unique(levels).tolist():
+            at = np.flatnonzero(levels == d)
+            order = at[np.argsort(units[at], kind="stable")]
+            table = release_table(plan, d, units[order], answers[order],
+                                  np.sqrt(plan.variances(d, units[order])), meta, dictionary=False)
+            table = table.add_column(0, "level", pa.array([plan.tree.levels[d]] * table.num_rows, type=pa.string()))
+            yield from table.to_batches()
