@@ -153,7 +153,7 @@ def test_cli_spark_engine_reads_a_parquet_of_people(spark, tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     meta = json.loads((out / "_provenance.json").read_text())  # issue 22.12: workload, data source, time
     assert meta["workload"]["name"] == str(files / "w.json") and meta["workload"]["fingerprint"].startswith("sha256:")
-    assert meta["data"]["source"] == str(files / "people.parquet") and meta["created"].endswith("+00:00")
+    assert meta["data"]["source"] == "file:" + str(files / "people.parquet") and meta["created"].endswith("+00:00")
     local = files / "local"
     assert main(_release(files, "--data", str(files / "people.parquet"), "--output", str(local))) == 0
     a, b = _level_rows(out / "level=county"), _level_rows(local / "level=county")
