@@ -162,7 +162,8 @@ def _records(args: argparse.Namespace, tree: GeographyTree, named: NamedWorkload
             raise FileNotFoundError(f"--data {args.data}: Spark cannot read it ({str(exc).splitlines()[0]})") from None
         check_records_count(args.data, frame.count())
         check_record_columns(frame.columns, tree, named.domain)
-        return args.data, HadoopFiles(spark).qualified(args.data)
+        files = HadoopFiles.of(spark)  # None on Spark Connect: the path as given
+        return args.data, args.data if files is None else files.qualified(args.data)
     records = read_records(args.data, levels)
     check_record_columns(records.columns, tree, named.domain)
     return records, args.data

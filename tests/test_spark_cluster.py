@@ -139,3 +139,55 @@ def test_the_cli_submitted_to_a_standalone_cluster_reads_and_writes_through_the_
 def _level_rows(directory) -> pd.DataFrame:
     rows = pd.read_parquet(directory)
     return rows.astype({"code": str, "query": str}).sort_values(["code", "query"])
+
+
+def _wait_for_port(port: int, process: subprocess.Popen, log: Path, seconds: float = 120) -> None:
+    deadline = time.time() + seconds
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            if process.poll() is not None or time.time() > deadline:
+                raise RuntimeError("the Spark Connect server did not start: " + log.read_text()[-3000:]) from None
+            time.sleep(0.5)
+
+
+def test_the_cli_on_a_spark_connect_server_gives_the_local_release(cluster, tmp_path):
+    """A Spark Connect server (started from the pyspark package, its executors on the standalone cluster) runs a
+    release for a client that has no SparkContext, no RDDs and no JVM (``SPARK_REMOTE``): the answers equal the
+    local engine's, and the release is written whole, in one job, with its provenance."""
+    from cli_files import geography_release_args, write_geography_files
+
+    master, root = cluster
+    files = write_geography_files(tmp_path)
+    port = _free_port()
+    log = root / "connect.log"
+    env = {**os.environ, "SPARK_HOME": _spark_home(), "SPARK_LOCAL_IP": "127.0.0.1"}
+    with open(log, "w") as out:
+        server = subprocess.Popen(
+            [os.path.join(_spark_home(), "bin", "spark-submit"), "--class",
+             "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", master,
+             "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", f"spark.pyspark.python={sys.executable}",
+             "--conf", "spark.executor.memory=768m", "--conf", "spark.sql.shuffle.partitions=4",
+             "--conf", "spark.ui.enabled=false", "--conf", "spark.io.encryption.enabled=true", "spark-internal"],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        _wait_for_port(port, server, log)
+        more = ("--data", str(files / "people.parquet"), "--postprocess", "integer")
+        client = {**os.environ, "SPARK_REMOTE": f"sc://127.0.0.1:{port}"}
+        client.pop("SPARK_HOME", None)
+        done = subprocess.run([sys.executable, "-m", "hdmm", *geography_release_args(
+            files, *more, "--engine", "spark", "--output", str(files / "connect"))], capture_output=True, text=True,
+            env=client, timeout=600)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+    assert main(geography_release_args(files, *more, "--output", str(files / "local"))) == 0
+    for level in ("state", "county"):
+        np.testing.assert_array_equal(_level_rows(files / "connect" / f"level={level}")["answer"].to_numpy(),
+                                      _level_rows(files / "local" / f"level={level}")["answer"].to_numpy())
+    provenance = [json.loads(line) for p in (files / "connect" / "_provenance.json").glob("part-*")
+                  for line in p.read_text().splitlines()]
+    assert len(provenance) == 1 and provenance[0]["seeded"] is True
