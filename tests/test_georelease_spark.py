@@ -404,3 +404,22 @@ def test_spark_reports_a_steps_tasks_while_they_run(spark, tmp_path, monkeypatch
     release_geography(geo_plan(tree, hdmm.Identity(3), hdmm.ZCDP(0.5), strategy=hdmm.Prefix(3)),
                       ArrayHistograms(H), engine="spark", seed=0, output=str(tmp_path / "p"), progress=lines.append)
     assert any("% of its tasks done" in line for line in lines)
+
+
+def test_spark_sends_data_held_on_the_driver_once_and_never_broadcasts_it(spark, country, tmp_path, monkeypatch):
+    """Records or histograms in the driver's memory go to the executors as a row per partition (each task gets
+    its own), not as a broadcast of everything to every executor; the release is the local engine's."""
+    from hdmm.georelease.spark import SparkEngine
+    from hdmm.georelease.units import RecordHistograms as Records
+
+    tree, records = country
+    source = Records.of(tree, DOMAIN, records)
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, partition="county")
+    shared = []
+    share = SparkEngine.share
+    monkeypatch.setattr(SparkEngine, "share", lambda self, value: shared.append(type(value)) or share(self, value))
+    remote = release_geography(plan, source, engine="spark", seed=4, output=str(tmp_path / "o"))
+    assert Records not in shared and ArrayHistograms not in shared
+    local = release_geography(plan, source, seed=4)
+    for level in tree.levels:
+        np.testing.assert_allclose(remote.answers(level), local.answers(level), rtol=1e-12, atol=1e-9)
