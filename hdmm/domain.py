@@ -43,6 +43,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .files import replace_atomically
+
 __all__ = ["AmbiguousColumnError", "Domain", "MAX_DENSE_CELLS"]
 
 #: Largest domain (in cells) for which :meth:`Domain.vectorize` builds a dense
@@ -478,8 +480,7 @@ class Domain:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the domain to a JSON file (see :meth:`to_json`)."""
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self.to_json(indent=2) + "\n")
+        replace_atomically(path, (self.to_json(indent=2) + "\n").encode())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Domain:
