@@ -52,6 +52,7 @@ import os
 import pickle
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 
@@ -214,6 +215,11 @@ class SparkKind:
         require_spark()
         quiet_pandas_warnings()  # also for a session the caller made
         spark = options.get("spark") or spark_session()
+        if str(spark.conf.get("spark.io.encryption.enabled", "false")).lower() != "true":
+            warnings.warn("spark.io.encryption.enabled is off in this Spark session: the steps' checkpoints on the "
+                          "executors' disks hold exact partition totals in the clear until Spark removes them; "
+                          "start the session with --conf spark.io.encryption.enabled=true (hdmm's own sessions "
+                          "do)", RuntimeWarning, stacklevel=3)
         output = options.get("output")
         output = os.fspath(output) if output is not None else os.path.join(tempfile.mkdtemp(prefix="hdmm-"), "release")
         files = SparkFiles(spark, output, plan)  # refuses an output that exists, before any noise
