@@ -423,3 +423,17 @@ def test_spark_sends_data_held_on_the_driver_once_and_never_broadcasts_it(spark,
     local = release_geography(plan, source, seed=4)
     for level in tree.levels:
         np.testing.assert_allclose(remote.answers(level), local.answers(level), rtol=1e-12, atol=1e-9)
+
+
+def test_spark_broadcasts_large_arrays_in_a_session_that_encrypts_its_disks(spark):
+    """PySpark's encrypted broadcast stream cannot take pickle's out-of-band buffers (a plan holds large arrays)."""
+    from hdmm.georelease.spark import SparkEngine
+
+    assert spark.conf.get("spark.io.encryption.enabled") == "true"
+    engine = SparkEngine.__new__(SparkEngine)
+    engine.sc, engine._shared = spark.sparkContext, {}
+    big = np.arange(300_000, dtype=float)
+    shared = engine.share(big)
+    assert engine._here(shared) is big
+    total = spark.sparkContext.parallelize([0, 1], 2).map(lambda k: float(shared.value.sum()) + k).collect()
+    assert total == [big.sum(), big.sum() + 1]

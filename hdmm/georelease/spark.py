@@ -292,6 +292,18 @@ def _state(pdf: pd.DataFrame) -> dict[int, np.ndarray]:
     return state
 
 
+class _InBand:
+    """A value pickled as the pickle of itself (one ``bytes``), read back as the value: PySpark writes an encrypted
+    broadcast (``spark.io.encryption.enabled``) to a stream that cannot take the out-of-band buffers of pickle
+    protocol 5 (numpy arrays of more than 64 KB)."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def __reduce__(self):
+        return pickle.loads, (pickle.dumps(self.value, protocol=pickle.HIGHEST_PROTOCOL),)
+
+
 def _context(spark):
     """The session's SparkContext, or ``None`` for a Spark Connect session (which has none)."""
     try:
@@ -357,8 +369,16 @@ class SparkEngine:
         Connect, which has no broadcasts, the value itself, shipped with each step's function."""
         key = id(value)
         if key not in self._shared:
-            self._shared[key] = (value, Value(value) if self.sc is None else self.sc.broadcast(value))
+            self._shared[key] = (value, Value(value) if self.sc is None else self.sc.broadcast(_InBand(value)))
         return self._shared[key][1]
+
+    def _here(self, handle):
+        """The value of a shared ``handle`` on the driver (the object itself: reading a broadcast back on the
+        driver would unpickle it again)."""
+        for value, shared in self._shared.values():
+            if shared is handle:
+                return value
+        return handle.value
 
     def _persist(self, df) -> tuple[object, list]:
         """``df`` computed once and kept in the executors (a local checkpoint on their disks: if one is lost
@@ -384,7 +404,7 @@ class SparkEngine:
     def measure(self, fn, shared: tuple, partitions: int) -> Iterator:
         plan_b, schema = self._plan, _schema()
         if isinstance(self.source, (RecordHistograms, ArrayHistograms)):  # data on the driver: sent, not broadcast
-            plan = plan_b.value
+            plan = self._here(plan_b)
             rows = pd.DataFrame({"partition": np.arange(partitions, dtype=np.int64), "payload": [
                 pickle.dumps(self.source.histograms(*Partition.of(plan.tree, plan.partition_level, i).leaves()),
                              protocol=pickle.HIGHEST_PROTOCOL) for i in range(partitions)]})
@@ -431,11 +451,12 @@ class SparkEngine:
         state, results = self._persist(df)
         seen = {i for i, _ in results}
         extra = []
-        plan = plan_b.value
+        plan = self._here(plan_b)
+        here = [self._here(h) for h in shared]
         for i in sorted(set(range(partitions)) - seen):  # no records: measured here, with their own streams
             lo, hi = Partition.of(plan.tree, plan.partition_level, i).leaves()
             empty = sp.csr_matrix((hi - lo, plan.person.cells))
-            out = _run(i, fn, *[h.value for h in shared], i, lambda a, b: empty[a - lo:b - lo])
+            out = _run(i, fn, *here, i, lambda a, b: empty[a - lo:b - lo])
             extra.append(out[out["kind"] == STATE])
             changed, _, result = pickle.loads(out["payload"].iloc[-1])
             results.append((i, (changed, result)))
