@@ -44,6 +44,7 @@ from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
 from . import noise as grid_noise
+from .distributions import GAUSSIAN, LAPLACE, Noise
 from .validation import is_finite_real
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "exact_entry",
     "read_exact",
     "zcdp_delta",
+    "zcdp_epsilon",
     "zcdp_rho",
 ]
 
@@ -314,6 +316,39 @@ def zcdp_rho(epsilon: float, delta: float) -> float:
     return _zcdp_rho(_positive("epsilon", epsilon), _delta(delta))
 
 
+def zcdp_epsilon(rho: float, delta: float) -> float:
+    r"""The smallest epsilon for which :math:`\rho`-zCDP implies :math:`(\epsilon, \delta)`-DP by :func:`zcdp_delta`.
+
+    The inverse in epsilon of the conversion of Canonne, Kamath & Steinke (2020, Corollary 13),
+    found by bisection (the delta it gives decreases with epsilon) and rounded up: the epsilon
+    returned always satisfies ``zcdp_delta(rho, epsilon) <= delta``. It is at most the classical
+    :math:`\rho + 2\sqrt{\rho \ln(1/\delta)}` (Bun & Steinke 2016). ``rho = 0`` gives 0.
+
+    >>> eps = zcdp_epsilon(0.5, 1e-6)
+    >>> round(eps, 3), zcdp_delta(0.5, eps) <= 1e-6
+    (5.222, True)
+    """
+    if not (is_finite_real(rho) and rho >= 0):
+        raise ValueError(f"rho must be a finite number >= 0, got {rho!r}")
+    if not (is_finite_real(delta) and 0 < delta < 1):
+        raise ValueError(f"delta must be a number in (0, 1), got {delta!r}")
+    if rho == 0:
+        return 0.0
+    hi = rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+    while zcdp_delta(rho, hi) > delta:  # the classical bound is never tighter; guard against rounding
+        hi *= 2.0
+    lo = 0.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if not lo < mid < hi or hi - lo <= 1e-15 * hi:
+            break
+        if mid > 0 and zcdp_delta(rho, mid) <= delta:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def discrete_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
     """Noise (in the data's units) of the discrete Gaussian that :class:`ApproxDP` adds.
 
@@ -383,24 +418,38 @@ _FLOAT_MAX = sys.float_info.max
 
 
 class Privacy(abc.ABC):
-    """A privacy definition: which noise to add, and how much.
+    """A privacy definition: which noise to add, how much, and how its privacy losses compose.
 
-    Subclasses are frozen dataclasses (equal, and hashed, by their parameters) that fix the
-    sensitivity norm (:attr:`norm`), the noise distribution (:attr:`noise`) and implement
-    :meth:`noise_scale`.
+    Subclasses are frozen dataclasses (equal, and hashed, by their parameters) that name the
+    noise distribution (:attr:`noise`, whose norm becomes :attr:`norm`) and implement
+    :meth:`noise_scale` and :meth:`at_noise_scale`. The composition methods (:meth:`to_pure`,
+    :meth:`to_zcdp`, :meth:`cost_of`, :meth:`epsilon_at`, :attr:`budget_unit`, :attr:`amount`)
+    are what :class:`hdmm.Budget` counts with; see the module docstring's table.
 
     Attributes
     ----------
+    noise : hdmm.distributions.Noise
+        The noise distribution (:data:`~hdmm.distributions.LAPLACE` or
+        :data:`~hdmm.distributions.GAUSSIAN`; its ``str`` is its name, ``"laplace"`` or
+        ``"gaussian"``).
     norm : int
-        The norm (1 or 2) in which the strategy's sensitivity is measured.
-    noise : str
-        ``"laplace"`` or ``"gaussian"``.
+        The norm (1 or 2) in which the strategy's sensitivity is measured: ``noise.norm``.
+    budget_unit : str or None
+        The parameter in which losses of this kind add up (sequential composition):
+        ``"epsilon"`` (pure DP), ``"rho"`` (zCDP), ``None`` for :math:`(\\epsilon, \\delta)`-DP,
+        whose losses do not add up.
     """
 
     __slots__ = ()
 
     norm: ClassVar[int]
-    noise: ClassVar[str]
+    noise: ClassVar[Noise]
+    budget_unit: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "noise" in cls.__dict__:  # the sensitivity norm is the noise's
+            cls.norm = cls.noise.norm
 
     @abc.abstractmethod
     def noise_scale(self, sensitivity: float) -> float:
@@ -430,11 +479,7 @@ class Privacy(abc.ABC):
         ValueError
             If the variance exceeds double precision (a huge sensitivity for this privacy level).
         """
-        scale = self.noise_scale(sensitivity)
-        try:
-            return _finite_noise(self, sensitivity, 2.0 * scale**2 if self.noise == "laplace" else scale**2)
-        except OverflowError:  # float ** 2 raises where multiplication would give inf
-            return _finite_noise(self, sensitivity, math.inf)
+        return _finite_noise(self, sensitivity, self.noise.variance(self.noise_scale(sensitivity)))
 
     def unit_noise(self) -> Privacy:
         """The privacy definition with this noise distribution whose noise variance at sensitivity 1 is 1.
@@ -455,7 +500,74 @@ class Privacy(abc.ABC):
         >>> round(PureDP(0.1).unit_noise().noise_variance(1.0), 12)
         1.0
         """
-        return _UNIT_NOISE[self.noise]
+        return self.at_noise_scale(self.noise.unit_scale)
+
+    @classmethod
+    @abc.abstractmethod
+    def at_noise_scale(cls, scale: float) -> Privacy:
+        """The privacy definition of this kind whose noise at sensitivity 1 has ``scale`` (:meth:`noise_scale`).
+
+        :class:`ApproxDP` gives a :class:`ZCDP` (the same discrete Gaussian; no one
+        :math:`(\\epsilon, \\delta)` corresponds to a scale).
+
+        >>> PureDP.at_noise_scale(0.5), ApproxDP.at_noise_scale(1.0)
+        (PureDP(epsilon=2.0), ZCDP(rho=0.5))
+        """
+
+    # ------------------------------------------------------------------ composition
+    def to_pure(self) -> PureDP | None:
+        """This definition as pure DP, if it is (``None``: Gaussian noise is not pure DP for any epsilon)."""
+        return None
+
+    def to_zcdp(self) -> ZCDP | None:
+        """The zCDP guarantee this definition implies (``None`` if there is none).
+
+        :math:`\\epsilon`-DP is :math:`\\epsilon^2/2`-zCDP (Bun & Steinke 2016, Proposition 1.4); hdmm's
+        ``ApproxDP(epsilon, delta)`` adds discrete Gaussian noise calibrated to
+        :func:`zcdp_rho` ``(epsilon, delta)``-zCDP (Canonne, Kamath & Steinke 2020, Theorem 14).
+
+        >>> PureDP(1.0).to_zcdp(), ZCDP(0.25).to_zcdp()
+        (ZCDP(rho=0.5), ZCDP(rho=0.25))
+        """
+        return None
+
+    @property
+    def amount(self) -> float | Fraction:
+        """The parameter named by :attr:`budget_unit` (epsilon, rho): what losses of this kind add up in.
+
+        Raises
+        ------
+        TypeError
+            For a definition whose losses do not add up (:attr:`budget_unit` is ``None``).
+        """
+        raise TypeError(f"{self.description} losses do not add up: there is no amount to count a budget in")
+
+    def cost_of(self, release: Privacy) -> float | Fraction | None:
+        """What ``release`` adds to a total of this kind, in :attr:`budget_unit`; ``None`` if it does not compose.
+
+        Pure DP adds epsilons (Dwork, McSherry, Nissim & Smith 2006) and takes pure-DP releases
+        only; zCDP adds rhos (Bun & Steinke 2016, Lemma 2.3) and takes every release with a zCDP
+        guarantee (:meth:`to_zcdp`). A kind that does not add up (:math:`(\\epsilon, \\delta)`-DP)
+        takes none.
+
+        >>> ZCDP(1.0).cost_of(PureDP(1.0)), PureDP(1.0).cost_of(ZCDP(0.1))
+        (0.5, None)
+        """
+        return None
+
+    @classmethod
+    def epsilon_at(cls, amount: float | Fraction, delta: float | None) -> float:
+        """An ``amount`` of this kind's :attr:`budget_unit` stated as :math:`(\\epsilon, \\delta)`-DP: its epsilon.
+
+        Pure DP is :math:`(\\epsilon, 0)`-DP, so its epsilon is the amount at any ``delta`` (even
+        ``None``); rho-zCDP is :math:`(\\epsilon, \\delta)`-DP for :func:`zcdp_epsilon` ``(rho, delta)``.
+
+        Raises
+        ------
+        ValueError
+            For zCDP without a ``delta``, or a kind whose losses do not add up.
+        """
+        raise ValueError(f"{cls.__name__} losses do not add up: no amount of them can be stated as (epsilon, delta)")
 
     def sample(
         self, size: int | tuple[int, ...], sensitivity: float, rng: None | int | np.random.Generator = None
@@ -502,9 +614,12 @@ class Privacy(abc.ABC):
             raise ValueError(
                 f"unknown privacy type {kind!r}; expected a 'type' entry among {sorted(kinds)}"
             )
-        if kind == "ZCDP" and "rho_exact" in params:  # an exact rho (ZCDP's docstring)
-            params["rho"] = read_exact("rho", params.pop("rho_exact"), params.get("rho"))
-        return kinds[kind](**params)
+        return kinds[kind].from_params(params)
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> Privacy:
+        """The definition from the parameters :meth:`to_dict` writes (without ``"type"``)."""
+        return cls(**params)
 
 
 def _finite_noise(privacy: Privacy, sensitivity: float, value: float) -> float:
@@ -512,7 +627,7 @@ def _finite_noise(privacy: Privacy, sensitivity: float, value: float) -> float:
     if math.isfinite(value):
         return value
     raise ValueError(
-        f"the {privacy.noise.capitalize()} noise for sensitivity {_format(sensitivity)} under {privacy.description} "
+        f"the {privacy.noise.title} noise for sensitivity {_format(sensitivity)} under {privacy.description} "
         "is too large for double precision (its variance overflows): every answer would be pure noise; "
         "use a larger privacy parameter or a strategy with a smaller sensitivity"
     )
@@ -529,7 +644,7 @@ def _check_unit_noise(privacy: Privacy, name: str, least: float) -> None:
     except ValueError:
         value = getattr(privacy, name)
         raise ValueError(
-            f"{name}={value!r} is too small: the {privacy.noise.capitalize()} noise variance at "
+            f"{name}={value!r} is too small: the {privacy.noise.title} noise variance at "
             "sensitivity 1 overflows double precision (the noise would drown every answer); "
             f"use {name} >= {1.01 * least:.3g}"
         ) from None
@@ -558,8 +673,8 @@ class PureDP(Privacy):
     """
 
     epsilon: float
-    norm: ClassVar[int] = 1
-    noise: ClassVar[str] = "laplace"
+    noise: ClassVar[Noise] = LAPLACE
+    budget_unit: ClassVar[str | None] = "epsilon"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epsilon", _positive("epsilon", self.epsilon))
@@ -568,6 +683,29 @@ class PureDP(Privacy):
     def noise_scale(self, sensitivity: float) -> float:
         """Laplace scale :math:`b = \\Delta / \\epsilon`."""
         return _finite_noise(self, sensitivity, _sensitivity(sensitivity) / self.epsilon)
+
+    @classmethod
+    def at_noise_scale(cls, scale: float) -> Privacy:
+        """``cls(1 / scale)``: scale :math:`b` at sensitivity 1 is :math:`\\epsilon = 1/b`."""
+        return cls(1.0 / scale)
+
+    def to_pure(self) -> PureDP:
+        return self
+
+    def to_zcdp(self) -> ZCDP:
+        return ZCDP(self.epsilon**2 / 2.0)
+
+    @property
+    def amount(self) -> float:
+        return self.epsilon
+
+    def cost_of(self, release: Privacy) -> float | Fraction | None:
+        pure = release.to_pure()
+        return None if pure is None else pure.epsilon
+
+    @classmethod
+    def epsilon_at(cls, amount: float | Fraction, delta: float | None) -> float:
+        return amount
 
     def _params(self) -> dict[str, float]:
         return {"epsilon": self.epsilon}
@@ -603,8 +741,7 @@ class ApproxDP(Privacy):
 
     epsilon: float
     delta: float
-    norm: ClassVar[int] = 2
-    noise: ClassVar[str] = "gaussian"
+    noise: ClassVar[Noise] = GAUSSIAN
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epsilon", _positive("epsilon", self.epsilon))
@@ -623,6 +760,14 @@ class ApproxDP(Privacy):
         """Discrete Gaussian scale :math:`\\sigma = \\Delta\\,\\sigma_1(\\epsilon, \\delta)` (:func:`discrete_gaussian_sigma`)."""
         unit = _unit_discrete_sigma(self.epsilon, self.delta)
         return _finite_noise(self, sensitivity, _sensitivity(sensitivity) * unit)
+
+    @classmethod
+    def at_noise_scale(cls, scale: float) -> Privacy:
+        """``ZCDP.at_noise_scale(scale)``: the same discrete Gaussian as a zCDP guarantee."""
+        return ZCDP.at_noise_scale(scale)
+
+    def to_zcdp(self) -> ZCDP:
+        return ZCDP(zcdp_rho(self.epsilon, self.delta))
 
     def _params(self) -> dict[str, float]:
         return {"epsilon": self.epsilon, "delta": self.delta}
@@ -668,8 +813,8 @@ class ZCDP(Privacy):
     """
 
     rho: float | Fraction
-    norm: ClassVar[int] = 2
-    noise: ClassVar[str] = "gaussian"
+    noise: ClassVar[Noise] = GAUSSIAN
+    budget_unit: ClassVar[str | None] = "rho"
 
     def __post_init__(self) -> None:
         if isinstance(self.rho, Fraction):
@@ -682,6 +827,35 @@ class ZCDP(Privacy):
         """Gaussian standard deviation :math:`\\sigma = \\Delta / \\sqrt{2\\rho}`."""
         return _finite_noise(self, sensitivity, _sensitivity(sensitivity) / math.sqrt(float(2 * self.rho)))
 
+    @classmethod
+    def at_noise_scale(cls, scale: float) -> Privacy:
+        """``cls(1 / (2 scale**2))``: :math:`\\sigma` at sensitivity 1 is :math:`\\rho = 1/(2\\sigma^2)`."""
+        return cls(1.0 / (2.0 * scale * scale))
+
+    def to_zcdp(self) -> ZCDP:
+        return self
+
+    @property
+    def amount(self) -> float | Fraction:
+        return self.rho
+
+    def cost_of(self, release: Privacy) -> float | Fraction | None:
+        zcdp = release.to_zcdp()
+        return None if zcdp is None else zcdp.rho
+
+    @classmethod
+    def epsilon_at(cls, amount: float | Fraction, delta: float | None) -> float:
+        if delta is None:
+            raise ValueError("give the delta at which to state this zCDP budget as (epsilon, delta)-DP")
+        return zcdp_epsilon(amount, delta)
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> Privacy:
+        params = dict(params)
+        if "rho_exact" in params:  # an exact rho (the class docstring)
+            params["rho"] = read_exact("rho", params.pop("rho_exact"), params.get("rho"))
+        return cls(**params)
+
     def _params(self) -> dict[str, float | str]:
         return {"rho": float(self.rho), **exact_entry("rho", self.rho)}
 
@@ -691,7 +865,3 @@ class ZCDP(Privacy):
             return f"zCDP, rho={self.rho} ({_format(float(self.rho))})"
         return f"zCDP, rho={_format(self.rho)}"
 
-
-#: Per noise distribution, the privacy definition with unit noise variance at sensitivity 1
-#: (see :meth:`Privacy.unit_noise`).
-_UNIT_NOISE: dict[str, Privacy] = {"laplace": PureDP(math.sqrt(2.0)), "gaussian": ZCDP(0.5)}
