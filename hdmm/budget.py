@@ -31,6 +31,11 @@ release                             pure-DP budget (epsilon)    zCDP budget (rho
 * A zCDP budget reports what it has spent as ``(epsilon, delta)``-DP by the same conversion
   (:meth:`Budget.epsilon_at`, :func:`zcdp_epsilon`; Canonne, Kamath & Steinke 2020, Corollary 13).
 
+Each rule is a method of the privacy classes (:meth:`hdmm.privacy.Privacy.cost_of` of the total,
+which asks the release for :meth:`~hdmm.privacy.Privacy.to_pure` or
+:meth:`~hdmm.privacy.Privacy.to_zcdp`; :meth:`~hdmm.privacy.Privacy.epsilon_at` for the
+:math:`(\epsilon, \delta)` statement): the budget asks them and never tests a class.
+
 Sums are exact (rational arithmetic on the stored floats), and a charge fits when the sum exceeds
 the total by at most a relative ``BUDGET_RTOL`` (1e-12), so that a total split into decimal parts
 (``0.1 + 0.2 + 0.7``) is spent exactly; the overspend this allows is below 1e-12 of the total.

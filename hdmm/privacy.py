@@ -25,6 +25,25 @@ of the continuous distribution of the same scale, an upper bound on that of the 
 actually added (:func:`hdmm.noise.discrete_laplace_variance`,
 :func:`hdmm.noise.discrete_gaussian_variance`; the two agree to a relative :math:`10^{-12}` or
 better at hdmm's grid). docs/privacy.md states the guarantee in full.
+
+**The noise is an object.** ``privacy.noise`` is the distribution (:mod:`hdmm.distributions`:
+``LAPLACE`` for :class:`PureDP`, ``GAUSSIAN`` for the other two), which knows its name (what
+files write), its sensitivity norm (:attr:`Privacy.norm` is the noise's), its variance at a scale,
+its unit-variance scale and how to draw exact integers; a privacy class adds the calibration
+(:meth:`Privacy.noise_scale`) and the inverse, :meth:`Privacy.at_noise_scale`, which gives
+:meth:`Privacy.unit_noise`. Nothing in hdmm compares a noise's name.
+
+**Composition is a method.** How privacy losses add up is each class's own rule, not a chain of
+``isinstance`` tests in the budget: :meth:`Privacy.to_pure` (pure DP or ``None``),
+:meth:`Privacy.to_zcdp` (:math:`\epsilon`-DP is :math:`\epsilon^2/2`-zCDP; ``ApproxDP`` is
+:func:`zcdp_rho`-zCDP), :attr:`Privacy.budget_unit` and :attr:`Privacy.amount` (what a total of
+the kind adds up in: epsilon, rho, or nothing for :math:`(\epsilon, \delta)`),
+:meth:`Privacy.cost_of` (what a release adds to a total of this kind; ``None`` if it does not
+compose) and :meth:`Privacy.epsilon_at` (an amount stated as :math:`(\epsilon, \delta)`-DP).
+:class:`hdmm.Budget` only asks them (its module docstring has the table).
+
+>>> ZCDP(1.0).cost_of(PureDP(1.0)), PureDP(1.0).cost_of(ZCDP(0.5)), round(ApproxDP(1.0, 1e-6).to_zcdp().rho, 6)
+(0.5, None, 0.024356)
 """
 
 from __future__ import annotations
