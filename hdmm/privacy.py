@@ -63,7 +63,7 @@ from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
 from . import noise as grid_noise
-from .distributions import GAUSSIAN, LAPLACE, Noise
+from .distributions import GAUSSIAN, LAPLACE, Noise, noise_named
 from .validation import is_finite_real
 
 __all__ = [
@@ -467,8 +467,13 @@ class Privacy(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "noise" in cls.__dict__:  # the sensitivity norm is the noise's
-            cls.norm = cls.noise.norm
+        if "noise" in cls.__dict__:
+            if isinstance(cls.noise, str):  # a subclass written when the noise was its name
+                cls.noise = noise_named(cls.noise)
+            if "norm" in cls.__dict__ and cls.norm != cls.noise.norm:
+                raise TypeError(f"{cls.__name__}.norm = {cls.norm!r}, but its {cls.noise.title} noise is calibrated to "
+                                f"L{cls.noise.norm} sensitivity: leave norm out (it is the noise's)")
+            cls.norm = cls.noise.norm  # the sensitivity norm is the noise's
 
     @abc.abstractmethod
     def noise_scale(self, sensitivity: float) -> float:
@@ -522,7 +527,6 @@ class Privacy(abc.ABC):
         return self.at_noise_scale(self.noise.unit_scale)
 
     @classmethod
-    @abc.abstractmethod
     def at_noise_scale(cls, scale: float) -> Privacy:
         """The privacy definition of this kind whose noise at sensitivity 1 has ``scale`` (:meth:`noise_scale`).
 
@@ -532,6 +536,8 @@ class Privacy(abc.ABC):
         >>> PureDP.at_noise_scale(0.5), ApproxDP.at_noise_scale(1.0)
         (PureDP(epsilon=2.0), ZCDP(rho=0.5))
         """
+        raise NotImplementedError(f"{cls.__name__} does not say which of its levels gives a noise scale "
+                                  "(define at_noise_scale): it has no unit noise")
 
     # ------------------------------------------------------------------ composition
     def to_pure(self) -> PureDP | None:

@@ -161,3 +161,14 @@ def test_the_budget_counts_with_the_methods():
     with pytest.raises(hdmm.BudgetError, match=r"Budget.from_approx_dp\(1, 1e-06\)"):
         hdmm.Budget(ApproxDP(1.0, 1e-6))
     assert isinstance(Privacy.from_dict(ZCDP(Fraction(1, 3)).to_dict()).rho, Fraction)
+
+
+def test_a_privacy_subclass_written_with_the_noise_name_still_works():
+    class OldStyle(PureDP):
+        noise = "laplace"
+
+    assert OldStyle.noise is LAPLACE and OldStyle.norm == 1 and OldStyle(1.0).noise_variance(1.0) == 2.0
+    with pytest.raises(TypeError, match="leave norm out"):
+        class Inconsistent(PureDP):
+            noise = GAUSSIAN
+            norm = 1
