@@ -15,7 +15,7 @@ LAYERS = [
     {"hdmm.version", "hdmm.validation", "hdmm.labels", "hdmm.spectral", "hdmm.slq", "hdmm.domain", "hdmm.noise",
      "hdmm.distributions"},
     {"hdmm.matrix", "hdmm.kron_union", "hdmm.marginals", "hdmm.workload", "hdmm.block_diagonal"},
-    {"hdmm.privacy", "hdmm.structure"},
+    {"hdmm.calibration", "hdmm.privacy", "hdmm.structure"},
     {"hdmm.budget", "hdmm.ledger"},
     {"hdmm.traces"},
     {"hdmm.geography"},
