@@ -172,3 +172,13 @@ def test_a_privacy_subclass_written_with_the_noise_name_still_works():
         class Inconsistent(PureDP):
             noise = GAUSSIAN
             norm = 1
+
+
+def test_the_interval_method_follows_the_noises_normality():
+    from hdmm.release import _interval_method
+
+    assert _interval_method({GAUSSIAN}, True) == "exact (Gaussian noise)"
+    assert _interval_method({LAPLACE}, True) == "normal approximation (Laplace noise)"
+    assert _interval_method({LAPLACE, GAUSSIAN}, False) == ("normal approximation (Laplace noise in some measurements); "
+                                                            "conservative (standard errors are upper bounds)")
+    assert _interval_method({UniformNoise(), GAUSSIAN}, True) == "normal approximation (Uniform noise in some measurements)"
