@@ -129,7 +129,7 @@ def _privacy(args: argparse.Namespace) -> Privacy:
         given = f"--epsilon {args.epsilon:g}" + ("" if args.delta is None else f" --delta {args.delta:g}")
     scale = privacy.noise_scale(1.0)
     if not math.isfinite(scale) or scale > MAX_NOISE_SCALE:
-        raise UsageError(f"{given} is too small a budget to compute with: the {privacy.noise} noise would have "
+        raise UsageError(f"{given} is too small a budget to compute with: the {privacy.noise.name} noise would have "
                          f"scale {scale:.3g} per unit of sensitivity (the limit is {MAX_NOISE_SCALE:.0e}), drowning "
                          "every answer; give a larger budget")
     return privacy
@@ -235,7 +235,7 @@ def _loaded_strategy(spec: str, named: NamedWorkload, privacy: Privacy) -> tuple
                          "optimise one for this workload with 'hdmm optimize'")
     saved = metadata.get("privacy", {}).get("type")
     if saved and Privacy.from_dict(metadata["privacy"]).noise != privacy.noise:
-        print(f"hdmm: note: {spec} was optimised for {metadata['privacy']['type']} ({Privacy.from_dict(metadata['privacy']).noise} "
+        print(f"hdmm: note: {spec} was optimised for {metadata['privacy']['type']} ({Privacy.from_dict(metadata['privacy']).noise.name} "
               f"noise); it is still private under {privacy.description}, but not tuned for it", file=sys.stderr)
     recorded = metadata.get("workload_fingerprint_with_domain")
     if recorded and recorded != workload_fingerprint(named.workload, named.domain):
@@ -381,7 +381,7 @@ def _provenance(args: argparse.Namespace, named: NamedWorkload, source: str, rec
         "version": 1,
         **base,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "noise": result.privacy.noise,
+        "noise": result.privacy.noise.name,
         "noise_seed": args.noise_seed,
         "strategy": {**strategy, "matrix": base["strategy"]},
         "workload": {"name": args.workload, "description": named.description,
@@ -524,7 +524,7 @@ def budget_create(args: argparse.Namespace) -> None:
         raise UsageError(f"{args.file} exists: a budget file is never replaced (its charges would be forgotten); "
                          f"see it with: hdmm budget show {args.file}")
     _probe_directory(args.file, "budget create")
-    if isinstance(privacy, ApproxDP):
+    if privacy.budget_unit is None:  # (epsilon, delta) does not add up: the zCDP budget that implies it
         budget = Budget.from_approx_dp(privacy.epsilon, privacy.delta)
     else:
         budget = Budget(privacy)
