@@ -3,7 +3,7 @@ standalone Spark cluster on this machine (a master and two one-core workers, sta
 package).
 
 Run ``python benchmarks/geography_engines.py [--states all] [--levels state,county,tract] [--engines
-local,spark,cluster] [--name geography_engines]``; it writes ``benchmarks/results/<name>.md`` (and ``.json``).
+local,spark,cluster] [--scale 1] [--name geography_engines]``; it writes ``benchmarks/results/<name>.md`` (and ``.json``).
 Each engine runs in its own process (a child of this script, which starts the cluster's JVMs itself, so the
 peak memory sums every process of the run: the driver, local workers, Spark's JVMs and Python workers, the
 cluster's master, workers and executors). The release: PL94-171 (2020 tables, 2,016 cells) on SYNTHETIC
@@ -91,7 +91,7 @@ class Cluster:
             p.wait(timeout=60)
 
 
-def child(engine: str, states, levels: tuple[str, ...], output: str) -> dict:
+def child(engine: str, states, levels: tuple[str, ...], output: str, scale: float = 1.0) -> dict:
     import hashlib
 
     import numpy as np
@@ -103,6 +103,12 @@ def child(engine: str, states, levels: tuple[str, ...], output: str) -> dict:
     out: dict = {"engine": engine}
     with PeakMemory() as memory:
         tree, source, W, strategy, privacy, _ = setting(states, levels)
+        if scale != 1.0:  # the same tree and shares, with a fraction of the people
+            from census_workloads.geography import SyntheticHistograms
+            from census_workloads.pl94_2020 import PL94Histograms
+
+            people = int(round(scale * source.leaf_totals().sum()))
+            source = PL94Histograms(SyntheticHistograms(people, levels=levels, states=states, seed=1))
         totals = source.leaf_totals()
         b = tree.leaf_bounds("state")
         held = {"state": {code: float(totals[b[s]:b[s + 1]].sum()) for s, code in enumerate(tree.codes("state"))}}
@@ -172,19 +178,21 @@ def main() -> None:
     parser.add_argument("--levels", default="state,county,tract")
     parser.add_argument("--engines", default="local,spark,cluster")
     parser.add_argument("--name", default="geography_engines")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="the share of the 2010 population drawn (default 1: every person)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
     args = parser.parse_args()
     states = None if args.states == "all" else tuple(args.states.split(","))
     levels = tuple(args.levels.split(","))
     if args.child:
-        print(json.dumps(child(args.child, states, levels, args.output)))
+        print(json.dumps(child(args.child, states, levels, args.output, args.scale)))
         return
     results = []
     for engine in args.engines.split(","):
         output = tempfile.mkdtemp(prefix="hdmm-engines-out-") + "/release"
         cmd = [sys.executable, __file__, "--child", engine, "--states", args.states, "--levels", args.levels,
-               "--output", output]
+               "--output", output, "--scale", str(args.scale)]
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         shutil.rmtree(os.path.dirname(output), ignore_errors=True)
         if done.returncode != 0:

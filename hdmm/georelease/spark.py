@@ -34,9 +34,9 @@ cluster, size the executors' memory for the largest partition, or partition at a
 
 Sessions: the session passed (``spark=``), else the active one, else one made by
 :func:`~hdmm.georelease.session.spark_session` on the master Spark is configured with. A Spark
-Connect session runs the steps too (values are shipped with each step's functions instead of
-broadcast, and progress is reported per finished partition), but writing the output needs a classic
-session's Hadoop file system (:class:`~hdmm.georelease.sparkfiles.HadoopFiles`).
+Connect session (``spark=`` one, or ``SPARK_REMOTE`` set) runs the steps too: values are shipped with
+each step's functions instead of broadcast, progress is reported per finished partition, and the
+answers are written in one job at the end (:class:`~hdmm.georelease.sparkfiles.SparkFiles`).
 
 The histograms may also come from any picklable :class:`~hdmm.georelease.units.HistogramSource`
 (a benchmark draws them instead of reading records); the measure step then runs over the partition ids.
