@@ -7,8 +7,9 @@ local,spark,cluster] [--scale 1] [--name geography_engines]``; it writes ``bench
 Each engine runs in its own process (a child of this script, which starts the cluster's JVMs itself, so the
 peak memory sums every process of the run: the driver, local workers, Spark's JVMs and Python workers, the
 cluster's master, workers and executors). The release: PL94-171 (2020 tables, 2,016 cells) on SYNTHETIC
-data at production's budget with the state totals held, integer tables (the setting of
-``census_production.py``), partitioned by county, written to a new directory as it goes, one BLAS thread.
+data at production's budget with the state totals held (the setting of ``census_production.py``), least
+squares unless ``--postprocess`` says otherwise, partitioned by county, written to a new directory as it
+goes, one BLAS thread.
 Reported: the release's wall time, each step's seconds and units per second (the tree's units over the
 step's seconds: every step handles every unit once), peak memory over all processes, and whether the
 answers equal the local engine's (the same seed gives the same release on every engine).
@@ -91,7 +92,8 @@ class Cluster:
             p.wait(timeout=60)
 
 
-def child(engine: str, states, levels: tuple[str, ...], output: str, scale: float = 1.0) -> dict:
+def child(engine: str, states, levels: tuple[str, ...], output: str, scale: float = 1.0,
+          postprocess: str | None = None) -> dict:
     import hashlib
 
     import numpy as np
@@ -100,7 +102,7 @@ def child(engine: str, states, levels: tuple[str, ...], output: str, scale: floa
     from geography import PeakMemory
     from hdmm.georelease import geo_plan, release_geography
 
-    out: dict = {"engine": engine}
+    out: dict = {"engine": engine, "postprocess": postprocess or "least squares"}
     with PeakMemory() as memory:
         tree, source, W, strategy, privacy, _ = setting(states, levels)
         if scale != 1.0:  # the same tree and shares, with a fraction of the people
@@ -132,7 +134,7 @@ def child(engine: str, states, levels: tuple[str, ...], output: str, scale: floa
             out["start seconds"] = time.perf_counter() - start
             start = time.perf_counter()
             release = release_geography(plan, source, engine="local" if engine == "local" else "spark", seed=1,
-                                        postprocess="integer", output=output,
+                                        postprocess=postprocess, output=output,
                                         progress=lambda line: print(line, file=sys.stderr, flush=True), **options)
             out["release seconds"] = time.perf_counter() - start
             out["steps"] = dict(release.timings)
@@ -157,7 +159,7 @@ def _report(results: list[dict], command: str) -> str:
              f"`{command}` (one BLAS thread; each engine in its own process, peak memory summed over every "
              "process of the run, sampled every 0.5 s). PL94-171 on SYNTHETIC data, "
              f"{first['units']:,} units ({first['partitions']:,} county partitions), {first['people']:,} people, "
-             f"{first['privacy']}, state totals held, integer tables, written as it goes.", "",
+             f"{first['privacy']}, state totals held, {first['postprocess']}, written as it goes.", "",
              "| engine | release | peak memory | steps: seconds (units/s) | same answers as local |",
              "|---|---|---|---|---|"]
     for r in results:
@@ -180,19 +182,21 @@ def main() -> None:
     parser.add_argument("--name", default="geography_engines")
     parser.add_argument("--scale", type=float, default=1.0,
                         help="the share of the 2010 population drawn (default 1: every person)")
+    parser.add_argument("--postprocess", default="none", choices=["none", "nonnegative", "integer"])
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
     args = parser.parse_args()
     states = None if args.states == "all" else tuple(args.states.split(","))
     levels = tuple(args.levels.split(","))
     if args.child:
-        print(json.dumps(child(args.child, states, levels, args.output, args.scale)))
+        postprocess = None if args.postprocess == "none" else args.postprocess
+        print(json.dumps(child(args.child, states, levels, args.output, args.scale, postprocess)))
         return
     results = []
     for engine in args.engines.split(","):
         output = tempfile.mkdtemp(prefix="hdmm-engines-out-") + "/release"
         cmd = [sys.executable, __file__, "--child", engine, "--states", args.states, "--levels", args.levels,
-               "--output", output, "--scale", str(args.scale)]
+               "--output", output, "--scale", str(args.scale), "--postprocess", args.postprocess]
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         shutil.rmtree(os.path.dirname(output), ignore_errors=True)
         if done.returncode != 0:

@@ -68,13 +68,9 @@ def _master(tmp_path: Path, command: list[str], env: dict[str, str], *args: str)
     return next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("MASTER"))
 
 
-@pytest.mark.slow  # starts Java four times
+@pytest.mark.slow  # starts Java three times
 def test_a_new_session_honours_the_configured_master(tmp_path):
-    import pyspark
-
+    """(``spark-submit --master`` is honoured too: tests/test_spark_cluster.py submits the CLI to a cluster.)"""
     assert _master(tmp_path, [sys.executable], {}) == "local[2]"  # nothing configured
     assert _master(tmp_path, [sys.executable], {"MASTER": "local[2]"}, "local[1]") == "local[1]"  # the caller's
     assert _master(tmp_path, [sys.executable], {"PYSPARK_SUBMIT_ARGS": "--master local[1] pyspark-shell"}) == "local[1]"
-    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-    env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    assert _master(tmp_path, [str(submit), "--master", "local[1]"], env) == "local[1]"  # spark-submit's, kept
