@@ -15,6 +15,7 @@ from hdmm.georelease import ArrayHistograms, RecordHistograms, geo_plan, optimiz
 from hdmm.georelease.levels import tree_objective
 from hdmm.georelease.passes import Partition, TreePasses, partition_down, partition_up, top_passes
 from hdmm.georelease.units import unit_seed
+from hdmm.records import cell_index
 from trees import random_tree, small_country
 
 
@@ -165,7 +166,7 @@ def test_records_and_histograms_give_the_same_release():
     plan = geo_plan(tree, WP, hdmm.ZCDP(1.0), strategy=AP)
     from_records = release_geography(plan, RecordHistograms.of(tree, DOMAIN, records), seed=3)
     leaves = tree.locate(records)
-    H = sp.csr_matrix((np.ones(300), (leaves, DOMAIN.cell_index(records))), shape=(tree.leaves, DOMAIN.size))
+    H = sp.csr_matrix((np.ones(300), (leaves, cell_index(DOMAIN, records))), shape=(tree.leaves, DOMAIN.size))
     from_matrix = release_geography(plan, ArrayHistograms(H), seed=3)
     for d in plan.levels:
         np.testing.assert_array_equal(from_records.estimates[d], from_matrix.estimates[d])
