@@ -158,7 +158,7 @@ def _records(args: argparse.Namespace, tree: GeographyTree, named: NamedWorkload
 
 def _about(args: argparse.Namespace, named: NamedWorkload, synthetic: bool) -> dict:
     """What a geography release's provenance records of the command's inputs: the workload (as typed and by
-    fingerprint, :func:`hdmm.workload_fingerprint`), the data source and the tree, as plain releases record them.
+    fingerprint, :func:`hdmm.io.workload_fingerprint`), the data source and the tree, as plain releases record them.
     The number of records of a data file is private and not recorded."""
     return {
         "workload": {"name": args.workload, "description": named.description,
