@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 
 import hdmm  # noqa: E402
 from hdmm import noise  # noqa: E402
+from hdmm.distributions import noise_named  # noqa: E402
 from hdmm.kernel import check_data_vector  # noqa: E402
 from hdmm.mechanism import Measurement  # noqa: E402
 
@@ -64,10 +65,10 @@ def hdmm_samplers(repeats: int, draws: int = 1_000_000) -> list[dict]:
     rows = []
     for kind, scales in (("laplace", LAPLACE_SCALES), ("gaussian", GAUSSIAN_SCALES)):
         for scale in scales:
-            noise.draw(kind, scale, 10, rng=0)  # set-up (exact expansions), cached per scale
+            noise.draw(noise_named(kind), scale, 10, rng=0)  # set-up (exact expansions), cached per scale
             row = {"sampler": f"hdmm discrete {kind}", "scale": scale}
             for source, rng in (("os.urandom", None), ("seeded", 0)):
-                seconds = best_of(repeats, lambda: noise.draw(kind, scale, draws, rng=rng))
+                seconds = best_of(repeats, lambda: noise.draw(noise_named(kind), scale, draws, rng=rng))
                 row[source] = draws / seconds
             rows.append(row)
     return rows

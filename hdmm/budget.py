@@ -31,6 +31,11 @@ release                             pure-DP budget (epsilon)    zCDP budget (rho
 * A zCDP budget reports what it has spent as ``(epsilon, delta)``-DP by the same conversion
   (:meth:`Budget.epsilon_at`, :func:`zcdp_epsilon`; Canonne, Kamath & Steinke 2020, Corollary 13).
 
+Each rule is a method of the privacy classes (:meth:`hdmm.privacy.Privacy.cost_of` of the total,
+which asks the release for :meth:`~hdmm.privacy.Privacy.to_pure` or
+:meth:`~hdmm.privacy.Privacy.to_zcdp`; :meth:`~hdmm.privacy.Privacy.epsilon_at` for the
+:math:`(\epsilon, \delta)` statement): the budget asks them and never tests a class.
+
 Sums are exact (rational arithmetic on the stored floats), and a charge fits when the sum exceeds
 the total by at most a relative ``BUDGET_RTOL`` (1e-12), so that a total split into decimal parts
 (``0.1 + 0.2 + 0.7``) is spent exactly; the overspend this allows is below 1e-12 of the total.
@@ -86,7 +91,7 @@ from fractions import Fraction
 from typing import Any, Mapping
 
 from .ledger import Ledger, LedgerError
-from .privacy import ZCDP, ApproxDP, Privacy, PureDP, exact_entry, read_exact, zcdp_delta, zcdp_rho
+from .privacy import ZCDP, ApproxDP, Privacy, PureDP, exact_entry, read_exact, zcdp_epsilon, zcdp_rho  # noqa: F401 (doctests)
 from .validation import is_finite_real
 
 __all__ = ["Budget", "Charge", "BudgetError", "BudgetExceeded", "zcdp_epsilon", "settle_quietly", "BUDGET_RTOL",
@@ -122,39 +127,6 @@ class BudgetExceeded(BudgetError):
     """A release whose charge would take a budget's spending above its total."""
 
 
-def zcdp_epsilon(rho: float, delta: float) -> float:
-    r"""The smallest epsilon for which :math:`\rho`-zCDP implies :math:`(\epsilon, \delta)`-DP by :func:`hdmm.privacy.zcdp_delta`.
-
-    The inverse in epsilon of the conversion of Canonne, Kamath & Steinke (2020, Corollary 13),
-    found by bisection (the delta it gives decreases with epsilon) and rounded up: the epsilon
-    returned always satisfies ``zcdp_delta(rho, epsilon) <= delta``. It is at most the classical
-    :math:`\rho + 2\sqrt{\rho \ln(1/\delta)}` (Bun & Steinke 2016). ``rho = 0`` gives 0.
-
-    >>> eps = zcdp_epsilon(0.5, 1e-6)
-    >>> round(eps, 3), zcdp_delta(0.5, eps) <= 1e-6
-    (5.222, True)
-    """
-    if not (is_finite_real(rho) and rho >= 0):
-        raise ValueError(f"rho must be a finite number >= 0, got {rho!r}")
-    if not (is_finite_real(delta) and 0 < delta < 1):
-        raise ValueError(f"delta must be a number in (0, 1), got {delta!r}")
-    if rho == 0:
-        return 0.0
-    hi = rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
-    while zcdp_delta(rho, hi) > delta:  # the classical bound is never tighter; guard against rounding
-        hi *= 2.0
-    lo = 0.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if not lo < mid < hi or hi - lo <= 1e-15 * hi:
-            break
-        if mid > 0 and zcdp_delta(rho, mid) <= delta:
-            hi = mid
-        else:
-            lo = mid
-    return hi
-
-
 def _entries_problem(d: Mapping, allowed: set, required: set) -> str:
     """``"unknown entries [...]"`` or ``"missing entries [...]"`` for a JSON object's keys, or ``""``."""
     unknown, missing = set(d) - allowed, required - set(d)
@@ -165,11 +137,6 @@ def _entries_problem(d: Mapping, allowed: set, required: set) -> str:
 
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def _amount(privacy: Privacy) -> float | Fraction:
-    """The parameter a budget of this kind is counted in."""
-    return privacy.epsilon if isinstance(privacy, PureDP) else privacy.rho
 
 
 # ====================================================================== charges
@@ -303,15 +270,16 @@ class Budget:
     __slots__ = ("_total", "_delta", "_charges", "_spent", "_created", "_path", "_ledger", "_legacy")
 
     def __init__(self, total: Privacy, *, delta: float | None = None) -> None:
-        if isinstance(total, ApproxDP):
+        if not isinstance(total, Privacy):
+            raise TypeError(f"a budget's total must be PureDP(epsilon) or ZCDP(rho), got {type(total).__name__}")
+        if total.budget_unit is None:  # (epsilon, delta): no parameter that adds up
+            params = ", ".join(f"{value:g}" for key, value in total.to_dict().items() if key != "type")
             raise BudgetError(
                 f"a budget cannot be kept in (epsilon, delta): {total.description} totals do not add up; make a "
-                f"zCDP budget that implies it, Budget.from_approx_dp({total.epsilon:g}, {total.delta:g})"
+                f"zCDP budget that implies it, Budget.from_approx_dp({params})"
             )
-        if not isinstance(total, (PureDP, ZCDP)):
-            raise TypeError(f"a budget's total must be PureDP(epsilon) or ZCDP(rho), got {type(total).__name__}")
         if delta is not None:
-            if isinstance(total, PureDP):
+            if total.to_pure() is not None:
                 raise BudgetError("delta applies to zCDP budgets only (a pure-DP budget is (epsilon, 0)-DP)")
             if not (is_finite_real(delta) and 0 < delta < 1):
                 raise BudgetError(f"delta must be a number in (0, 1), got {delta!r}")
@@ -343,7 +311,7 @@ class Budget:
     @property
     def unit(self) -> str:
         """``"epsilon"`` for a pure-DP budget, ``"rho"`` for a zCDP budget."""
-        return "epsilon" if isinstance(self._total, PureDP) else "rho"
+        return self._total.budget_unit
 
     @property
     def delta(self) -> float | None:
@@ -386,7 +354,7 @@ class Budget:
         >>> b.spent_exact, b.remaining_exact
         (Fraction(293764, 114921), Fraction(0, 1))
         """
-        return Fraction(_amount(self._total)) - self._exact_spent()
+        return Fraction(self._total.amount) - self._exact_spent()
 
     def _exact_spent(self) -> Fraction:
         return self._spent
@@ -405,20 +373,16 @@ class Budget:
         """
         if not isinstance(privacy, Privacy):
             raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
-        if isinstance(self._total, PureDP):
-            if isinstance(privacy, PureDP):
-                return privacy.epsilon
+        cost = self._total.cost_of(privacy)  # the composition rule is the total's (hdmm.privacy)
+        if cost is not None:
+            return cost
+        if self._total.to_pure() is not None:
+            title = privacy.noise.title
             raise BudgetError(
-                f"a {privacy.description} release (Gaussian noise) cannot be charged to a pure-DP budget: Gaussian "
-                "noise is not pure DP for any epsilon; keep a zCDP budget for Gaussian releases (Budget(ZCDP(rho)), "
+                f"a {privacy.description} release ({title} noise) cannot be charged to a pure-DP budget: {title} "
+                f"noise is not pure DP for any epsilon; keep a zCDP budget for {title} releases (Budget(ZCDP(rho)), "
                 "Budget.from_approx_dp, or hdmm budget create FILE --rho R)"
             )
-        if isinstance(privacy, PureDP):
-            return privacy.epsilon**2 / 2.0
-        if isinstance(privacy, ZCDP):
-            return privacy.rho
-        if isinstance(privacy, ApproxDP):
-            return zcdp_rho(privacy.epsilon, privacy.delta)
         raise BudgetError(f"no composition rule for {type(privacy).__name__} releases")
 
     def check(self, privacy: Privacy) -> float | Fraction:
@@ -427,7 +391,7 @@ class Budget:
         Nothing is recorded: :meth:`charge` does that.
         """
         cost = self.cost(privacy)
-        total = Fraction(_amount(self._total))
+        total = Fraction(self._total.amount)
         spent = self._exact_spent()
         if spent + Fraction(cost) > total * (1 + Fraction(BUDGET_RTOL)):
             where = "" if self._path is None else f" ({self._path})"
@@ -615,18 +579,16 @@ class Budget:
         """
         if delta is not None and not (is_finite_real(delta) and 0 < delta < 1):
             raise BudgetError(f"delta must be a number in (0, 1), got {delta!r}")
-        amount = _amount(self._total) if total else self.spent
-        if isinstance(self._total, PureDP):
-            return amount
-        delta = self._delta if delta is None else delta
-        if delta is None:
-            raise BudgetError("give the delta at which to state this zCDP budget as (epsilon, delta)-DP")
-        return zcdp_epsilon(amount, delta)
+        amount = self._total.amount if total else self.spent
+        try:
+            return self._total.epsilon_at(amount, self._delta if delta is None else delta)
+        except ValueError as exc:  # a zCDP budget without a delta
+            raise BudgetError(str(exc)) from None
 
     def charged(self, charge: Charge) -> str:
         """One line for a release just charged: its cost, what is spent of the total and what is left."""
         return (f"budget {self._path}: charged {self.unit} {float(charge.cost):.6g}; spent {self.spent:.6g} of "
-                f"{float(_amount(self._total)):g}, {self.remaining:.6g} left")
+                f"{float(self._total.amount):g}, {self.remaining:.6g} left")
 
     def summary(self) -> str:
         """A few readable lines: the total, what is spent and left, and every charge."""

@@ -71,6 +71,7 @@ from .catalog import NamedWorkload, load_workload, named_workload
 from .cli_geography import add_geography_options, check_geography_options, geography_release
 from .cli_inputs import UsageError, read_records
 from .cli_inputs import need_pyarrow as _need_pyarrow, probe_directory as _probe_directory
+from .files import check_new_file, write_atomically
 from .io import load_strategy, save_strategy, workload_fingerprint
 from .matrix import Identity, Matrix
 from .optimizers import optimize
@@ -128,7 +129,7 @@ def _privacy(args: argparse.Namespace) -> Privacy:
         given = f"--epsilon {args.epsilon:g}" + ("" if args.delta is None else f" --delta {args.delta:g}")
     scale = privacy.noise_scale(1.0)
     if not math.isfinite(scale) or scale > MAX_NOISE_SCALE:
-        raise UsageError(f"{given} is too small a budget to compute with: the {privacy.noise} noise would have "
+        raise UsageError(f"{given} is too small a budget to compute with: the {privacy.noise.name} noise would have "
                          f"scale {scale:.3g} per unit of sensitivity (the limit is {MAX_NOISE_SCALE:.0e}), drowning "
                          "every answer; give a larger budget")
     return privacy
@@ -234,7 +235,7 @@ def _loaded_strategy(spec: str, named: NamedWorkload, privacy: Privacy) -> tuple
                          "optimise one for this workload with 'hdmm optimize'")
     saved = metadata.get("privacy", {}).get("type")
     if saved and Privacy.from_dict(metadata["privacy"]).noise != privacy.noise:
-        print(f"hdmm: note: {spec} was optimised for {metadata['privacy']['type']} ({Privacy.from_dict(metadata['privacy']).noise} "
+        print(f"hdmm: note: {spec} was optimised for {metadata['privacy']['type']} ({Privacy.from_dict(metadata['privacy']).noise.name} "
               f"noise); it is still private under {privacy.description}, but not tuned for it", file=sys.stderr)
     recorded = metadata.get("workload_fingerprint_with_domain")
     if recorded and recorded != workload_fingerprint(named.workload, named.domain):
@@ -287,18 +288,12 @@ def _check_output(path: str, option: str, suffixes: Sequence[str], overwrite: bo
     """
     if not path.lower().endswith(tuple(suffixes)):
         raise UsageError(f"{option} {path}: use a {' or '.join(suffixes)} file name")
-    if os.path.isdir(path):
-        raise UsageError(f"{option} {path} is a directory; give a file name")
-    if os.path.exists(path):
-        if overwrite is False:
-            raise UsageError(f"{option} {path} exists; a release in it would be lost, so pass --overwrite to "
-                             "replace it or choose another name")
-        try:
-            with open(path, "ab"):
-                pass
-        except OSError as exc:
-            raise UsageError(f"{option} {path} cannot be written ({exc.strerror or exc})") from None
-    _probe_directory(path, option)
+    if overwrite is False and os.path.isfile(path):
+        raise UsageError(f"{option} {path} exists; a release in it would be lost, so pass --overwrite to "
+                         "replace it or choose another name")
+    problem = check_new_file(path)
+    if problem is not None:
+        raise UsageError(f"{option} {problem}")
 
 
 def _check_release_output(path: str, overwrite: bool) -> None:
@@ -320,36 +315,6 @@ def _check_plot(path: str) -> None:
     del matplotlib
     kinds = sorted(FigureCanvasAgg.get_supported_filetypes())
     _check_output(path, "--plot", tuple(f".{kind}" for kind in kinds))
-
-
-def _write_atomically(path: str, write, replace: bool = True) -> bool:
-    """Call ``write(temporary_path)`` and move the result to ``path`` (no half-written file on failure).
-
-    ``replace`` False: only if ``path`` does not exist when the file is published (a hard link, which
-    fails on an existing name, so a file that appeared meanwhile is never replaced); returns whether
-    the file was published.
-    """
-    directory, name = os.path.split(os.path.abspath(path))
-    temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp")  # created by write(), with the umask's mode
-    try:
-        write(temporary)
-        if replace:
-            os.replace(temporary, path)
-            return True
-        try:
-            os.link(temporary, path)
-        except FileExistsError:
-            return False
-        except OSError:  # no hard links on this file system: reserve the name, then move the file onto it
-            try:
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
-            except FileExistsError:
-                return False
-            os.replace(temporary, path)
-        return True
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
 
 
 def _alternative(path: str, i: int) -> str:
@@ -380,7 +345,7 @@ def _write(table: pd.DataFrame, path: str, provenance: dict[str, Any], overwrite
         arrow = pa.Table.from_pandas(table, preserve_index=False)
         for target in targets:
             tagged = arrow.replace_schema_metadata({**(arrow.schema.metadata or {}), b"hdmm": text(target).encode()})
-            if _write_atomically(target, lambda temporary: pq.write_table(tagged, temporary), overwrite):
+            if write_atomically(target, lambda temporary: pq.write_table(tagged, temporary), replace=overwrite):
                 return [target]
         raise OSError(f"could not find a free name next to {path} for the release")
 
@@ -389,9 +354,9 @@ def _write(table: pd.DataFrame, path: str, provenance: dict[str, Any], overwrite
             with open(temporary, "w", encoding="utf-8") as file:
                 file.write(recorded + "\n")
 
-        if not _write_atomically(target + ".json", write_json, overwrite):  # first: never a table without it
+        if not write_atomically(target + ".json", write_json, replace=overwrite):  # first: never a table without it
             continue
-        if _write_atomically(target, lambda temporary: table.to_csv(temporary, index=False), overwrite):
+        if write_atomically(target, lambda temporary: table.to_csv(temporary, index=False), replace=overwrite):
             return [target, target + ".json"]
         os.remove(target + ".json")
     raise OSError(f"could not find a free name next to {path} for the release")
@@ -416,7 +381,7 @@ def _provenance(args: argparse.Namespace, named: NamedWorkload, source: str, rec
         "version": 1,
         **base,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "noise": result.privacy.noise,
+        "noise": result.privacy.noise.name,
         "noise_seed": args.noise_seed,
         "strategy": {**strategy, "matrix": base["strategy"]},
         "workload": {"name": args.workload, "description": named.description,
@@ -559,7 +524,7 @@ def budget_create(args: argparse.Namespace) -> None:
         raise UsageError(f"{args.file} exists: a budget file is never replaced (its charges would be forgotten); "
                          f"see it with: hdmm budget show {args.file}")
     _probe_directory(args.file, "budget create")
-    if isinstance(privacy, ApproxDP):
+    if privacy.budget_unit is None:  # (epsilon, delta) does not add up: the zCDP budget that implies it
         budget = Budget.from_approx_dp(privacy.epsilon, privacy.delta)
     else:
         budget = Budget(privacy)

@@ -106,26 +106,32 @@ def _tree(args: argparse.Namespace, levels: list[str]) -> GeographyTree:
     return GeographyTree.from_table(table.astype({c: str for c in levels if c in table.columns}), levels)
 
 
-def _check_output(path: str | None, engine: str) -> None:
-    """``--output`` of a geography release: a new directory that can be created, checked before any charge."""
+def _check_output(path: str | None, engine: str, master: str | None) -> None:
+    """``--output`` of a geography release: a new directory that can be created, checked before any charge (for
+    Spark through Spark's file system: a URL, or a path on Spark's default file system)."""
     if path is None:
         raise UsageError("--geography writes a Parquet dataset: give --output DIRECTORY (a new one)")
     if os.path.splitext(os.path.normpath(path))[1].lower() in (".csv", ".tsv", ".txt", ".json", ".npz"):
         raise UsageError(f"--output {path}: --geography writes a Parquet dataset, a directory of files partitioned "
                          "by level: give a directory name, e.g. --output release/")
     need_pyarrow("writing", "--output")
-    try:  # the engines' own check (a leftover partial directory too), before any noise
+    if engine == "spark":
+        from .georelease.session import require_spark, spark_session
+        from .georelease.sparkfiles import SparkFiles
+
+        try:
+            require_spark()
+            SparkFiles(spark_session(master), path)  # the engine's own check, before any noise
+        except (ImportError, RuntimeError) as exc:
+            raise UsageError(str(exc)) from None
+        except FileExistsError as exc:
+            raise UsageError(f"--output: {exc}") from None
+        return
+    try:  # the engine's own check (a leftover partial directory too), before any noise
         check_output(path)
     except FileExistsError as exc:
         raise UsageError(f"--output: {exc}") from None
     probe_directory(os.path.normpath(path), "--output")  # the directory that will hold it, as for plain releases
-    if engine == "spark":
-        from .georelease.session import require_spark
-
-        try:
-            require_spark()
-        except (ImportError, RuntimeError) as exc:
-            raise UsageError(str(exc)) from None
 
 
 def _records(args: argparse.Namespace, tree: GeographyTree, named: NamedWorkload, levels: list[str],
@@ -143,22 +149,30 @@ def _records(args: argparse.Namespace, tree: GeographyTree, named: NamedWorkload
         return people, f"{args.people:,} built-in SYNTHETIC people"
     if not args.data.endswith((".csv", ".parquet")):
         raise UsageError(f"--data {args.data}: expected a .csv or .parquet file of records")
-    if args.engine == "spark" and args.data.endswith(".parquet"):
-        need_pyarrow("reading", "--data")
-        import pyarrow.dataset as ds
+    if args.engine == "spark" and args.data.endswith(".parquet"):  # read by Spark, at any URL it reaches
+        from pyspark.errors import AnalysisException
 
-        dataset = ds.dataset(args.data, format="parquet")
-        check_records_count(args.data, dataset.count_rows())
-        check_record_columns(dataset.schema.names, tree, named.domain)
-        return args.data, args.data
+        from .georelease.session import spark_session
+        from .georelease.sparkfiles import HadoopFiles
+
+        spark = spark_session(args.master)
+        try:
+            frame = spark.read.parquet(args.data)
+        except AnalysisException as exc:
+            raise FileNotFoundError(f"--data {args.data}: Spark cannot read it ({str(exc).splitlines()[0]})") from None
+        check_records_count(args.data, frame.count())
+        check_record_columns(frame.columns, tree, named.domain)
+        files = HadoopFiles.of(spark)  # None on Spark Connect: the path as given
+        return args.data, args.data if files is None else files.qualified(args.data)
     records = read_records(args.data, levels)
     check_record_columns(records.columns, tree, named.domain)
     return records, args.data
 
 
-def _about(args: argparse.Namespace, named: NamedWorkload, synthetic: bool) -> dict:
+def _about(args: argparse.Namespace, named: NamedWorkload, synthetic: bool, source: str | None = None) -> dict:
     """What a geography release's provenance records of the command's inputs: the workload (as typed and by
-    fingerprint, :func:`hdmm.io.workload_fingerprint`), the data source and the tree, as plain releases record them.
+    fingerprint, :func:`hdmm.io.workload_fingerprint`), the data source (``source``, Spark's URL of records it read,
+    else the file's absolute path) and the tree, as plain releases record them.
     The number of records of a data file is private and not recorded."""
     return {
         "workload": {"name": args.workload, "description": named.description,
@@ -166,7 +180,7 @@ def _about(args: argparse.Namespace, named: NamedWorkload, synthetic: bool) -> d
                      "fingerprint": workload_fingerprint(named.workload),
                      "fingerprint_with_domain": workload_fingerprint(named.workload, named.domain)},
         "data": {"source": "synthetic", "records": args.people, "data_seed": args.data_seed} if synthetic else
-        {"source": os.path.abspath(args.data), "records": None},
+        {"source": source or os.path.abspath(args.data), "records": None},
         "tree": "built-in synthetic United States (census_workloads.geography)" if args.tree is None else
         os.path.abspath(args.tree),
         "strategy": args.strategy if args.strategy in ("auto", "identity", PRODUCTION) else
@@ -253,7 +267,7 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
         raise UsageError("--master is the Spark master: add --engine spark")
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers {args.workers}: give a positive number of processes")
-    _check_output(args.output, engine)
+    _check_output(args.output, engine, args.master)
     _check_production(args, levels)
     if any(level in named.domain.names for level in levels):
         raise ValueError(f"the workload's domain has a {levels[0]!r} attribute already: use a person workload "
@@ -291,7 +305,7 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     if invariants is not None:
         print("  note: the invariant totals are published exactly, without noise: they are not protected")
     label = f"{args.workload} by {','.join(levels)}"
-    about = _about(args, named, synthetic)
+    about = _about(args, named, synthetic, data_note if isinstance(records, str) else None)
     start = time.perf_counter()
     bars = _Bars()  # a bar per step, with its rate and the time left
     try:
@@ -317,10 +331,10 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     # data or with --evaluate only, as for hdmm release without --geography
     read = f"read data {read_seconds:.1f} s, " if synthetic or args.evaluate else ""
     print(f"  {read}plan {plan_seconds:.1f} s, release {time.perf_counter() - start:.1f} s")
-    print(f"wrote the answers of {len(plan.levels)} levels to {args.output} (Parquet, partitioned by level; "
-          f"privacy and provenance in {os.path.join(args.output, '_provenance.json')})")
+    print(f"wrote the answers of {len(plan.levels)} levels to {result.path} (Parquet, partitioned by level; "
+          f"privacy and provenance in {result.path.rstrip('/')}/_provenance.json)")
     if budget is not None and result.charge is not None:
-        settle_quietly(budget, result.charge, output=os.path.abspath(args.output))
+        settle_quietly(budget, result.charge, output=result.path if engine == "spark" else os.path.abspath(result.path))
         print("  " + budget.charged(result.charge))
     if args.noise_seed is not None:
         print("  note: the noise came from --noise-seed: reproducible, for tests and research only")

@@ -11,10 +11,11 @@ values (e.g. which units' codes) the data hold is private.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
 
 import pandas as pd
+
+from .files import check_parent_directory
 
 __all__ = ["UsageError", "probe_directory", "need_pyarrow", "read_records", "check_records_count"]
 
@@ -25,15 +26,9 @@ class UsageError(ValueError):
 
 def probe_directory(path: str, option: str) -> None:
     """Raise unless a new file can be created in the directory of ``path`` (tries one)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise UsageError(f"{option} {path}: the directory {directory} does not exist; create it first")
-    try:
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".hdmm-write-check-"):
-            pass
-    except OSError as exc:
-        raise UsageError(f"{option} {path}: cannot write in {directory} ({exc.strerror or exc}); choose a writable "
-                         "place") from None
+    problem = check_parent_directory(path)
+    if problem is not None:
+        raise UsageError(f"{option} {path}: {problem}")
 
 
 def need_pyarrow(doing: str, option: str) -> None:

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from .columns import AmbiguousColumnError
+from .files import replace_atomically
 from .records import MAX_DENSE_CELLS, cell_index, vectorize
 from .validation import preview
 
@@ -424,8 +425,7 @@ class Domain:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the domain to a JSON file (see :meth:`to_json`)."""
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self.to_json(indent=2) + "\n")
+        replace_atomically(path, (self.to_json(indent=2) + "\n").encode())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Domain:

@@ -129,7 +129,7 @@ def noise_variance(A: Matrix, privacy: Privacy, *, sensitivity: float | None = N
     already (a release plan computes it once), else it is computed here.
     """
     if sensitivity is None:
-        sensitivity = A.sensitivity(privacy.norm)
+        sensitivity = privacy.noise.sensitivity(A)
     return privacy.noise_variance(sensitivity)
 
 
@@ -141,7 +141,7 @@ def _resolve(A: Matrix, privacy: Privacy, structure: Structure | None,
     elif not isinstance(structure, Structure):
         raise TypeError(f"structure must be an hdmm.structure.Structure, got {type(structure).__name__}")
     if sensitivity is None:
-        sensitivity = A.sensitivity(privacy.norm)
+        sensitivity = privacy.noise.sensitivity(A)
     return structure, float(sensitivity)
 
 
@@ -391,7 +391,7 @@ def lp_error(W: Matrix, A: Matrix, privacy: Privacy, p: float) -> float:
     if isinstance(p, bool) or not isinstance(p, numbers.Real) or not (math.isfinite(p) and p >= 1):
         raise ValueError(f"p must be a finite number >= 1, got {p!r}")
     v = per_query_variance(W, A, privacy)
-    if privacy.noise == "laplace" and p != 2:
+    if not privacy.noise.normal and p != 2:  # non-normal answer errors: only the second moment is exact
         raise ValueError(
             "the l_p^p error is exact only under Gaussian noise (ApproxDP or ZCDP) or for p = 2; "
             "under PureDP use p=2 (total squared error)"

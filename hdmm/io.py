@@ -15,7 +15,6 @@ without recomputing it; it has no secret key, so it does not detect a forger who
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -30,6 +29,7 @@ import numpy.lib.format as npformat
 import scipy.sparse as sp
 
 from .block_diagonal import BlockDiagonal
+from .files import write_atomically
 from .marginals import Marginals, Residuals
 from .matrix import Diagonal, Explicit, Identity, Kronecker, Matrix, Ones, Sum, VStack, Weighted
 from .workload import AllRange, Prefix, Ranges, unweighted
@@ -355,9 +355,20 @@ def check_checksum(header: dict[str, Any], arrays: dict[str, np.ndarray], source
 
 
 def write_archive(path, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-    """Write a JSON ``header`` and named ``arrays`` as one ``.npz`` archive (a path, written as given, or a file)."""
-    with contextlib.nullcontext(path) if hasattr(path, "write") else open(path, "wb") as file:
+    """Write a JSON ``header`` and named ``arrays`` as one ``.npz`` archive: to a file object, or to the path as
+    given, whole or not at all and flushed to disk (:func:`hdmm.files.write_atomically`)."""
+    def write(file) -> None:
         np.savez_compressed(file, header=np.array(json.dumps(header)), **arrays)
+
+    if hasattr(path, "write"):
+        write(path)
+        return
+
+    def write_path(temporary: str) -> None:
+        with open(temporary, "wb") as file:
+            write(file)
+
+    write_atomically(path, write_path)
 
 
 def read_archive(path, *, max_bytes: int = MAX_BYTES) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

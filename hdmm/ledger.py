@@ -37,9 +37,10 @@ import hashlib
 import hmac
 import json
 import os
-import tempfile
 import time
 from typing import Any, Callable, Iterator
+
+from .files import replace_atomically, sync_directory, write_new
 
 try:
     import fcntl
@@ -229,55 +230,5 @@ def locked(directory: str) -> Iterator[None]:
                                       f"{LOCK_TIMEOUT:g} s; nothing was written: retry once it has finished") from None
                 time.sleep(0.01)
         yield
-    finally:
-        os.close(descriptor)
-
-
-def _mode(path: str) -> int:
-    try:  # a file keeps its permissions; a new one gets the umask's, as open() would give it
-        return os.stat(path).st_mode & 0o777
-    except FileNotFoundError:
-        mask = os.umask(0o022)
-        os.umask(mask)
-        return 0o666 & ~mask
-
-
-def replace_atomically(path: str, data: bytes, *, new: bool = False) -> None:
-    """Write ``data`` to a temporary file beside ``path``, flush it to disk and rename it over ``path``.
-
-    ``new``: refuse (``FileExistsError``) if ``path`` exists by then.
-    """
-    directory, name = os.path.split(path)
-    mode = _mode(path)
-    handle, temporary = tempfile.mkstemp(dir=directory or os.curdir, prefix=f".{name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.chmod(temporary, mode)
-        if new and os.path.lexists(path):
-            raise FileExistsError(f"{path} appeared while it was being written; nothing was replaced")
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-
-
-def write_new(path: str, data: bytes) -> None:
-    """Write a new file atomically (:func:`replace_atomically`); ``FileExistsError`` if ``path`` exists."""
-    replace_atomically(path, data, new=True)
-
-
-def sync_directory(directory: str) -> None:
-    """Make a rename in ``directory`` durable (POSIX); not possible everywhere, so failures are ignored."""
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
     finally:
         os.close(descriptor)

@@ -104,7 +104,7 @@ class Measurement:
     def __repr__(self) -> str:
         return (
             f"Measurement({self.answers.size:,} answers of {self.strategy!r}; {self.privacy.description}, "
-            f"sensitivity {self.sensitivity:.6g}, {self.privacy.noise} noise scale {self.noise_scale:.6g})"
+            f"sensitivity {self.sensitivity:.6g}, {self.privacy.noise.name} noise scale {self.noise_scale:.6g})"
         )
 
 

@@ -89,7 +89,7 @@ import math
 import numbers
 import os
 from fractions import Fraction
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -464,18 +464,23 @@ def discrete_gaussian(sigma: float, size: int | tuple[int, ...],
     return out.reshape(shape)
 
 
-def draw(kind: str, scale: float, size: int | tuple[int, ...],
+def draw(noise: Any, scale: float, size: int | tuple[int, ...],
          rng: None | int | np.random.Generator | RandomBits = None) -> np.ndarray:
-    """Integer noise of ``kind`` ``"laplace"`` (:func:`discrete_laplace`) or ``"gaussian"`` (:func:`discrete_gaussian`).
+    """Integer noise of the distribution ``noise`` (``privacy.noise``, an :class:`hdmm.distributions.Noise`).
 
-    >>> draw("gaussian", 2.0, 3, rng=5).shape
+    The one entry point through which the kernel draws a release's noise: the distribution object
+    calls its exact sampler here (:func:`discrete_laplace`, :func:`discrete_gaussian`), at a scale
+    of ``scale`` grid steps.
+
+    >>> from hdmm.distributions import GAUSSIAN
+    >>> draw(GAUSSIAN, 2.0, 3, rng=5).shape
     (3,)
     """
-    if kind == "laplace":
-        return discrete_laplace(scale, size, rng)
-    if kind == "gaussian":
-        return discrete_gaussian(scale, size, rng)
-    raise ValueError(f"unknown noise kind {kind!r}; expected 'laplace' or 'gaussian'")
+    integers = getattr(noise, "integers", None)
+    if isinstance(noise, str) or not callable(integers):
+        raise ValueError(f"unknown noise kind {noise!r}: draw takes a noise distribution (privacy.noise, or "
+                         "hdmm.distributions.noise_named('laplace') for a name)")
+    return integers(scale, size, rng)
 
 
 # ====================================================================== exact distributions

@@ -227,7 +227,7 @@ class Plan:
         """A few readable lines: sizes, privacy, strategy and expected error."""
         lines = [
             f"Plan for {self.queries:,} queries over {self.cells:,} cells",
-            f"  privacy: {self.privacy.description} ({self.privacy.noise} noise, sensitivity "
+            f"  privacy: {self.privacy.description} ({self.privacy.noise.name} noise, sensitivity "
             f"{self.sensitivity:.6g}, scale {self.noise_scale:.6g})",
             f"  strategy: {self.strategy!r} ({self.structure.form}) from {self.origin}; reconstructed by {self.method}",
         ]
@@ -316,8 +316,8 @@ def _choose(W: Matrix, privacy: Privacy, strategy, seed, progress) -> tuple[Matr
     if isinstance(strategy, OptimizationResult):
         if strategy.privacy.noise != privacy.noise:
             warnings.warn(
-                f"the strategy was optimised for {strategy.privacy.noise} noise ({strategy.privacy.description}) "
-                f"but is released with {privacy.noise} noise ({privacy.description}); it is still correct "
+                f"the strategy was optimised for {strategy.privacy.noise.name} noise ({strategy.privacy.description}) "
+                f"but is released with {privacy.noise.name} noise ({privacy.description}); it is still correct "
                 "and private, but probably not the best strategy: optimise for the privacy definition you use",
                 stacklevel=4,
             )
@@ -366,7 +366,7 @@ def check_calibration(p: Plan) -> None:
     """
     if p in _CALIBRATED:
         return
-    computed = p.strategy.sensitivity(p.privacy.norm)
+    computed = p.privacy.noise.sensitivity(p.strategy)
     _check_sensitivity(computed, p.strategy)  # a finite number
     # what the plan's sensitivity must cover: the column norms' rounding and the grid's (a coarser grid
     # moves the rounded answers further apart), as where plans are made (_noise_grid)
@@ -461,7 +461,7 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
     quantized = quantize(A)  # the plan measures the dyadic strategy exactly (hdmm.exact)
     if structure is None or quantized is not A:
         A, structure = quantized, classify(quantized)
-    spacing, sensitivity = _noise_grid(_check_sensitivity(A.sensitivity(privacy.norm), A), A, privacy)
+    spacing, sensitivity = _noise_grid(_check_sensitivity(privacy.noise.sensitivity(A), A), A, privacy)
     resolved = reconstruction_method(A, method, structure=structure)
     queries, weights = unweighted(W)
     if W.shape[0] > MAX_QUERIES:  # too many to hold one variance each (a 1e100-cell Kronecker workload)
@@ -498,7 +498,7 @@ def strategy_plan(A: Matrix, privacy: Privacy, *, origin: str = "user") -> Plan:
         raise TypeError(f"privacy must be PureDP, ApproxDP or ZCDP, got {type(privacy).__name__}")
     W, A = A, quantize(A)  # the plan measures the dyadic strategy exactly (hdmm.exact)
     structure = classify(A)
-    spacing, sensitivity = _noise_grid(_check_sensitivity(A.sensitivity(privacy.norm), A), A, privacy)
+    spacing, sensitivity = _noise_grid(_check_sensitivity(privacy.noise.sensitivity(A), A), A, privacy)
     return _calibrated(Plan(
         workload=W, strategy=A, privacy=privacy, sensitivity=sensitivity,
         noise_scale=privacy.noise_scale(sensitivity), structure=structure,
@@ -558,7 +558,7 @@ def plan_from_json(header: dict, arrays: dict[str, np.ndarray], source: str = "t
         raise ValueError(f"{source}: the stored strategy is not on the dyadic grid hdmm measures exactly (a plan "
                          "saved before hdmm 'quantized' strategies, or an edited file): make the plan again")
     structure = classify(A)
-    computed = _check_sensitivity(A.sensitivity(privacy.norm), A)
+    computed = _check_sensitivity(privacy.noise.sensitivity(A), A)
     spacing, sensitivity = _noise_grid(computed, A, privacy)
     # files written before the noise grid store the sensitivity without its rounding bound
     if not any(abs(value - stored) <= 4 * SENSITIVITY_MARGIN * max(abs(value), 1e-300) for value in (sensitivity, computed)):

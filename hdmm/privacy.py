@@ -24,14 +24,35 @@ record changes :math:`x` by one in one cell). :meth:`Privacy.noise_variance` giv
 of the continuous distribution of the same scale, an upper bound on that of the discrete noise
 actually added (:func:`hdmm.noise.discrete_laplace_variance`,
 :func:`hdmm.noise.discrete_gaussian_variance`; the two agree to a relative :math:`10^{-12}` or
-better at hdmm's grid). docs/privacy.md states the guarantee in full.
+better at hdmm's grid). docs/privacy.md states the guarantee in full. The arithmetic of the
+calibrations and conversions (:func:`zcdp_rho`, :func:`zcdp_delta`, :func:`zcdp_epsilon`,
+:func:`discrete_gaussian_sigma`, ...) is in :mod:`hdmm.calibration`; its names are importable from
+here too.
+
+**The noise is an object.** ``privacy.noise`` is the distribution (:mod:`hdmm.distributions`:
+``LAPLACE`` for :class:`PureDP`, ``GAUSSIAN`` for the other two), which knows its name (what
+files write), its sensitivity norm (:attr:`Privacy.norm` is the noise's), its variance at a scale,
+its unit-variance scale and how to draw exact integers; a privacy class adds the calibration
+(:meth:`Privacy.noise_scale`) and the inverse, :meth:`Privacy.at_noise_scale`, which gives
+:meth:`Privacy.unit_noise`. Nothing in hdmm compares a noise's name.
+
+**Composition is a method.** How privacy losses add up is each class's own rule, not a chain of
+``isinstance`` tests in the budget: :meth:`Privacy.to_pure` (pure DP or ``None``),
+:meth:`Privacy.to_zcdp` (:math:`\epsilon`-DP is :math:`\epsilon^2/2`-zCDP; ``ApproxDP`` is
+:func:`zcdp_rho`-zCDP), :attr:`Privacy.budget_unit` and :attr:`Privacy.amount` (what a total of
+the kind adds up in: epsilon, rho, or nothing for :math:`(\epsilon, \delta)`),
+:meth:`Privacy.cost_of` (what a release adds to a total of this kind; ``None`` if it does not
+compose) and :meth:`Privacy.epsilon_at` (an amount stated as :math:`(\epsilon, \delta)`-DP).
+:class:`hdmm.Budget` only asks them (its module docstring has the table).
+
+>>> ZCDP(1.0).cost_of(PureDP(1.0)), PureDP(1.0).cost_of(ZCDP(0.5)), round(ApproxDP(1.0, 1e-6).to_zcdp().rho, 6)
+(0.5, None, 0.024356)
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
-import functools
 import math
 import numbers
 import sys
@@ -40,10 +61,12 @@ from fractions import Fraction
 from typing import Any, ClassVar
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.special import log_ndtr
 
 from . import noise as grid_noise
+from .calibration import (analytic_gaussian_sigma, check_delta, check_positive, check_sensitivity,
+                          classic_gaussian_sigma, discrete_gaussian_sigma, unit_discrete_sigma, zcdp_delta,
+                          zcdp_epsilon, zcdp_rho)
+from .distributions import GAUSSIAN, LAPLACE, Noise, noise_named
 from .validation import is_finite_real
 
 __all__ = [
@@ -57,283 +80,9 @@ __all__ = [
     "exact_entry",
     "read_exact",
     "zcdp_delta",
+    "zcdp_epsilon",
     "zcdp_rho",
 ]
-
-
-def _positive(name: str, value: Any) -> float:
-    """Validate a privacy parameter: a finite real number > 0."""
-    if not (is_finite_real(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _delta(value: Any) -> float:
-    """Validate delta: a finite real number in (0, 1)."""
-    if is_finite_real(value) and value == 0:
-        raise ValueError(
-            "delta must be a finite number in (0, 1), got 0; "
-            "for delta = 0 use PureDP(epsilon) (Laplace noise)"
-        )
-    if not (is_finite_real(value) and 0 < value < 1):
-        raise ValueError(f"delta must be a finite number in (0, 1), got {value!r}")
-    return float(value)
-
-
-def _sensitivity(value: Any) -> float:
-    """Validate a sensitivity: a finite real number >= 0."""
-    if not (is_finite_real(value) and value >= 0):
-        raise ValueError(f"sensitivity must be a finite number >= 0, got {value!r}")
-    return float(value)
-
-
-def _log_gaussian_delta(sigma: float, epsilon: float) -> tuple[float, float]:
-    """:math:`\\log \\delta(\\sigma)` of the Gaussian mechanism with unit L2 sensitivity.
-
-    Balle & Wang (2018, Theorem 8): the Gaussian mechanism with noise
-    :math:`\\sigma` and L2 sensitivity :math:`\\Delta = 1` is
-    :math:`(\\epsilon, \\delta)`-DP exactly for :math:`\\delta \\ge \\delta(\\sigma)`, where
-
-    .. math::
-
-        \\delta(\\sigma) = \\Phi(a - b) - e^{\\epsilon}\\,\\Phi(-a - b),
-        \\qquad a = \\frac{1}{2\\sigma}, \\quad b = \\epsilon \\sigma .
-
-    To avoid overflow of :math:`e^\\epsilon` and underflow of :math:`\\Phi` we
-    use :math:`\\ell(t) = \\log \\Phi(t)` and write the log-ratio of the two
-    terms as :math:`r = \\epsilon + \\ell(-a - b) - \\ell(a - b) < 0`:
-
-    .. math::
-
-        \\log \\delta = \\ell(a - b) + \\log\\bigl(-\\operatorname{expm1}(r)\\bigr).
-
-    Returns
-    -------
-    log_delta : float
-        :math:`\\log\\delta(\\sigma)`; ``-inf`` where rounding makes it vanish.
-    rel_error : float
-        Estimated relative rounding error of :math:`\\delta(\\sigma)`: the
-        absolute error of :math:`r`, about
-        :math:`u\\,(|\\ell(a-b)| + |\\ell(-a-b)| + \\epsilon)` with unit roundoff
-        :math:`u`, divided by :math:`|r|`.  It is large when both terms nearly
-        cancel (tiny :math:`\\epsilon` together with tiny :math:`\\delta`).
-    """
-    a = 0.5 / sigma
-    b = epsilon * sigma
-    log_first = float(log_ndtr(a - b))
-    log_second = float(log_ndtr(-a - b))
-    ratio = epsilon + log_second - log_first
-    rounding = np.finfo(float).eps * (abs(log_first) + abs(log_second) + epsilon)
-    if not ratio < 0.0:  # rounding made the terms cross (or both underflowed: NaN)
-        return -math.inf, math.inf
-    if ratio == -math.inf:  # the second term underflowed to 0: nothing cancels
-        return log_first, 0.0
-    return log_first + math.log(-math.expm1(ratio)), rounding / -ratio
-
-
-def _uncomputable(epsilon: float, delta: float) -> ValueError:
-    """The error for parameters outside the reach of double precision."""
-    return ValueError(
-        f"cannot calibrate the analytic Gaussian mechanism for epsilon={epsilon!r}, "
-        f"delta={delta!r}: the privacy curve cannot be evaluated accurately in double "
-        "precision (this happens for extreme values, e.g. a tiny epsilon together with a "
-        "tiny delta); use less extreme parameters, or ZCDP"
-    )
-
-
-@functools.lru_cache(maxsize=256)
-def _unit_analytic_sigma(epsilon: float, delta: float) -> float:
-    """Smallest :math:`\\sigma` with :math:`\\delta(\\sigma) \\le \\delta` for unit sensitivity.
-
-    :math:`\\delta(\\sigma)` decreases from 1 (as :math:`\\sigma \\to 0`) to 0
-    (as :math:`\\sigma \\to \\infty`), so the root of
-    :math:`f(\\sigma) = \\log\\delta(\\sigma) - \\log\\delta` is unique.  We
-    bracket it by halving / doubling from the classic calibration
-    :math:`\\sqrt{2\\ln(1.25/\\delta)}/\\epsilon` and solve with Brent's method.
-
-    Raises
-    ------
-    ValueError
-        If :math:`\\delta(\\sigma)` cannot be evaluated to a relative accuracy of
-        :math:`10^{-3}` near the root (only for extreme parameters such as
-        :math:`\\epsilon = 10^{-10}, \\delta = 10^{-50}`).
-    """
-    log_target = math.log(delta)
-
-    def excess(sigma: float) -> float:
-        return _log_gaussian_delta(sigma, epsilon)[0] - log_target
-
-    guess = math.sqrt(2.0 * (math.log(1.25) - math.log(delta))) / epsilon
-    if not math.isfinite(guess):
-        raise _uncomputable(epsilon, delta)
-    lo = hi = guess
-    while not excess(lo) > 0.0:  # stops: delta(sigma) -> 1 as sigma -> 0
-        lo /= 2.0
-    while not excess(hi) < 0.0:
-        hi *= 2.0
-        if not math.isfinite(hi):
-            raise _uncomputable(epsilon, delta)
-    try:
-        sigma = brentq(excess, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=1000)
-    except RuntimeError:  # no convergence: the curve is dominated by rounding noise
-        raise _uncomputable(epsilon, delta) from None
-    if _log_gaussian_delta(sigma, epsilon)[1] > 1e-3:
-        raise _uncomputable(epsilon, delta)
-    return sigma
-
-
-def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
-    """Noise standard deviation of the analytic Gaussian mechanism (Balle & Wang 2018).
-
-    The smallest :math:`\\sigma` such that
-
-    .. math::
-
-        \\Phi\\Bigl(\\frac{\\Delta}{2\\sigma} - \\frac{\\epsilon\\sigma}{\\Delta}\\Bigr)
-        - e^{\\epsilon}\\,
-          \\Phi\\Bigl(-\\frac{\\Delta}{2\\sigma} - \\frac{\\epsilon\\sigma}{\\Delta}\\Bigr)
-        \\le \\delta ,
-
-    where :math:`\\Delta` is the L2 sensitivity.  The condition depends on
-    :math:`\\sigma / \\Delta` only, so
-    :math:`\\sigma = \\Delta \\cdot \\sigma_1(\\epsilon, \\delta)` with the
-    unit-sensitivity solution :math:`\\sigma_1` (cached).  Valid for
-    every :math:`\\epsilon > 0` and :math:`0 < \\delta < 1`.
-    """
-    unit = _unit_analytic_sigma(_positive("epsilon", epsilon), _delta(delta))
-    return _sensitivity(sensitivity) * unit
-
-
-def classic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
-    """The classic Gaussian calibration, for comparison.
-
-    .. math::
-
-        \\sigma = \\frac{\\Delta \\sqrt{2 \\ln(1.25 / \\delta)}}{\\epsilon}
-
-    (Dwork & Roth 2014, Theorem A.1).  It only guarantees
-    :math:`(\\epsilon, \\delta)`-DP for :math:`\\epsilon < 1`, and even there it
-    adds more noise than :func:`analytic_gaussian_sigma`.
-
-    Raises
-    ------
-    ValueError
-        If ``epsilon >= 1``, where the formula is not a valid calibration.
-    """
-    epsilon = _positive("epsilon", epsilon)
-    if epsilon >= 1:
-        raise ValueError(
-            f"the classic Gaussian calibration is only valid for epsilon < 1, got {epsilon!r}; "
-            "use analytic_gaussian_sigma, which is valid for every epsilon"
-        )
-    log_ratio = math.log(1.25) - math.log(_delta(delta))  # ln(1.25 / delta), no overflow
-    return _sensitivity(sensitivity) * math.sqrt(2.0 * log_ratio) / epsilon
-
-
-def _log_zcdp_delta(rho: float, epsilon: float) -> float:
-    """:math:`\\log\\delta` of :func:`zcdp_delta`: the bound at the best order found by bisection."""
-
-    def log_bound(alpha: float) -> float:
-        return (alpha - 1.0) * (alpha * rho - epsilon) + alpha * math.log1p(-1.0 / alpha) - math.log(alpha - 1.0)
-
-    # the bound's log is convex in alpha; its derivative (2 alpha - 1) rho - epsilon + log(1 - 1/alpha)
-    # is negative as alpha -> 1 and positive at alpha = (epsilon + 1) / (2 rho) + 2
-    lo, hi = 1.0, (epsilon + 1.0) / (2.0 * rho) + 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if mid <= lo or mid >= hi:
-            break
-        if (2.0 * mid - 1.0) * rho - epsilon + math.log1p(-1.0 / mid) < 0.0:
-            lo = mid
-        else:
-            hi = mid
-    return min(log_bound(hi), 0.0)  # any order alpha > 1 gives a valid bound; delta <= 1 always
-
-
-def zcdp_delta(rho: float, epsilon: float) -> float:
-    """The :math:`\\delta` for which :math:`\\rho`-zCDP implies :math:`(\\epsilon, \\delta)`-DP.
-
-    Canonne, Kamath & Steinke (2020, Corollary 13): a :math:`\\rho`-zCDP mechanism is
-    :math:`(\\epsilon, \\delta)`-DP for every order :math:`\\alpha > 1` with
-
-    .. math::
-
-        \\delta = \\frac{e^{(\\alpha - 1)(\\alpha\\rho - \\epsilon)}}{\\alpha - 1}
-                 \\Bigl(1 - \\frac{1}{\\alpha}\\Bigr)^{\\alpha}.
-
-    The order is chosen by bisection on the derivative of the logarithm (convex in
-    :math:`\\alpha`); any order gives a valid :math:`\\delta`, so an inexact optimum only costs
-    tightness. It is at most the classical :math:`e^{-(\\epsilon - \\rho)^2/(4\\rho)}` (Bun & Steinke 2016).
-
-    >>> round(zcdp_delta(0.5, 3.0), 6) < math.exp(-(3.0 - 0.5) ** 2 / 2.0)
-    True
-    """
-    return math.exp(_log_zcdp_delta(_positive("rho", rho), _positive("epsilon", epsilon)))
-
-
-@functools.lru_cache(maxsize=256)
-def _zcdp_rho(epsilon: float, delta: float) -> float:
-    log_target = math.log(delta) - 1e-9  # a relative 1e-9 below delta: covers rounding in the bound
-
-    def excess(log_rho: float) -> float:
-        return _log_zcdp_delta(math.exp(log_rho), epsilon) - log_target
-
-    # in logarithms: epsilon**2 overflows for epsilon above 1e154 (and the search below never ended)
-    lo = hi = 2.0 * math.log(epsilon) - math.log(8.0 * (1.0 - math.log(delta)))
-    if hi > 700.0:  # rho beyond double precision (epsilon above about 1e150)
-        raise _uncomputable(epsilon, delta)
-    while not excess(lo) < 0.0:
-        lo -= 1.0
-        if lo < -1400.0:
-            raise _uncomputable(epsilon, delta)
-    while not excess(hi) > 0.0:
-        hi += 1.0
-        if hi > 700.0:
-            raise _uncomputable(epsilon, delta)
-    try:
-        log_rho = brentq(excess, lo, hi, xtol=1e-14, rtol=4 * np.finfo(float).eps, maxiter=500)
-    except RuntimeError:
-        raise _uncomputable(epsilon, delta) from None
-    rho = math.exp(log_rho)
-    while _log_zcdp_delta(rho, epsilon) > log_target:  # the root may sit a rounding step too high
-        rho *= 1.0 - 1e-12
-    if not (math.isfinite(rho) and rho > 0.0):
-        raise _uncomputable(epsilon, delta)
-    return rho
-
-
-def zcdp_rho(epsilon: float, delta: float) -> float:
-    """The largest :math:`\\rho` whose zCDP guarantee implies :math:`(\\epsilon, \\delta)`-DP by :func:`zcdp_delta`.
-
-    Found by Brent's method on :math:`\\log\\delta(\\rho)`, which increases with :math:`\\rho`,
-    aiming a relative :math:`10^{-9}` below :math:`\\delta` and checked to stay at or below it.
-
-    >>> zcdp_delta(zcdp_rho(1.0, 1e-6), 1.0) <= 1e-6
-    True
-    """
-    return _zcdp_rho(_positive("epsilon", epsilon), _delta(delta))
-
-
-def discrete_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
-    """Noise (in the data's units) of the discrete Gaussian that :class:`ApproxDP` adds.
-
-    :math:`\\sigma = \\Delta / \\sqrt{2\\rho}` with :math:`\\rho` = :func:`zcdp_rho` of
-    :math:`(\\epsilon, \\delta)`: the discrete Gaussian with L2 sensitivity :math:`\\Delta` is
-    :math:`\\Delta^2/(2\\sigma^2)`-zCDP (Canonne, Kamath & Steinke 2020, Theorem 14), hence
-    :math:`(\\epsilon, \\delta)`-DP (their Corollary 13). It is 4 to 9% above the analytic
-    calibration of the *continuous* Gaussian (:func:`analytic_gaussian_sigma`), which does not
-    apply to the discrete noise hdmm adds.
-
-    >>> round(discrete_gaussian_sigma(1.0, 1e-6), 3)
-    4.531
-    """
-    unit = _unit_discrete_sigma(_positive("epsilon", epsilon), _delta(delta))
-    return _sensitivity(sensitivity) * unit
-
-
-def _unit_discrete_sigma(epsilon: float, delta: float) -> float:
-    """:math:`1/\\sqrt{2\\rho}` rounded up, for :func:`discrete_gaussian_sigma`."""
-    return 1.0 / math.sqrt(2.0 * _zcdp_rho(epsilon, delta)) * (1.0 + 2.0**-50)
 
 
 def exact_entry(name: str, value: Any) -> dict[str, str]:
@@ -383,24 +132,43 @@ _FLOAT_MAX = sys.float_info.max
 
 
 class Privacy(abc.ABC):
-    """A privacy definition: which noise to add, and how much.
+    """A privacy definition: which noise to add, how much, and how its privacy losses compose.
 
-    Subclasses are frozen dataclasses (equal, and hashed, by their parameters) that fix the
-    sensitivity norm (:attr:`norm`), the noise distribution (:attr:`noise`) and implement
-    :meth:`noise_scale`.
+    Subclasses are frozen dataclasses (equal, and hashed, by their parameters) that name the
+    noise distribution (:attr:`noise`, whose norm becomes :attr:`norm`) and implement
+    :meth:`noise_scale` and :meth:`at_noise_scale`. The composition methods (:meth:`to_pure`,
+    :meth:`to_zcdp`, :meth:`cost_of`, :meth:`epsilon_at`, :attr:`budget_unit`, :attr:`amount`)
+    are what :class:`hdmm.Budget` counts with; see the module docstring's table.
 
     Attributes
     ----------
+    noise : hdmm.distributions.Noise
+        The noise distribution (:data:`~hdmm.distributions.LAPLACE` or
+        :data:`~hdmm.distributions.GAUSSIAN`; its ``str`` is its name, ``"laplace"`` or
+        ``"gaussian"``).
     norm : int
-        The norm (1 or 2) in which the strategy's sensitivity is measured.
-    noise : str
-        ``"laplace"`` or ``"gaussian"``.
+        The norm (1 or 2) in which the strategy's sensitivity is measured: ``noise.norm``.
+    budget_unit : str or None
+        The parameter in which losses of this kind add up (sequential composition):
+        ``"epsilon"`` (pure DP), ``"rho"`` (zCDP), ``None`` for :math:`(\\epsilon, \\delta)`-DP,
+        whose losses do not add up.
     """
 
     __slots__ = ()
 
     norm: ClassVar[int]
-    noise: ClassVar[str]
+    noise: ClassVar[Noise]
+    budget_unit: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "noise" in cls.__dict__:
+            if isinstance(cls.noise, str):  # a subclass written when the noise was its name
+                cls.noise = noise_named(cls.noise)
+            if "norm" in cls.__dict__ and cls.norm != cls.noise.norm:
+                raise TypeError(f"{cls.__name__}.norm = {cls.norm!r}, but its {cls.noise.title} noise is calibrated to "
+                                f"L{cls.noise.norm} sensitivity: leave norm out (it is the noise's)")
+            cls.norm = cls.noise.norm  # the sensitivity norm is the noise's
 
     @abc.abstractmethod
     def noise_scale(self, sensitivity: float) -> float:
@@ -430,11 +198,7 @@ class Privacy(abc.ABC):
         ValueError
             If the variance exceeds double precision (a huge sensitivity for this privacy level).
         """
-        scale = self.noise_scale(sensitivity)
-        try:
-            return _finite_noise(self, sensitivity, 2.0 * scale**2 if self.noise == "laplace" else scale**2)
-        except OverflowError:  # float ** 2 raises where multiplication would give inf
-            return _finite_noise(self, sensitivity, math.inf)
+        return _finite_noise(self, sensitivity, self.noise.variance(self.noise_scale(sensitivity)))
 
     def unit_noise(self) -> Privacy:
         """The privacy definition with this noise distribution whose noise variance at sensitivity 1 is 1.
@@ -455,7 +219,75 @@ class Privacy(abc.ABC):
         >>> round(PureDP(0.1).unit_noise().noise_variance(1.0), 12)
         1.0
         """
-        return _UNIT_NOISE[self.noise]
+        return self.at_noise_scale(self.noise.unit_scale)
+
+    @classmethod
+    def at_noise_scale(cls, scale: float) -> Privacy:
+        """The privacy definition of this kind whose noise at sensitivity 1 has ``scale`` (:meth:`noise_scale`).
+
+        :class:`ApproxDP` gives a :class:`ZCDP` (the same discrete Gaussian; no one
+        :math:`(\\epsilon, \\delta)` corresponds to a scale).
+
+        >>> PureDP.at_noise_scale(0.5), ApproxDP.at_noise_scale(1.0)
+        (PureDP(epsilon=2.0), ZCDP(rho=0.5))
+        """
+        raise NotImplementedError(f"{cls.__name__} does not say which of its levels gives a noise scale "
+                                  "(define at_noise_scale): it has no unit noise")
+
+    # ------------------------------------------------------------------ composition
+    def to_pure(self) -> PureDP | None:
+        """This definition as pure DP, if it is (``None``: Gaussian noise is not pure DP for any epsilon)."""
+        return None
+
+    def to_zcdp(self) -> ZCDP | None:
+        """The zCDP guarantee this definition implies (``None`` if there is none).
+
+        :math:`\\epsilon`-DP is :math:`\\epsilon^2/2`-zCDP (Bun & Steinke 2016, Proposition 1.4); hdmm's
+        ``ApproxDP(epsilon, delta)`` adds discrete Gaussian noise calibrated to
+        :func:`zcdp_rho` ``(epsilon, delta)``-zCDP (Canonne, Kamath & Steinke 2020, Theorem 14).
+
+        >>> PureDP(1.0).to_zcdp(), ZCDP(0.25).to_zcdp()
+        (ZCDP(rho=0.5), ZCDP(rho=0.25))
+        """
+        return None
+
+    @property
+    def amount(self) -> float | Fraction:
+        """The parameter named by :attr:`budget_unit` (epsilon, rho): what losses of this kind add up in.
+
+        Raises
+        ------
+        TypeError
+            For a definition whose losses do not add up (:attr:`budget_unit` is ``None``).
+        """
+        raise TypeError(f"{self.description} losses do not add up: there is no amount to count a budget in")
+
+    def cost_of(self, release: Privacy) -> float | Fraction | None:
+        """What ``release`` adds to a total of this kind, in :attr:`budget_unit`; ``None`` if it does not compose.
+
+        Pure DP adds epsilons (Dwork, McSherry, Nissim & Smith 2006) and takes pure-DP releases
+        only; zCDP adds rhos (Bun & Steinke 2016, Lemma 2.3) and takes every release with a zCDP
+        guarantee (:meth:`to_zcdp`). A kind that does not add up (:math:`(\\epsilon, \\delta)`-DP)
+        takes none.
+
+        >>> ZCDP(1.0).cost_of(PureDP(1.0)), PureDP(1.0).cost_of(ZCDP(0.1))
+        (0.5, None)
+        """
+        return None
+
+    @classmethod
+    def epsilon_at(cls, amount: float | Fraction, delta: float | None) -> float:
+        """An ``amount`` of this kind's :attr:`budget_unit` stated as :math:`(\\epsilon, \\delta)`-DP: its epsilon.
+
+        Pure DP is :math:`(\\epsilon, 0)`-DP, so its epsilon is the amount at any ``delta`` (even
+        ``None``); rho-zCDP is :math:`(\\epsilon, \\delta)`-DP for :func:`zcdp_epsilon` ``(rho, delta)``.
+
+        Raises
+        ------
+        ValueError
+            For zCDP without a ``delta``, or a kind whose losses do not add up.
+        """
+        raise ValueError(f"{cls.__name__} losses do not add up: no amount of them can be stated as (epsilon, delta)")
 
     def sample(
         self, size: int | tuple[int, ...], sensitivity: float, rng: None | int | np.random.Generator = None
@@ -478,7 +310,7 @@ class Privacy(abc.ABC):
             reproducible (tests and research only: whoever has the seed can subtract it).
         """
         source = grid_noise.random_bits(rng)
-        sensitivity = _sensitivity(sensitivity)
+        sensitivity = check_sensitivity(sensitivity)
         shape = (size,) if isinstance(size, numbers.Integral) else tuple(size)
         n = math.prod(shape)
         self.noise_scale(sensitivity)  # refuse noise beyond double precision, before drawing
@@ -502,9 +334,12 @@ class Privacy(abc.ABC):
             raise ValueError(
                 f"unknown privacy type {kind!r}; expected a 'type' entry among {sorted(kinds)}"
             )
-        if kind == "ZCDP" and "rho_exact" in params:  # an exact rho (ZCDP's docstring)
-            params["rho"] = read_exact("rho", params.pop("rho_exact"), params.get("rho"))
-        return kinds[kind](**params)
+        return kinds[kind].from_params(params)
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> Privacy:
+        """The definition from the parameters :meth:`to_dict` writes (without ``"type"``)."""
+        return cls(**params)
 
 
 def _finite_noise(privacy: Privacy, sensitivity: float, value: float) -> float:
@@ -512,7 +347,7 @@ def _finite_noise(privacy: Privacy, sensitivity: float, value: float) -> float:
     if math.isfinite(value):
         return value
     raise ValueError(
-        f"the {privacy.noise.capitalize()} noise for sensitivity {_format(sensitivity)} under {privacy.description} "
+        f"the {privacy.noise.title} noise for sensitivity {_format(sensitivity)} under {privacy.description} "
         "is too large for double precision (its variance overflows): every answer would be pure noise; "
         "use a larger privacy parameter or a strategy with a smaller sensitivity"
     )
@@ -529,7 +364,7 @@ def _check_unit_noise(privacy: Privacy, name: str, least: float) -> None:
     except ValueError:
         value = getattr(privacy, name)
         raise ValueError(
-            f"{name}={value!r} is too small: the {privacy.noise.capitalize()} noise variance at "
+            f"{name}={value!r} is too small: the {privacy.noise.title} noise variance at "
             "sensitivity 1 overflows double precision (the noise would drown every answer); "
             f"use {name} >= {1.01 * least:.3g}"
         ) from None
@@ -558,16 +393,39 @@ class PureDP(Privacy):
     """
 
     epsilon: float
-    norm: ClassVar[int] = 1
-    noise: ClassVar[str] = "laplace"
+    noise: ClassVar[Noise] = LAPLACE
+    budget_unit: ClassVar[str | None] = "epsilon"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "epsilon", _positive("epsilon", self.epsilon))
+        object.__setattr__(self, "epsilon", check_positive("epsilon", self.epsilon))
         _check_unit_noise(self, "epsilon", math.sqrt(2.0 / _FLOAT_MAX))
 
     def noise_scale(self, sensitivity: float) -> float:
         """Laplace scale :math:`b = \\Delta / \\epsilon`."""
-        return _finite_noise(self, sensitivity, _sensitivity(sensitivity) / self.epsilon)
+        return _finite_noise(self, sensitivity, check_sensitivity(sensitivity) / self.epsilon)
+
+    @classmethod
+    def at_noise_scale(cls, scale: float) -> Privacy:
+        """``cls(1 / scale)``: scale :math:`b` at sensitivity 1 is :math:`\\epsilon = 1/b`."""
+        return cls(1.0 / scale)
+
+    def to_pure(self) -> PureDP:
+        return self
+
+    def to_zcdp(self) -> ZCDP:
+        return ZCDP(self.epsilon**2 / 2.0)
+
+    @property
+    def amount(self) -> float:
+        return self.epsilon
+
+    def cost_of(self, release: Privacy) -> float | Fraction | None:
+        pure = release.to_pure()
+        return None if pure is None else pure.epsilon
+
+    @classmethod
+    def epsilon_at(cls, amount: float | Fraction, delta: float | None) -> float:
+        return amount
 
     def _params(self) -> dict[str, float]:
         return {"epsilon": self.epsilon}
@@ -603,13 +461,12 @@ class ApproxDP(Privacy):
 
     epsilon: float
     delta: float
-    norm: ClassVar[int] = 2
-    noise: ClassVar[str] = "gaussian"
+    noise: ClassVar[Noise] = GAUSSIAN
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "epsilon", _positive("epsilon", self.epsilon))
-        object.__setattr__(self, "delta", _delta(self.delta))
-        _unit_discrete_sigma(self.epsilon, self.delta)  # refuse what cannot be calibrated, now
+        object.__setattr__(self, "epsilon", check_positive("epsilon", self.epsilon))
+        object.__setattr__(self, "delta", check_delta(self.delta))
+        unit_discrete_sigma(self.epsilon, self.delta)  # refuse what cannot be calibrated, now
         try:
             self.noise_variance(1.0)
         except ValueError:
@@ -621,8 +478,16 @@ class ApproxDP(Privacy):
 
     def noise_scale(self, sensitivity: float) -> float:
         """Discrete Gaussian scale :math:`\\sigma = \\Delta\\,\\sigma_1(\\epsilon, \\delta)` (:func:`discrete_gaussian_sigma`)."""
-        unit = _unit_discrete_sigma(self.epsilon, self.delta)
-        return _finite_noise(self, sensitivity, _sensitivity(sensitivity) * unit)
+        unit = unit_discrete_sigma(self.epsilon, self.delta)
+        return _finite_noise(self, sensitivity, check_sensitivity(sensitivity) * unit)
+
+    @classmethod
+    def at_noise_scale(cls, scale: float) -> Privacy:
+        """``ZCDP.at_noise_scale(scale)``: the same discrete Gaussian as a zCDP guarantee."""
+        return ZCDP.at_noise_scale(scale)
+
+    def to_zcdp(self) -> ZCDP:
+        return ZCDP(zcdp_rho(self.epsilon, self.delta))
 
     def _params(self) -> dict[str, float]:
         return {"epsilon": self.epsilon, "delta": self.delta}
@@ -668,19 +533,48 @@ class ZCDP(Privacy):
     """
 
     rho: float | Fraction
-    norm: ClassVar[int] = 2
-    noise: ClassVar[str] = "gaussian"
+    noise: ClassVar[Noise] = GAUSSIAN
+    budget_unit: ClassVar[str | None] = "rho"
 
     def __post_init__(self) -> None:
         if isinstance(self.rho, Fraction):
-            _positive("rho", self.rho)
+            check_positive("rho", self.rho)
         else:
-            object.__setattr__(self, "rho", _positive("rho", self.rho))
+            object.__setattr__(self, "rho", check_positive("rho", self.rho))
         _check_unit_noise(self, "rho", 0.5 / _FLOAT_MAX)
 
     def noise_scale(self, sensitivity: float) -> float:
         """Gaussian standard deviation :math:`\\sigma = \\Delta / \\sqrt{2\\rho}`."""
-        return _finite_noise(self, sensitivity, _sensitivity(sensitivity) / math.sqrt(float(2 * self.rho)))
+        return _finite_noise(self, sensitivity, check_sensitivity(sensitivity) / math.sqrt(float(2 * self.rho)))
+
+    @classmethod
+    def at_noise_scale(cls, scale: float) -> Privacy:
+        """``cls(1 / (2 scale**2))``: :math:`\\sigma` at sensitivity 1 is :math:`\\rho = 1/(2\\sigma^2)`."""
+        return cls(1.0 / (2.0 * scale * scale))
+
+    def to_zcdp(self) -> ZCDP:
+        return self
+
+    @property
+    def amount(self) -> float | Fraction:
+        return self.rho
+
+    def cost_of(self, release: Privacy) -> float | Fraction | None:
+        zcdp = release.to_zcdp()
+        return None if zcdp is None else zcdp.rho
+
+    @classmethod
+    def epsilon_at(cls, amount: float | Fraction, delta: float | None) -> float:
+        if delta is None:
+            raise ValueError("give the delta at which to state this zCDP budget as (epsilon, delta)-DP")
+        return zcdp_epsilon(amount, delta)
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> Privacy:
+        params = dict(params)
+        if "rho_exact" in params:  # an exact rho (the class docstring)
+            params["rho"] = read_exact("rho", params.pop("rho_exact"), params.get("rho"))
+        return cls(**params)
 
     def _params(self) -> dict[str, float | str]:
         return {"rho": float(self.rho), **exact_entry("rho", self.rho)}
@@ -691,7 +585,3 @@ class ZCDP(Privacy):
             return f"zCDP, rho={self.rho} ({_format(float(self.rho))})"
         return f"zCDP, rho={_format(self.rho)}"
 
-
-#: Per noise distribution, the privacy definition with unit noise variance at sensitivity 1
-#: (see :meth:`Privacy.unit_noise`).
-_UNIT_NOISE: dict[str, Privacy] = {"laplace": PureDP(math.sqrt(2.0)), "gaussian": ZCDP(0.5)}

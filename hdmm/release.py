@@ -63,7 +63,8 @@ from .postprocess import nonnegative_least_squares, round_to_total
 from .io import (FORMAT, MAX_BYTES, VERSION, check_checksum, decode_matrix, encode_matrix, read_archive,
                  with_checksum, workload_fingerprint, write_archive)
 from .planning import plan as make_plan
-from .privacy import ZCDP, ApproxDP, Privacy, zcdp_rho
+from .distributions import Noise
+from .privacy import Privacy
 from .structure import Structure, classify
 from .traces import SUPPORT_TOL, gram_inverse, squared_row_norms
 from .workload import unweighted
@@ -288,13 +289,15 @@ def _check_supported(W: Matrix, variances: np.ndarray, exact: bool, stacked: Mat
     )
 
 
-def _interval_method(noises: set[str], exact: bool) -> str:
-    if noises == {"gaussian"}:
-        text = "exact (Gaussian noise)"
-    elif noises == {"laplace"}:
-        text = "normal approximation (Laplace noise)"
+def _interval_method(noises: set[Noise], exact: bool) -> str:
+    """How the intervals of measurements with these noise distributions are made (normal noise: exact)."""
+    other = sorted(noise.title for noise in noises if not noise.normal)
+    if not other:
+        text = f"exact ({' and '.join(sorted(noise.title for noise in noises))} noise)"
+    elif len(other) == len(noises):
+        text = f"normal approximation ({' and '.join(other)} noise)"
     else:
-        text = "normal approximation (Laplace noise in some measurements)"
+        text = f"normal approximation ({' and '.join(other)} noise in some measurements)"
     if not exact:
         text += "; conservative (standard errors are upper bounds)"
     return text
@@ -380,12 +383,9 @@ class Answers:
 
 # ====================================================================== the release
 def _calibrated_rho(privacy: Privacy) -> float | None:
-    """The zCDP rho a Gaussian release's noise is calibrated to (None for Laplace noise)."""
-    if isinstance(privacy, ZCDP):
-        return float(privacy.rho)  # an exact rho stays in the privacy's own record (rho_exact)
-    if isinstance(privacy, ApproxDP):
-        return zcdp_rho(privacy.epsilon, privacy.delta)
-    return None
+    """The zCDP rho a Gaussian release's noise is calibrated to (None for pure DP: Laplace noise, calibrated to epsilon)."""
+    zcdp = None if privacy.to_pure() is not None else privacy.to_zcdp()
+    return None if zcdp is None else float(zcdp.rho)  # an exact rho stays in the privacy's own record (rho_exact)
 
 
 def table_names(W: Matrix) -> np.ndarray | None:
@@ -737,7 +737,7 @@ class Release:
         m = self.measurement
         lines = [
             f"Release of {self.answers.size:,} queries over {self.workload.shape[1]:,} cells",
-            f"  privacy: {self.privacy_description} ({self.privacy.noise} noise, sensitivity "
+            f"  privacy: {self.privacy_description} ({self.privacy.noise.name} noise, sensitivity "
             f"{m.sensitivity:.6g}, scale {m.noise_scale:.6g})",
             f"  strategy: {self.strategy!r} from {self.optimizer}; reconstructed by {self.method}",
             f"  expected RMSE per query: {self.rmse:.6g}"

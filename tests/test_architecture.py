@@ -13,9 +13,9 @@ PACKAGES = ("hdmm", "census_workloads")
 #: Lower layers first: a module may import from its own layer or below, never above.
 LAYERS = [
     {"hdmm.version", "hdmm.validation", "hdmm.labels", "hdmm.spectral", "hdmm.slq", "hdmm.columns", "hdmm.records",
-     "hdmm.domain", "hdmm.noise"},
+     "hdmm.domain", "hdmm.noise", "hdmm.files", "hdmm.distributions"},
     {"hdmm.matrix", "hdmm.kron_union", "hdmm.marginals", "hdmm.workload", "hdmm.block_diagonal"},
-    {"hdmm.privacy", "hdmm.structure"},
+    {"hdmm.calibration", "hdmm.privacy", "hdmm.structure"},
     {"hdmm.budget", "hdmm.ledger"},
     {"hdmm.traces"},
     {"hdmm.geography"},
@@ -117,4 +117,31 @@ def test_no_lower_layer_imports_a_higher_one():
             level = _layer(target)
             if level is not None and level > own:
                 found.append(f"{name} (layer {own}) imports {target} (layer {level})")
+    assert not found, "\n".join(found)
+
+
+def _mentions_noise(node: ast.AST) -> bool:
+    return any((isinstance(n, ast.Attribute) and n.attr == "noise") or (isinstance(n, ast.Name) and "noise" in n.id)
+               for n in ast.walk(node))
+
+
+def _is_text(node: ast.AST) -> bool:
+    if isinstance(node, (ast.Set, ast.List, ast.Tuple)):
+        return bool(node.elts) and all(_is_text(e) for e in node.elts)
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def test_the_noise_kind_and_the_privacy_class_are_asked_not_compared():
+    """Noise is an object (hdmm.distributions) and composition a Privacy method: no name or class compared."""
+    found = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(_is_text(s) for s in sides) and any(_mentions_noise(s) for s in sides):
+                    found.append(f"{name}:{node.lineno}: a noise compared with its name")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance":
+                kinds = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)} if len(node.args) == 2 else set()
+                if kinds & {"PureDP", "ApproxDP", "ZCDP"}:
+                    found.append(f"{name}:{node.lineno}: isinstance on a privacy class (use its composition methods)")
     assert not found, "\n".join(found)

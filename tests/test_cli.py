@@ -177,6 +177,7 @@ def test_a_release_file_records_its_workload_fingerprint_and_calibrated_rho(file
     assert provenance["workload_fingerprint"] == provenance["workload"]["fingerprint"] == workload_fingerprint(W)
     assert provenance["workload"]["fingerprint_with_domain"] == workload_fingerprint(W, domain)
     assert provenance["calibrated_rho"] == hdmm.privacy.zcdp_rho(1.0, 1e-6)
+    assert provenance["noise"] == "gaussian"  # the noise's name, as before it was an object (hdmm.distributions)
 
 
 def test_a_strategy_file_records_its_workload_and_notes_another(files, capsys):

@@ -154,7 +154,7 @@ def test_cli_spark_engine_reads_a_parquet_of_people(spark, tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     meta = json.loads((out / "_provenance.json").read_text())  # issue 22.12: workload, data source, time
     assert meta["workload"]["name"] == str(files / "w.json") and meta["workload"]["fingerprint"].startswith("sha256:")
-    assert meta["data"]["source"] == str(files / "people.parquet") and meta["created"].endswith("+00:00")
+    assert meta["data"]["source"] == "file:" + str(files / "people.parquet") and meta["created"].endswith("+00:00")
     local = files / "local"
     assert main(_release(files, "--data", str(files / "people.parquet"), "--output", str(local))) == 0
     a, b = _level_rows(out / "level=county"), _level_rows(local / "level=county")
@@ -405,3 +405,36 @@ def test_spark_reports_a_steps_tasks_while_they_run(spark, tmp_path, monkeypatch
     release_geography(geo_plan(tree, hdmm.Identity(3), hdmm.ZCDP(0.5), strategy=hdmm.Prefix(3)),
                       ArrayHistograms(H), engine="spark", seed=0, output=str(tmp_path / "p"), progress=lines.append)
     assert any("% of its tasks done" in line for line in lines)
+
+
+def test_spark_sends_data_held_on_the_driver_once_and_never_broadcasts_it(spark, country, tmp_path, monkeypatch):
+    """Records or histograms in the driver's memory go to the executors as a row per partition (each task gets
+    its own), not as a broadcast of everything to every executor; the release is the local engine's."""
+    from hdmm.georelease.spark import SparkEngine
+    from hdmm.georelease.units import RecordHistograms as Records
+
+    tree, records = country
+    source = Records.of(tree, DOMAIN, records)
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, partition="county")
+    shared = []
+    share = SparkEngine.share
+    monkeypatch.setattr(SparkEngine, "share", lambda self, value: shared.append(type(value)) or share(self, value))
+    remote = release_geography(plan, source, engine="spark", seed=4, output=str(tmp_path / "o"))
+    assert Records not in shared and ArrayHistograms not in shared
+    local = release_geography(plan, source, seed=4)
+    for level in tree.levels:
+        np.testing.assert_allclose(remote.answers(level), local.answers(level), rtol=1e-12, atol=1e-9)
+
+
+def test_spark_broadcasts_large_arrays_in_a_session_that_encrypts_its_disks(spark):
+    """PySpark's encrypted broadcast stream cannot take pickle's out-of-band buffers (a plan holds large arrays)."""
+    from hdmm.georelease.spark import SparkEngine
+
+    assert spark.conf.get("spark.io.encryption.enabled") == "true"
+    engine = SparkEngine.__new__(SparkEngine)
+    engine.sc, engine._shared = spark.sparkContext, {}
+    big = np.arange(300_000, dtype=float)
+    shared = engine.share(big)
+    assert engine._here(shared) is big
+    total = spark.sparkContext.parallelize([0, 1], 2).map(lambda k: float(shared.value.sum()) + k).collect()
+    assert total == [big.sum(), big.sum() + 1]

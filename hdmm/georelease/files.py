@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from ..files import sync_directory, sync_file, write_new
 from .plan import GeoPlan
 
 __all__ = ["check_output", "start_output", "release_table", "write_units", "finish_output", "partial_path",
@@ -46,11 +47,12 @@ def partial_path(path: str | os.PathLike) -> str:
 
 
 def check_output(path: str | os.PathLike) -> None:
-    """Refuse an output directory that exists, or whose partial directory does (an interrupted run), or a URL."""
+    """Refuse an output directory that exists, or whose partial directory does (an interrupted run), or a URL
+    (the local engine writes on this machine's file system; Spark's writes at URLs: :mod:`~hdmm.georelease.sparkfiles`)."""
     _arrow()
     if "://" in os.fspath(path):
-        raise ValueError(f"{os.fspath(path)}: the output must be a path on a mounted file system, not a URL (the "
-                         "driver and the tasks write it with os and pyarrow); mount the store and give its path")
+        raise ValueError(f"{os.fspath(path)}: the local engine writes to a path on this machine, not a URL; give a "
+                         "path, or use engine='spark', which writes at any URL Spark reaches")
     path = _directory(path)
     if os.path.exists(path):
         raise FileExistsError(f"{path} exists: choose a new output directory (a release is never overwritten)")
@@ -106,40 +108,22 @@ def write_units(partial: str, plan: GeoPlan, level: int, units: np.ndarray, answ
     table = table.replace_schema_metadata({b"hdmm": json.dumps(meta).encode()})
     directory = os.path.join(partial, f"level={plan.tree.levels[level]}")
     os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, f"{name}.parquet"), "wb") as fh:
-        pq.write_table(table, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
+    path = os.path.join(directory, f"{name}.parquet")
+    pq.write_table(table, path)
+    sync_file(path)
     return table.num_rows
-
-
-def _sync_directory(path: str) -> None:
-    """Flush ``path``'s entries (new files, renames) to disk, where the system allows it."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
 
 
 def finish_output(partial: str, path: str | os.PathLike, meta: dict) -> None:
     """Write ``_provenance.json``, flush the partial directory to disk and rename it to ``path`` (the release
     appears whole or not at all)."""
-    with open(os.path.join(partial, "_provenance.json"), "w") as fh:
-        json.dump(meta, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
+    write_new(os.path.join(partial, "_provenance.json"), json.dumps(meta, indent=2).encode())
     for root, directories, _ in os.walk(partial):
         for d in directories:
-            _sync_directory(os.path.join(root, d))
-    _sync_directory(partial)
+            sync_directory(os.path.join(root, d))
+    sync_directory(partial)
     os.rename(partial, _directory(path))
-    _sync_directory(os.path.dirname(os.path.abspath(_directory(path))))
+    sync_directory(os.path.dirname(os.path.abspath(_directory(path))))
 
 
 def _positions(column, index: dict[str, int], what: str, level: str) -> np.ndarray:

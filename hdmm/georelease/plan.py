@@ -307,7 +307,7 @@ class GeoPlan:
         lines = [
             f"geography release plan: {self.person.queries:,} person queries x units of "
             f"{[self.tree.levels[d] for d in self.levels]}",
-            f"  privacy: {self.privacy.description} ({self.privacy.noise} noise, sensitivity {self.sensitivity:.6g}, "
+            f"  privacy: {self.privacy.description} ({self.privacy.noise.name} noise, sensitivity {self.sensitivity:.6g}, "
             f"scale {self.noise_scale:.6g})",
             f"  level weights (measurement budget shares): {shares}",
             f"  person strategy: {self.person.strategy!r} ({self.origin})" if self.level_persons is None else

@@ -12,6 +12,9 @@ never overridden:
 * the ``MASTER`` environment variable (read by ``spark-submit``);
 * ``spark.master`` in ``spark-defaults.conf`` (under ``SPARK_CONF_DIR``, else ``SPARK_HOME/conf``).
 
+With ``SPARK_REMOTE`` set (``sc://host:15002``) the session is a Spark Connect client of that server,
+whose own configuration (master, memory, file systems) applies.
+
 Otherwise the session is local with ``DEFAULT_MASTER`` (two cores: the machines this engine is
 benchmarked on). Spark's own default when nothing is set would be every local core.
 
@@ -99,6 +102,11 @@ def spark_session(master: str | None = None, memory: str = "8g"):
                           f"{master!r} is not applied (stop that session first to use another)", RuntimeWarning,
                           stacklevel=2)
         return active
+    if os.environ.get("SPARK_REMOTE"):  # Spark Connect: the server's configuration is the server's
+        if master is not None:
+            warnings.warn(f"SPARK_REMOTE names a Spark Connect server ({os.environ['SPARK_REMOTE']}), which is used; "
+                          f"the master {master!r} is not applied", RuntimeWarning, stacklevel=2)
+        return SparkSession.builder.appName("hdmm").getOrCreate()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = (SparkSession.builder.appName("hdmm")

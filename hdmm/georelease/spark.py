@@ -4,10 +4,13 @@ The steps are those of :mod:`hdmm.georelease.pipeline`; :class:`SparkEngine` run
 Spark stages. The plan and each step's inputs are broadcast. A partition's state (its units'
 estimates) is a set of rows ``(kind, partition, level, unit, values)`` of a DataFrame:
 
-* *measure*: the records are grouped by partition (``groupBy(partition).applyInPandas``), and each
-  task builds its leaves' histograms and measures them (or, for a picklable histogram source,
-  ``mapInPandas`` over the partition ids). Partitions without any record are measured on the
-  driver, with their own noise streams;
+* *measure*: the records are counted by partition, leaf and person values, the counts grouped by
+  partition (``groupBy(partition).applyInPandas``), and each task builds its leaves' histograms
+  and measures them. Data held on the driver (:class:`~hdmm.georelease.units.RecordHistograms`,
+  :class:`~hdmm.georelease.units.ArrayHistograms`) are sent once, as a row per partition holding its
+  histograms, never broadcast; any other picklable histogram source (one that draws or reads its
+  histograms itself) is broadcast and called in ``mapInPandas`` over the partition ids. Partitions
+  without any record are measured on the driver, with their own noise streams;
 * *update*: the state rows grouped by partition again, one task per partition;
 * *map*: the families above the partition level, ``mapInPandas`` over their ids.
 
@@ -21,17 +24,19 @@ back to the driver: they hold the partitions' exact total histograms, so they li
 executors' block managers (encrypted on disk in the sessions :func:`spark_session` makes:
 ``spark.io.encryption.enabled``) and in the driver's memory.
 
-Memory: ``groupBy(...).applyInPandas`` hands each task its whole group, so one partition's units
-(every unit's strategy answers: units x strategy rows x 8 bytes, 1.2 GB for the 4,011 tracts of the
-largest synthetic county under SF1) are held at once by Spark's JVM and by the Python worker, once
-per concurrent task. :func:`~hdmm.georelease.session.spark_session` gives a local session 8 GB; on a
+Memory: ``groupBy(...).applyInPandas`` hands each task its whole group: its partition's distinct
+(leaf, person values) counts, at most its leaves times the person cells however many people live
+there (the partition level bounds its units: :func:`~hdmm.georelease.plan.default_partition`), and
+then its units' strategy answers (units x strategy rows x 8 bytes, 1.2 GB for the 4,011 tracts of
+the largest synthetic county under SF1), held by Spark's JVM and by the Python worker, once per
+concurrent task. :func:`~hdmm.georelease.session.spark_session` gives a local session 8 GB; on a
 cluster, size the executors' memory for the largest partition, or partition at a finer level.
 
 Sessions: the session passed (``spark=``), else the active one, else one made by
 :func:`~hdmm.georelease.session.spark_session` on the master Spark is configured with. A Spark
-Connect session runs the steps too (values are shipped with each step's functions instead of
-broadcast, and progress is reported per finished partition), but writing the output needs a classic
-session's Hadoop file system (:class:`~hdmm.georelease.sparkfiles.HadoopFiles`).
+Connect session (``spark=`` one, or ``SPARK_REMOTE`` set) runs the steps too: values are shipped with
+each step's functions instead of broadcast, progress is reported per finished partition, and the
+answers are written in one job at the end (:class:`~hdmm.georelease.sparkfiles.SparkFiles`).
 
 The histograms may also come from any picklable :class:`~hdmm.georelease.units.HistogramSource`
 (a benchmark draws them instead of reading records); the measure step then runs over the partition ids.
@@ -47,6 +52,7 @@ import os
 import pickle
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 
@@ -63,7 +69,7 @@ from .release import GeoRelease, Opened, release_geography
 from .sparkfiles import SparkFiles, task_rows
 from .nonneg import cell_space, dense_parts
 from .session import quiet_pandas_warnings, require_spark, spark_session
-from .units import check_record_columns, check_source
+from .units import ArrayHistograms, RecordHistograms, check_record_columns, check_source
 
 __all__ = ["SparkGeoRelease", "SparkEngine", "release_spark", "require_spark", "spark_session", "leaf_totals", "LEAF",
            "PART"]
@@ -209,6 +215,11 @@ class SparkKind:
         require_spark()
         quiet_pandas_warnings()  # also for a session the caller made
         spark = options.get("spark") or spark_session()
+        if str(spark.conf.get("spark.io.encryption.enabled", "false")).lower() != "true":
+            warnings.warn("spark.io.encryption.enabled is off in this Spark session: the steps' checkpoints on the "
+                          "executors' disks hold exact partition totals in the clear until Spark removes them; "
+                          "start the session with --conf spark.io.encryption.enabled=true (hdmm's own sessions "
+                          "do)", RuntimeWarning, stacklevel=3)
         output = options.get("output")
         output = os.fspath(output) if output is not None else os.path.join(tempfile.mkdtemp(prefix="hdmm-"), "release")
         files = SparkFiles(spark, output, plan)  # refuses an output that exists, before any noise
@@ -281,6 +292,18 @@ def _state(pdf: pd.DataFrame) -> dict[int, np.ndarray]:
     return state
 
 
+class _InBand:
+    """A value pickled as the pickle of itself (one ``bytes``), read back as the value: PySpark writes an encrypted
+    broadcast (``spark.io.encryption.enabled``) to a stream that cannot take the out-of-band buffers of pickle
+    protocol 5 (numpy arrays of more than 64 KB)."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def __reduce__(self):
+        return pickle.loads, (pickle.dumps(self.value, protocol=pickle.HIGHEST_PROTOCOL),)
+
+
 def _context(spark):
     """The session's SparkContext, or ``None`` for a Spark Connect session (which has none)."""
     try:
@@ -346,8 +369,16 @@ class SparkEngine:
         Connect, which has no broadcasts, the value itself, shipped with each step's function."""
         key = id(value)
         if key not in self._shared:
-            self._shared[key] = (value, Value(value) if self.sc is None else self.sc.broadcast(value))
+            self._shared[key] = (value, Value(value) if self.sc is None else self.sc.broadcast(_InBand(value)))
         return self._shared[key][1]
+
+    def _here(self, handle):
+        """The value of a shared ``handle`` on the driver (the object itself: reading a broadcast back on the
+        driver would unpickle it again)."""
+        for value, shared in self._shared.values():
+            if shared is handle:
+                return value
+        return handle.value
 
     def _persist(self, df) -> tuple[object, list]:
         """``df`` computed once and kept in the executors (a local checkpoint on their disks: if one is lost
@@ -372,7 +403,24 @@ class SparkEngine:
 
     def measure(self, fn, shared: tuple, partitions: int) -> Iterator:
         plan_b, schema = self._plan, _schema()
-        if self.source is not None:
+        if isinstance(self.source, (RecordHistograms, ArrayHistograms)):  # data on the driver: sent, not broadcast
+            plan = self._here(plan_b)
+            rows = pd.DataFrame({"partition": np.arange(partitions, dtype=np.int64), "payload": [
+                pickle.dumps(self.source.histograms(*Partition.of(plan.tree, plan.partition_level, i).leaves()),
+                             protocol=pickle.HIGHEST_PROTOCOL) for i in range(partitions)]})
+            held = self.spark.createDataFrame(rows, "partition long, payload binary")
+
+            def run_held(batches):
+                values = [h.value for h in shared]
+                for pdf in batches:
+                    for i, payload in zip(pdf["partition"].tolist(), pdf["payload"].tolist()):
+                        H = pickle.loads(bytes(payload))
+                        lo = Partition.of(plan_b.value.tree, plan_b.value.partition_level, int(i)).leaves()[0]
+                        yield _run(int(i), fn, *values, int(i), lambda a, b, H=H, lo=lo: H[a - lo:b - lo])
+
+            parallel = self.sc.defaultParallelism if self.sc is not None else 2
+            df = held.repartition(min(partitions, max(2, parallel * 4)), "partition").mapInPandas(run_held, schema)
+        elif self.source is not None:  # a source that makes its histograms (small): broadcast
             source_b = self.share(self.source)
 
             def run_ids(batches):
@@ -391,19 +439,24 @@ class SparkEngine:
                 i = int(pdf[PART].iloc[0])
                 lo, hi = Partition.of(p.tree, p.partition_level, i).leaves()
                 cells = domain.cell_index(pdf[names], codes=codes, private=True)
-                H = sp.csr_matrix((np.ones(len(pdf)), (pdf[LEAF].to_numpy() - lo, cells)), shape=(hi - lo, domain.size))
+                H = sp.csr_matrix((pdf["count"].to_numpy(dtype=float), (pdf[LEAF].to_numpy() - lo, cells)),
+                                  shape=(hi - lo, domain.size))
                 H.sum_duplicates()
                 return _run(i, fn, *[h.value for h in shared], i, lambda a, b: H[a - lo:b - lo])
 
-            df = self.records.select(PART, LEAF, *names).groupBy(PART).applyInPandas(run_records, schema)
+            # the records counted per leaf and person values first: a task holds its partition's distinct
+            # (leaf, values) pairs, at most its leaves times the person cells, however many people live there
+            counted = self.records.groupBy(PART, LEAF, *names).count()
+            df = counted.groupBy(PART).applyInPandas(run_records, schema)
         state, results = self._persist(df)
         seen = {i for i, _ in results}
         extra = []
-        plan = plan_b.value
+        plan = self._here(plan_b)
+        here = [self._here(h) for h in shared]
         for i in sorted(set(range(partitions)) - seen):  # no records: measured here, with their own streams
             lo, hi = Partition.of(plan.tree, plan.partition_level, i).leaves()
             empty = sp.csr_matrix((hi - lo, plan.person.cells))
-            out = _run(i, fn, *[h.value for h in shared], i, lambda a, b: empty[a - lo:b - lo])
+            out = _run(i, fn, *here, i, lambda a, b: empty[a - lo:b - lo])
             extra.append(out[out["kind"] == STATE])
             changed, _, result = pickle.loads(out["payload"].iloc[-1])
             results.append((i, (changed, result)))

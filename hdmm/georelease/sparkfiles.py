@@ -40,15 +40,16 @@ RELEASE_SCHEMA = ("level string, code string, name string, query string, answer 
 class HadoopFiles:
     """Whole-file operations through the Hadoop ``FileSystem`` of ``spark``'s configuration (the one its
     readers and writers use), so that any URL Spark reaches works, and a path without a scheme means what
-    it means to Spark. Needs a classic Spark session (Spark Connect has no JVM on the client)."""
+    it means to Spark. A classic session's only (:meth:`of` gives ``None`` for Spark Connect, whose client
+    has no JVM)."""
 
     def __init__(self, spark) -> None:
-        jvm = getattr(spark, "_jvm", None)
-        if jvm is None:
-            raise NotImplementedError("release files on a Spark Connect session need the file operations of a "
-                                      "classic session (exists, rename, delete); use a classic SparkSession")
-        self._jvm = jvm
+        self._jvm = spark._jvm
         self._conf = spark._jsparkSession.sessionState().newHadoopConf()
+
+    @classmethod
+    def of(cls, spark) -> HadoopFiles | None:
+        return cls(spark) if getattr(spark, "_jvm", None) is not None else None
 
     def _fs(self, url: str):
         path = self._jvm.org.apache.hadoop.fs.Path(url)
@@ -86,23 +87,52 @@ class HadoopFiles:
 
 class SparkFiles:
     """The release files of a Spark release at ``url`` (module docstring): checked (new, no partial directory
-    left by an interrupted run) when made, before any noise."""
+    left by an interrupted run) when made, before any noise.
+
+    On a Spark Connect session (no file operations on the client) the answers of every step are kept in the
+    executors until :meth:`finish`, which writes them in one job straight to ``url`` (Spark's committer
+    publishes a job's files together, so a failed release writes nothing), then ``_provenance.json`` as a
+    one-line text dataset (a directory holding one ``part-*`` file).
+    """
 
     def __init__(self, spark, url: str, plan: GeoPlan | None = None) -> None:
-        self.spark, self.fs, self.plan, self.meta = spark, HadoopFiles(spark), plan, None
-        self.path = self.fs.qualified(url.rstrip("/") or url)
+        self.spark, self.fs, self.plan, self.meta = spark, HadoopFiles.of(spark), plan, None
+        url = url.rstrip("/") or url
+        self.path = url if self.fs is None else self.fs.qualified(url)
         self.partial = self.path + ".partial"
-        if self.fs.exists(self.path):
+        self._pending: list = []  # Spark Connect: the answers until finish
+        if self._exists(self.path):
             raise FileExistsError(f"{self.path} exists: choose a new output directory (a release is never "
                                   "overwritten)")
-        if self.fs.exists(self.partial):
+        if self._exists(self.partial):
             raise FileExistsError(f"{self.partial} exists (left by an interrupted run?): remove it first")
+
+    def _exists(self, url: str) -> bool:
+        if self.fs is not None:
+            return self.fs.exists(url)
+        from pyspark.errors import AnalysisException
+
+        try:  # Spark Connect: a path Spark cannot list does not exist
+            self.spark.read.format("binaryFile").load(url).limit(1).collect()
+        except AnalysisException as exc:
+            if "PATH_NOT_FOUND" in str(exc) or "Path does not exist" in str(exc):
+                return False
+            raise
+        return True
 
     def answers(self, meta: dict) -> SparkAnswers:
         """The output the release's tasks write to; the provenance ``meta`` is also what :meth:`write_units`
         writes with."""
         self.meta = meta
         return SparkAnswers(meta, self.write_parts)
+
+    def write(self, rows) -> None:
+        """Append a DataFrame of release rows (:data:`RELEASE_SCHEMA`) to the partial directory (Spark Connect:
+        keep it for :meth:`finish`)."""
+        if self.fs is None:
+            self._pending.append(rows)
+        else:
+            rows.write.mode("append").partitionBy("level").parquet(self.partial)
 
     def write_parts(self, parts: list) -> None:
         """Append answers held on the driver (``(level, units, answers)`` parts)."""
@@ -122,17 +152,26 @@ class SparkFiles:
         meta = self.meta
         self.write(rows.mapInArrow(lambda batches: release_rows(plan.value, meta, batches), RELEASE_SCHEMA))
 
-    def write(self, rows) -> None:
-        """Append a DataFrame of release rows (:data:`RELEASE_SCHEMA`) to the partial directory."""
-        rows.write.mode("append").partitionBy("level").parquet(self.partial)
-
-    def finish(self, answers: SparkAnswers, meta: dict) -> None:
-        """Write ``_provenance.json`` and rename the partial directory to the output."""
-        self.fs.write_text(self.partial + "/_provenance.json", json.dumps(meta, indent=2))
-        self.fs.rename(self.partial, self.path)
+    def finish(self, answers: SparkAnswers | None, meta: dict) -> None:
+        """Write ``_provenance.json`` and rename the partial directory to the output (Spark Connect: write the
+        answers, then the provenance)."""
+        text = json.dumps(meta, indent=2)
+        if self.fs is not None:
+            self.fs.write_text(self.partial + "/_provenance.json", text)
+            self.fs.rename(self.partial, self.path)
+            return
+        rows = self._pending[0]
+        for more in self._pending[1:]:
+            rows = rows.unionByName(more)
+        rows.write.mode("error").partitionBy("level").parquet(self.path)
+        self._pending.clear()
+        self.spark.createDataFrame([(json.dumps(meta),)], "value string").coalesce(1).write.text(
+            self.path + "/_provenance.json")
 
     def abort(self) -> None:
-        self.fs.delete(self.partial)
+        if self.fs is not None:
+            self.fs.delete(self.partial)
+        self._pending.clear()
 
     def frame(self):
         """The release's answers as a Spark DataFrame (``level`` a string, whatever its names look like)."""

@@ -29,6 +29,7 @@ from ..error import ErrorResult
 from ..kron_union import kron_union
 from ..marginals import subset_keys
 from ..matrix import Matrix
+from ..distributions import GAUSSIAN, LAPLACE, Noise, noise_named
 from ..privacy import ZCDP, Privacy, PureDP
 from .kron import opt_kron_union
 from .marginals import opt_marginals_strategy, residual_strategy
@@ -43,14 +44,15 @@ __all__ = ["opt0", "opt_kron", "opt_union", "opt_marginals", "opt_residual", "op
 #: optimal up to rounding (the two are computed by different formulas).
 OPTIMAL_RTOL = 1e-8
 
-#: The privacy definition each deprecated ``noise`` string stands for (the level does not matter).
-_NOISE = {"laplace": PureDP(1.0).unit_noise(), "gaussian": ZCDP(0.5)}
+#: The privacy definition a deprecated ``noise`` string stands for, per distribution: its unit noise
+#: (the level does not matter), and the replacement the deprecation warning names.
+_NOISE: dict[Noise, tuple[Privacy, str]] = {
+    LAPLACE: (PureDP(1.0).unit_noise(), "hdmm.PureDP(1.0)"),
+    GAUSSIAN: (ZCDP(0.5).unit_noise(), "hdmm.ZCDP(0.5) or hdmm.ApproxDP(1.0, 1e-6)"),
+}
 
-#: The replacement each deprecation warning names, per noise string.
-_EXAMPLE = {"laplace": "hdmm.PureDP(1.0)", "gaussian": "hdmm.ZCDP(0.5) or hdmm.ApproxDP(1.0, 1e-6)"}
 
-
-def _privacy(caller: str, privacy: Privacy | str | None, noise: str | None, default: str = "laplace") -> Privacy:
+def _privacy(caller: str, privacy: Privacy | str | None, noise: str | None, default: Noise = LAPLACE) -> Privacy:
     """The privacy definition an optimizer plans for, from its ``privacy`` and deprecated ``noise`` arguments."""
     if isinstance(privacy, str):  # the old positional noise argument
         if noise is not None:
@@ -61,14 +63,16 @@ def _privacy(caller: str, privacy: Privacy | str | None, noise: str | None, defa
         if privacy is not None:
             raise TypeError(f"{caller} takes privacy or the deprecated noise={noise!r}, not both; pass the privacy "
                             "definition only")
-        if noise not in _NOISE:
+        try:
+            unit, example = _NOISE[noise_named(noise)]  # the one place the alias is read
+        except (ValueError, KeyError):
             raise ValueError(f"noise must be 'laplace' or 'gaussian', got {noise!r}; better, pass the privacy "
-                             f"definition, e.g. {caller}(W, hdmm.PureDP(1.0))")
+                             f"definition, e.g. {caller}(W, hdmm.PureDP(1.0))") from None
         warnings.warn(f"{caller}(W, noise={noise!r}) is deprecated: pass the privacy definition instead, e.g. "
-                      f"{caller}(W, {_EXAMPLE[noise]})", DeprecationWarning, stacklevel=3)
-        return _NOISE[noise]
+                      f"{caller}(W, {example})", DeprecationWarning, stacklevel=3)
+        return unit
     if privacy is None:
-        return _NOISE[default]
+        return _NOISE[default][0]
     if not isinstance(privacy, Privacy):
         raise TypeError(f"{caller}'s second argument is the privacy definition (hdmm.PureDP, hdmm.ApproxDP or "
                         f"hdmm.ZCDP), got {type(privacy).__name__}; pass other settings by keyword")
@@ -193,11 +197,11 @@ def opt_residual(W: Matrix, privacy: Privacy | None = None, seed=None, *, noise:
     sensitivity; under Laplace noise use :func:`opt_marginals` or :func:`opt_kron`. ``noise`` is
     the deprecated alias (module docstring).
     """
-    privacy = _privacy("opt_residual", privacy, noise, default="gaussian")
+    privacy = _privacy("opt_residual", privacy, noise, default=GAUSSIAN)
     _check(W)
-    if privacy.noise != "gaussian":
-        raise ValueError("residual strategies are optimal for Gaussian noise only; under Laplace noise use "
-                         "opt_marginals or opt_kron")
+    if not privacy.noise.l2:  # the residual strategy minimises the L2 objective
+        raise ValueError(f"residual strategies are optimal for Gaussian noise only; under {privacy.noise.title} noise "
+                         "use opt_marginals or opt_kron")
     return residual_strategy(W)[0]
 
 
@@ -390,7 +394,7 @@ def _optimize_max_variance(W: Matrix, privacy: Privacy, restarts: int | None = N
                            deadline: float | None = None) -> OptimizationResult:
     """``optimize(..., objective="max_variance")``: the exact residual program where it applies, else reweighting."""
     problem = Problem(W, privacy)
-    if privacy.noise == "gaussian":
+    if privacy.noise.l2:
         try:
             exact = MaxVarianceProblem(problem.union)
         except ValueError:

@@ -101,7 +101,7 @@ def factor_method(G: Matrix, privacy: Privacy) -> str:
     p-Identity.
     """
     n = G.shape[0]
-    if privacy.noise == "laplace":
+    if not privacy.noise.l2:  # L1 sensitivity: the objective is not smooth, only p-Identity applies
         return "p-identity"
     if n <= CONVEX_MAX_N:
         return "convex"
@@ -187,7 +187,7 @@ def _block_candidate(G: Matrix, privacy: Privacy, p: int | None, restarts: int, 
     F = fold(G, m)
     if not F.is_sparse:
         return None
-    if privacy.noise == "gaussian":
+    if privacy.noise.l2:
         block = SquareRootStrategy.for_gram(F)
     else:
         block = optimize_factor(F, privacy, p, restarts, rng, warm.block if isinstance(warm, BlockDiagonal) else None,
@@ -370,7 +370,7 @@ def opt_kron_union(
                 candidates.append(Ones(1, union.sizes[i]))
             else:
                 G_eff = _effective_gram(grams[i], coef)
-                warmup = L2_WARMUP if round_ == 0 and d > 1 and privacy.noise == "laplace" else 0
+                warmup = L2_WARMUP if round_ == 0 and d > 1 and not privacy.noise.l2 else 0
                 key = None
                 if round_ == 0 and (d > 1 or shared):  # one attribute alone has no one to share with
                     fingerprint = _fingerprint(G_eff)

@@ -343,7 +343,7 @@ def _union_skip(problem: Problem) -> str | None:
     :math:`\theta_1, \theta_2` into :math:`(\theta_1^2 + \theta_2^2)^{1/2}`) keeps the Gram and lowers
     the L1 sensitivity, so a weighted-marginals strategy does at least as well.
     """
-    if (problem.privacy.noise == "laplace" and _marginals_skip(problem) is None
+    if (not problem.privacy.noise.l2 and _marginals_skip(problem) is None
             and classify(problem.workload).form == "marginals"):
         return ("skipped: on identities and totals its strategies are weighted marginals, which OPT_M "
                 "searches (name it in optimizers= to run it)")
@@ -361,7 +361,7 @@ def _marginals_lower_bound(problem: Problem) -> float:
 
 
 register(Optimizer("identity", _identity, summary="the identity strategy (reference)"))
-register(Optimizer("residual", _residual, applies=lambda problem: problem.privacy.noise == "gaussian",
+register(Optimizer("residual", _residual, applies=lambda problem: problem.privacy.noise.l2,
                    summary="the optimal residual strategy (Gaussian noise)"))
 register(Optimizer("opt_kron", _opt_kron, summary="OPT_(x): one Kronecker strategy"))
 register(Optimizer("opt_marginals", _opt_marginals, summary="OPT_M: weighted marginals", skip=_marginals_skip,
