@@ -14,6 +14,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 import hdmm
+from hdmm.optimizers import opt0, opt_kron
 
 
 def best(f, repeat=5):
@@ -27,10 +28,10 @@ def best(f, repeat=5):
 
 def cases():
     W = hdmm.AllRange(256)
-    yield "opt0(AllRange(256))", W, hdmm.opt0(W, hdmm.PureDP(1.0), seed=0)
+    yield "opt0(AllRange(256))", W, opt0(W, hdmm.PureDP(1.0), seed=0)
     from census_workloads import sf1_persons
     sf1 = sf1_persons()
-    yield "SF1 persons (opt_kron)", sf1, hdmm.opt_kron(sf1, hdmm.PureDP(1.0), seed=0)
+    yield "SF1 persons (opt_kron)", sf1, opt_kron(sf1, hdmm.PureDP(1.0), seed=0)
 
 
 def main():

@@ -54,6 +54,10 @@ import pandas as pd
 import hdmm
 from hdmm import strategies as S
 from hdmm.optimizers.convex import solve_convex
+from hdmm.block_diagonal import BlockDiagonal
+from hdmm.matrix import Kronecker, Matrix, Ones
+from hdmm.optimizers import PIdentity, SquareRootStrategy, opt0, opt_residual
+from hdmm.workload import Ranges
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 PRIVACY = {"laplace": hdmm.PureDP(1.0), "gaussian": hdmm.ZCDP(0.5)}
@@ -112,13 +116,13 @@ def _rmse(W, A, privacy) -> float:
 WORKLOADS_1D = {"AllRange": hdmm.AllRange, "Prefix": hdmm.Prefix, "WidthKRange(32)": lambda n: hdmm.WidthKRange(n, 32)}
 
 
-def method_name(A: hdmm.Matrix) -> str:
+def method_name(A: Matrix) -> str:
     """Which kind of strategy ``opt0`` returned."""
-    if isinstance(A, hdmm.SquareRootStrategy):
+    if isinstance(A, SquareRootStrategy):
         return "square root"
-    if isinstance(A, hdmm.PIdentity):
+    if isinstance(A, PIdentity):
         return "p-Identity"
-    if isinstance(A, hdmm.BlockDiagonal):
+    if isinstance(A, BlockDiagonal):
         return f"{method_name(A.block)}, {A.copies} blocks"
     return repr(A)
 
@@ -148,7 +152,7 @@ def one_d(max_n: int, names: list[str], noises: Sequence[str] = tuple(PRIVACY), 
                                                            / W.shape[0]))
                     row["method"] = "convex program"
                 else:
-                    A = hdmm.opt0(W, privacy, seed=0)
+                    A = opt0(W, privacy, seed=0)
                     row["method"] = method_name(A)
                 seconds.append(time.perf_counter() - start)
             row["seconds"] = min(seconds)
@@ -167,7 +171,7 @@ CPS = hdmm.Domain.from_dict({"income": 50, "age": 100, "marital": 7, "race": 4, 
 
 
 def _range_marginals(domain: hdmm.Domain, numeric: set[str], sizes: Sequence[int] | None = None,
-                     block=hdmm.AllRange) -> hdmm.Matrix:
+                     block=hdmm.AllRange) -> Matrix:
     """Every subset of attributes (of the given sizes; all by default): ``block`` (AllRange, or e.g.
     Prefix) on numeric ones, Identity on the others, Total elsewhere."""
     parts = []
@@ -178,16 +182,16 @@ def _range_marginals(domain: hdmm.Domain, numeric: set[str], sizes: Sequence[int
     return hdmm.union(parts)
 
 
-def _without_attribute(W: hdmm.Matrix, drop: int) -> hdmm.Matrix:
+def _without_attribute(W: Matrix, drop: int) -> Matrix:
     """``W`` with attribute ``drop`` summed out: the attribute's factor (a total in every term) left out."""
     from hdmm.kron_union import kron_union
     from hdmm.matrix import VStack, Weighted
 
     union = kron_union(W)
-    if not all(isinstance(f, hdmm.matrix.Ones) and f.shape[0] == 1 for f in union.factors[drop]):
+    if not all(isinstance(f, Ones) and f.shape[0] == 1 for f in union.factors[drop]):
         raise ValueError("the attribute to drop is not a total in every term")
     terms = [union.term(j) for j in range(union.num_terms)]
-    return VStack([Weighted(hdmm.Kronecker(factors[:drop] + factors[drop + 1:]), weight) for weight, factors in terms])
+    return VStack([Weighted(Kronecker(factors[:drop] + factors[drop + 1:]), weight) for weight, factors in terms])
 
 
 def multi(repeats: int = 3) -> pd.DataFrame:
@@ -196,12 +200,12 @@ def multi(repeats: int = 3) -> pd.DataFrame:
 
     adult = hdmm.Domain.from_dict({"age": 75, "education": 16, "race": 5, "sex": 2, "hours": 20})
     cases = {
-        "2-D ranges 64x64": (hdmm.Kronecker([hdmm.AllRange(64)] * 2),
+        "2-D ranges 64x64": (Kronecker([hdmm.AllRange(64)] * 2),
                              {"H2 x H2": S.kron(S.hierarchical(64), S.hierarchical(64)), "HB x HB": S.kron(S.hb(64), S.hb(64)),
                               "Privelet x Privelet": S.kron(S.wavelet(64), S.wavelet(64)), "Quadtree": S.quadtree(64, 64)}),
-        "2-D ranges 256x256": (hdmm.Kronecker([hdmm.AllRange(256)] * 2),
+        "2-D ranges 256x256": (Kronecker([hdmm.AllRange(256)] * 2),
                                {"HB x HB": S.kron(S.hb(256), S.hb(256)), "Privelet x Privelet": S.kron(S.wavelet(256), S.wavelet(256))}),
-        "3-D ranges 64^3": (hdmm.Kronecker([hdmm.AllRange(64)] * 3), {"HB^3": S.kron(*[S.hb(64)] * 3)}),
+        "3-D ranges 64^3": (Kronecker([hdmm.AllRange(64)] * 3), {"HB^3": S.kron(*[S.hb(64)] * 3)}),
         "SF1 Persons": (sf1_persons(), {}),
         "SF1 Persons, no relationship": (_without_attribute(sf1_persons(), 3), {}),
         "SF1+ (x 51 states)": (sf1_plus(), {}),
@@ -243,7 +247,7 @@ def planning() -> pd.DataFrame:
     seconds = []
     for _ in range(3):
         start = time.perf_counter()
-        A = hdmm.opt_residual(W)
+        A = opt_residual(W)
         seconds.append(time.perf_counter() - start)
     error = hdmm.expected_error(W, A, PRIVACY["gaussian"])
     bound = hdmm.svd_bound(W, PRIVACY["gaussian"])
@@ -258,7 +262,7 @@ def planning() -> pd.DataFrame:
 LARGE_SIZES = (100, 100, 100, 99, 85, 42, 16, 15, 9, 7, 6, 5, 2, 2)
 
 
-def _prefix_identity_pairs() -> hdmm.Matrix:
+def _prefix_identity_pairs() -> Matrix:
     """The 91 two-way Kronecker products: Prefix on the first five attributes, Identity on the rest, totals elsewhere."""
     dom = hdmm.Domain([f"a{i}" for i in range(len(LARGE_SIZES))], LARGE_SIZES)
     parts = []
@@ -268,7 +272,7 @@ def _prefix_identity_pairs() -> hdmm.Matrix:
     return hdmm.union(parts)
 
 
-def _residual_planner_marginals() -> hdmm.Matrix:
+def _residual_planner_marginals() -> Matrix:
     return hdmm.AllMarginals(hdmm.Domain([f"x{i}" for i in range(100)], [10] * 100), 3)
 
 
@@ -315,10 +319,10 @@ def large() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _random_ranges(n: int, count: int = 4000) -> hdmm.Matrix:
+def _random_ranges(n: int, count: int = 4000) -> Matrix:
     rng = np.random.default_rng(0)
     ends = np.sort(rng.integers(0, n, (count, 2)), axis=1)
-    return hdmm.Ranges(n, np.stack([ends[:, 0], ends[:, 1] + 1], axis=1))
+    return Ranges(n, np.stack([ends[:, 0], ends[:, 1] + 1], axis=1))
 
 
 UNIONS_1D = {
@@ -338,7 +342,7 @@ def unions(n: int = 8192) -> pd.DataFrame:
     for name, make in UNIONS_1D.items():
         W = make(n)
         start = time.perf_counter()
-        A = hdmm.opt0(W, privacy, seed=0)
+        A = opt0(W, privacy, seed=0)
         seconds = time.perf_counter() - start
         start = time.perf_counter()
         T, _ = optimize_pidentity(W.gram(), default_p(n), 2, 1, np.random.default_rng(0))
@@ -346,7 +350,7 @@ def unions(n: int = 8192) -> pd.DataFrame:
         start = time.perf_counter()
         bound = hdmm.svd_bound(W, privacy)
         row = {"workload": name, "n": n, "method": method_name(A), "seconds": seconds, "HDMM": _rmse(W, A, privacy),
-               "p-Identity": _rmse(W, hdmm.PIdentity(T, 2), privacy), "p-Identity seconds": pid_seconds,
+               "p-Identity": _rmse(W, PIdentity(T, 2), privacy), "p-Identity seconds": pid_seconds,
                "SVD bound": bound.rmse, "bound exact": bound.exact, "bound seconds": time.perf_counter() - start}
         print(row, flush=True)
         rows.append(row)
@@ -358,7 +362,7 @@ def maxvar() -> pd.DataFrame:
     from census_workloads import sf1_persons
 
     cases = {"SF1 Persons": sf1_persons(), "CPS prefix-marginals": _range_marginals(CPS, {"income", "age"}, block=hdmm.Prefix),
-             "2-D ranges 64x64": hdmm.Kronecker([hdmm.AllRange(64)] * 2)}
+             "2-D ranges 64x64": Kronecker([hdmm.AllRange(64)] * 2)}
     rows = []
     for name, W in cases.items():
         for noise, privacy in PRIVACY.items():

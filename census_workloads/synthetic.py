@@ -25,7 +25,7 @@ is assembled: a "Husband or wife" record has no householder record to match.
 
 Sampling: the product of these conditionals is a probability for each of the 492,660
 cells of ``cph_domain()``.  The cell counts of ``n`` independent records are drawn at
-once (a multinomial draw), expanded into records (:meth:`hdmm.Domain.records`) and put
+once (a multinomial draw), expanded into records (:func:`hdmm.records.to_records`) and put
 in random order.  With ``states=True`` the state column, independent of the rest, is
 drawn the same way and left sorted, so the rows come ordered by state.  Either way the
 table has exactly the distribution of ``n`` independent draws from the model, in
@@ -76,6 +76,8 @@ from functools import lru_cache
 
 import numpy as np
 import pandas as pd
+
+from hdmm.records import to_records
 
 from .schema import AGE_LABELS, RACES, RELATIONSHIP, cph_domain
 
@@ -300,9 +302,9 @@ def synthetic_persons(
     rng = np.random.default_rng(seed)
     national = cph_domain()
     counts = rng.multinomial(n, _cell_probabilities().ravel())
-    persons = national.records(counts).take(rng.permutation(n))
+    persons = to_records(national, counts).take(rng.permutation(n))
     persons.index = pd.RangeIndex(n)
     if states:
         state = cph_domain(state=True).project(["state"])
-        persons["state"] = state.records(rng.multinomial(n, _STATE_SHARES))["state"]
+        persons["state"] = to_records(state, rng.multinomial(n, _STATE_SHARES))["state"]
     return persons

@@ -26,7 +26,7 @@ the privacy budget on a release that is then lost: the privacy parameters, the o
 parameters, the strategy's origin, the hdmm version, the workload and the data source --
 in the Parquet file's key-value metadata (key ``hdmm``) or, for CSV, in a JSON file next to
 it (``<output>.json``). The workload is recorded by name and by fingerprint
-(:func:`hdmm.workload_fingerprint`: its queries and weights, and with the domain's attributes and
+(:func:`hdmm.io.workload_fingerprint`: its queries and weights, and with the domain's attributes and
 labels), so a file says which queries it answers even if the workload file changes; a Gaussian
 release records the zCDP rho its noise is calibrated to (``calibrated_rho``). Ratios of errors
 are ratios of RMSEs (root mean squared error per query), as labelled.

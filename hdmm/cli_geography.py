@@ -171,7 +171,7 @@ def _records(args: argparse.Namespace, tree: GeographyTree, named: NamedWorkload
 
 def _about(args: argparse.Namespace, named: NamedWorkload, synthetic: bool, source: str | None = None) -> dict:
     """What a geography release's provenance records of the command's inputs: the workload (as typed and by
-    fingerprint, :func:`hdmm.workload_fingerprint`), the data source (``source``, Spark's URL of records it read,
+    fingerprint, :func:`hdmm.io.workload_fingerprint`), the data source (``source``, Spark's URL of records it read,
     else the file's absolute path) and the tree, as plain releases record them.
     The number of records of a data file is private and not recorded."""
     return {

@@ -131,7 +131,7 @@ class Noise(abc.ABC):
         return self.norm == 2
 
     def sensitivity(self, matrix: Any) -> float:
-        """The sensitivity of a strategy ``matrix`` (an :class:`hdmm.Matrix`) in this noise's norm."""
+        """The sensitivity of a strategy ``matrix`` (an :class:`hdmm.matrix.Matrix`) in this noise's norm."""
         return matrix.sensitivity(self.norm)
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -16,17 +16,9 @@ of attribute :math:`A_i`.  This matches ``numpy.ravel_multi_index`` and the
 Kronecker-product structure of the workloads (the leftmost Kronecker factor
 acts on the first attribute).
 
-Records and data vectors: :meth:`Domain.vectorize` counts the records of a
-DataFrame into :math:`x`, and :meth:`Domain.records` expands :math:`x` back into
-records, so ``domain.vectorize(domain.records(x)) == x``.  A column is read as
-value labels, or as codes with ``codes=True``; a numeric column is taken for
-codes without being told only when that cannot be mistaken for labels (the
-attribute has no labels, or only string labels none of which spells a number).
-Labels that spell numbers, such as region numbers ``"1", ..., "9"`` or FIPS codes
-``"01", ..., "56"``, come back as numbers from a CSV file, where they cannot be told
-from codes: :meth:`Domain.vectorize` reads such a column as labels when only that
-reading fits, as codes when only that one does and no value names another label,
-and refuses it (:class:`AmbiguousColumnError`) when both fit and they disagree.
+Reading records is not the domain's business: :mod:`hdmm.records` counts the records of a
+DataFrame into :math:`x` (also :meth:`Domain.vectorize`) and expands :math:`x` back into records,
+and :mod:`hdmm.columns` reads one column as the codes of one attribute.
 """
 
 from __future__ import annotations
@@ -35,69 +27,22 @@ import json
 import math
 import numbers
 import os
-import re
-import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from .columns import AmbiguousColumnError
 from .files import replace_atomically
+from .records import MAX_DENSE_CELLS, vectorize
+from .validation import preview
 
+# AmbiguousColumnError and MAX_DENSE_CELLS live in hdmm.columns and hdmm.records; they stay importable from here.
 __all__ = ["AmbiguousColumnError", "Domain", "MAX_DENSE_CELLS"]
-
-#: Largest domain (in cells) for which :meth:`Domain.vectorize` builds a dense
-#: data vector.  2**31 float64 cells already take 16 GiB of memory.
-MAX_DENSE_CELLS: int = 2**31
-
-# How many offending values an error message shows.
-_SHOW = 5
 
 # A value label: a JSON scalar (str, int, bool or finite float).
 Label = str | int | float
-
-
-# The text of a number as pandas.read_csv parses it: "7", "-3", "07", "1.5", ".5", "2e3".
-_NUMBER_TEXT = re.compile(r"\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\s*")
-
-
-class AmbiguousColumnError(ValueError):
-    """A numeric column that reads as value labels and as codes, with different counts.
-
-    Raised by :meth:`Domain.vectorize` for an attribute whose string labels spell numbers
-    (``"1", ..., "9"``) when the column's numbers are all labels and all codes but would
-    be counted in different cells (the number 3 is the label ``"3"``, code 2, and also
-    code 3, label ``"4"``).
-
-    Attributes
-    ----------
-    attribute : str
-        The attribute (column) name.
-    """
-
-    def __init__(self, message: str, attribute: str) -> None:
-        super().__init__(message)
-        self.attribute = attribute
-
-
-def _spelled_number(label: Any) -> float | None:
-    """The number a string label spells (``"07"`` -> 7.0), or None for other labels."""
-    if isinstance(label, str) and _NUMBER_TEXT.fullmatch(label):
-        number = float(label)
-        return number if math.isfinite(number) else None
-    return None
-
-
-def _preview(values: Iterable[Any]) -> str:
-    """Format up to ``_SHOW`` values for an error message."""
-    shown = []
-    for i, v in enumerate(values):
-        if i == _SHOW:
-            shown.append("...")
-            break
-        shown.append(repr(v.item() if isinstance(v, np.generic) else v))
-    return "[" + ", ".join(shown) + "]"
 
 
 def _duplicates(items: Iterable[Any]) -> list[Any]:
@@ -156,7 +101,7 @@ def _as_labels(name: str, labels: Any) -> tuple[Label, ...]:
     if duplicates:
         raise ValueError(
             f"value labels of attribute {name!r} must be unique, got duplicates "
-            f"{_preview(duplicates)} (note that 1, 1.0 and True count as equal)"
+            f"{preview(duplicates)} (note that 1, 1.0 and True count as equal)"
         )
     return result
 
@@ -489,477 +434,20 @@ class Domain:
             return cls.from_json(f.read())
 
     # -------------------------------------------------------- data vector
-    def reads_numbers_as_codes(self, attr: str | int) -> bool:
-        """Whether :meth:`vectorize` reads any numeric column of this attribute as codes.
-
-        True when the attribute has no value labels (its labels are its codes) or when
-        all its labels are strings none of which spells a number (``"M"``, ``"0-4"``):
-        then no number can be one of its labels.  False otherwise:
-
-        * some label is a number (int, float or bool): a numeric column is matched
-          against the labels, since reading it as codes could count the wrong cells;
-        * the labels are strings and some spell numbers (``"1"``, ``"07"``, ``"2.5"``):
-          a CSV reader returns those as numbers, so a numeric column is read by the
-          rule of :meth:`vectorize` (labels, codes, or refused as ambiguous).
-        """
-        name = self._names[self.index(attr)]
-        return all(
-            isinstance(v, str) and _spelled_number(v) is None for v in self._labels.get(name, ())
-        )
-
     def vectorize(self, df: pd.DataFrame, *, codes: bool = False) -> np.ndarray:
-        """The data vector of record counts.
+        """The data vector of record counts: :func:`hdmm.records.vectorize` of this domain.
 
-        Each record with codes :math:`(c_1, \\dots, c_d)` adds one to cell
-        :math:`j = \\sum_i c_i \\prod_{k>i} n_k` (C order), so
-
-        .. math::
-
-            x_j = \\#\\{\\text{records in cell } j\\}, \\qquad \\sum_j x_j = \\#\\text{records}.
-
-        Parameters
-        ----------
-        df : pandas.DataFrame
-            One row per record, with one column per attribute.  Columns that are
-            not attributes are ignored, so the data of a larger domain can be
-            vectorized over a projection (:meth:`project`).
-        codes : bool, default False
-            How column values are read:
-
-            * ``False``: as value labels, matched against :meth:`values` (for an
-              attribute without labels those are the codes ``0..n-1``).  A text,
-              object or category column is matched exactly.  A numeric column (int,
-              uint, bool, or floats that are whole numbers) is read as follows:
-
-              - attribute without labels, or whose labels are strings none of which
-                spells a number (``"M"``, ``"0-4"``): as codes, since none of its
-                values can be a label (see :meth:`reads_numbers_as_codes`);
-              - attribute with numeric labels, e.g. years ``[2020, 2021]`` or sizes
-                ``[1, 2, 3]``: matched against the labels, never guessed to be codes;
-              - attribute with string labels that spell numbers, e.g. regions
-                ``["1", ..., "9"]`` or FIPS codes ``["01", ..., "56"]`` (what a CSV
-                reader turns into numbers): each value stands for the label that
-                spells the same number (7 for ``"07"``) or for the code it equals.
-                The column is read as labels when every value is a label and either
-                some value is no code or both readings agree (labels ``"0"..."8"``
-                of codes 0..8); as codes when every value is a code, some value is
-                no label, and no value is the label of another cell (the top-coded
-                ages ``"0", ..., "113", "114 and over"`` read from the numbers
-                0..114).  Otherwise it is refused: :class:`AmbiguousColumnError`
-                when some value is both a label and a code of different cells
-                (the number 3 in ``["1", ..., "9"]``), a ``ValueError`` when values
-                fit neither reading.  A statistician would not guess here: counting
-                3 in the cell of label ``"4"`` shifts every count silently.  Say
-                which reading is meant: cast the column to text
-                (``df.astype({name: str})``, or ``pandas.read_csv(...,
-                dtype={name: str})`` to keep leading zeros) to match labels
-                exactly, or pass ``codes=True``.
-            * ``True``: every column holds codes ``0..n-1`` (numeric, or
-              object/category columns of ints), whatever the labels.
-
-        Returns
-        -------
-        numpy.ndarray
-            float64 vector of length :attr:`size`; :meth:`records` is its inverse.
-
-        Raises
-        ------
-        ValueError
-            If a column is missing or duplicated, holds missing values (NaN/None),
-            codes outside ``[0, n)``, non-integer numbers or unknown labels, or if
-            the domain has more than :data:`MAX_DENSE_CELLS` cells.  The message
-            names the attribute and how to fix the data.
-        AmbiguousColumnError
-            A ``ValueError`` for a numeric column that reads as labels and as codes
-            with different counts (see ``codes``).
-
-        Warns
-        -----
-        UserWarning
-            If ``df`` has no rows: the data vector is all zeros, and a release of it
-            would publish noise only.
-
-        Notes
-        -----
-        Runs in time and memory linear in the number of records: one pass per
-        column builds the flat cell index in place (Horner's rule over the
-        attributes) and ``numpy.bincount`` counts it.  Category columns whose
-        categories are the attribute's labels in order are used without a lookup.
+        Each record adds one to its cell :math:`j = \\sum_i c_i \\prod_{k>i} n_k`, where
+        :math:`c_i` is the code of its value of attribute :math:`i`.  ``codes=False`` reads
+        the columns as value labels (numeric columns by the rule documented at
+        :func:`hdmm.records.vectorize`, which may refuse them with
+        :class:`~hdmm.columns.AmbiguousColumnError`), ``codes=True`` as codes ``0..n-1``.
+        :func:`hdmm.records.to_records` is the inverse.
 
         Examples
         --------
         >>> d = Domain(["size", "sex"], [3, 2], {"size": [1, 2, 3], "sex": ["M", "F"]})
-        >>> df = pd.DataFrame({"size": [1, 3], "sex": [0, 1]})  # size holds labels here
-        >>> d.vectorize(df).tolist()
+        >>> d.vectorize(pd.DataFrame({"size": [1, 3], "sex": ["M", "F"]})).tolist()
         [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
-        >>> d.vectorize(pd.DataFrame({"size": [0, 2], "sex": [0, 1]}), codes=True).tolist()
-        [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
-
-        Labels that spell numbers: 9 can only be the label ``"9"``, while 1 and 2 alone
-        could be labels or codes.
-
-        >>> r = Domain(["region"], [9], {"region": [str(k) for k in range(1, 10)]})
-        >>> r.vectorize(pd.DataFrame({"region": [1, 2, 9]})).tolist()
-        [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
-        >>> r.vectorize(pd.DataFrame({"region": [1, 2]}))
-        Traceback (most recent call last):
-        ...
-        hdmm.domain.AmbiguousColumnError: column 'region' is ambiguous: ...
-        >>> r.vectorize(pd.DataFrame({"region": ["1", "2"]})).tolist()[:3]
-        [1.0, 1.0, 0.0]
         """
-        if not isinstance(df, pd.DataFrame):
-            raise TypeError(f"vectorize expects a pandas DataFrame, got {type(df).__name__}")
-        if not isinstance(codes, (bool, np.bool_)):
-            raise TypeError(f"codes must be True or False, got {codes!r}")
-        if self.size > MAX_DENSE_CELLS:
-            raise ValueError(
-                f"the domain {self!r} has {self.size} cells, more than the "
-                f"{MAX_DENSE_CELLS} a dense data vector can hold; vectorize a "
-                "projection onto fewer attributes (Domain.project) instead"
-            )
-        missing = [n for n in self._names if n not in df.columns]
-        if missing:
-            raise ValueError(
-                f"DataFrame has no column for attribute(s) {missing}; its columns are "
-                f"{list(df.columns)}{_rename_hint(missing, df.columns)}; rename the columns "
-                "to the attribute names, or vectorize over a projection without the "
-                "missing attributes (Domain.project)"
-            )
-        if len(df) == 0:
-            warnings.warn(
-                "vectorize: the DataFrame has no records, so every count is 0 and a release of "
-                "it would publish noise only; check that the right data was read",
-                UserWarning,
-                stacklevel=2,
-            )
-        return np.bincount(self.cell_index(df, codes=codes), minlength=self.size).astype(np.float64)
-
-    def cell_index(self, df: pd.DataFrame, *, codes: bool = False, private: bool = False,
-                   counts: Any = None) -> np.ndarray:
-        """The flat cell of each record (C order), read as :meth:`vectorize` reads the columns.
-
-        ``private=True``: an error names how many records hold a bad value, never the values or
-        the rows (for data whose values must not reach a log, e.g. a geography release). With
-        ``counts`` (one per row) each row stands for that many records (distinct values and their
-        counts), for those messages.
-
-        What :meth:`vectorize` counts: ``np.bincount(dom.cell_index(df), minlength=dom.size)``.
-        Used to split records by another column (e.g. a geography unit) before counting.
-
-        >>> Domain(["sex", "age"], [2, 3]).cell_index(pd.DataFrame({"sex": [0, 1], "age": [2, 0]})).tolist()
-        [2, 3]
-        """
-        if not isinstance(df, pd.DataFrame):
-            raise TypeError(f"cell_index expects a pandas DataFrame, got {type(df).__name__}")
-        missing = [n for n in self._names if n not in df.columns]
-        if missing:
-            raise ValueError(
-                f"DataFrame has no column for attribute(s) {missing}; its columns are "
-                f"{list(df.columns)}{_rename_hint(missing, df.columns)}; rename the columns to the attribute names"
-            )
-        flat = np.zeros(len(df), dtype=np.intp)
-        for name, n in zip(self._names, self._shape):
-            flat *= n
-            flat += self._column_codes(df, name, bool(codes), _Private(len(df), counts) if private else None)
-        return flat
-
-    def records(self, x: Any, *, codes: bool = False) -> pd.DataFrame:
-        """The records counted by a data vector: the inverse of :meth:`vectorize`.
-
-        Cell :math:`j` becomes :math:`x_j` identical rows, in cell order, so
-        ``self.vectorize(self.records(x), codes=codes)`` equals ``x``.
-
-        Parameters
-        ----------
-        x : array_like
-            Counts, of shape ``(size,)``: whole, non-negative and finite numbers
-            (a noisy estimate must be rounded and clipped first, e.g.
-            ``np.clip(np.rint(x), 0, None)``).
-        codes : bool, default False
-            ``False``: a column of value labels per attribute, as a pandas
-            Categorical whose categories are :meth:`values` for attributes with
-            labels, and integer codes (which are their labels) otherwise.
-            ``True``: integer codes ``0..n-1`` for every attribute.
-
-        Returns
-        -------
-        pandas.DataFrame
-            ``int(sum(x))`` rows, one column per attribute, compact dtypes.
-
-        Raises
-        ------
-        ValueError
-            If ``x`` has the wrong shape or holds negative, fractional or
-            non-finite counts.
-
-        Examples
-        --------
-        >>> d = Domain(["sex", "age"], [2, 3], {"sex": ["M", "F"]})
-        >>> d.records([0, 2, 0, 0, 0, 1]).to_dict("list")
-        {'sex': ['M', 'M', 'F'], 'age': [1, 1, 2]}
-        """
-        if not isinstance(codes, (bool, np.bool_)):
-            raise TypeError(f"codes must be True or False, got {codes!r}")
-        counts = _as_counts(x, self.size)
-        cells = np.flatnonzero(counts)
-        repeats = counts[cells]
-        cell_codes = np.unravel_index(cells, self._shape) if self._names else ()
-        columns: dict[str, Any] = {}
-        for name, n, c in zip(self._names, self._shape, cell_codes):
-            if name in self._labels and not codes:
-                columns[name] = pd.Categorical.from_codes(
-                    np.repeat(c.astype(np.min_scalar_type(-n)), repeats),
-                    categories=pd.Index(self._labels[name], dtype=object),
-                    validate=False,
-                )
-            else:
-                columns[name] = np.repeat(c.astype(np.min_scalar_type(n - 1)), repeats)
-        return pd.DataFrame(columns, index=pd.RangeIndex(int(repeats.sum())))
-
-    def _column_codes(self, df: pd.DataFrame, name: str, codes: bool, private: _Private | None = None) -> np.ndarray:
-        """Codes of the values in ``df[name]``, validated (any integer dtype)."""
-        column = df[name]
-        if isinstance(column, pd.DataFrame):
-            raise ValueError(f"DataFrame has {column.shape[1]} columns named {name!r}; keep one")
-        n = self._shape[self._position[name]]
-        dtype = column.dtype
-        labels_like = isinstance(dtype, (pd.CategoricalDtype, pd.StringDtype))
-        numeric = dtype.kind in "iufb" and not labels_like
-        if numeric and (codes or self.reads_numbers_as_codes(name)):
-            return self._numeric_codes(column, name, n, codes, private)
-        if numeric and all(isinstance(v, str) for v in self._labels[name]):
-            return self._spelled_codes(column, name, n, private)
-        if numeric or labels_like or dtype.kind == "O":
-            return self._label_codes(column, name, codes, private)
-        raise ValueError(
-            f"column {name!r} has dtype {dtype}, which is neither numeric codes "
-            "nor labels; convert it to int codes 0..n-1 or to object/string/category labels"
-        )
-
-    def _numeric_codes(self, column: pd.Series, name: str, n: int, codes: bool, private: _Private | None = None
-                       ) -> np.ndarray:
-        """Validate a numeric column of codes in ``[0, n)``."""
-        if column.hasnans:
-            _raise_missing(column, name, private)
-        values = column.to_numpy(dtype=getattr(column.dtype, "numpy_dtype", column.dtype))
-        if values.dtype.kind == "f":
-            fractional = values != np.floor(values)
-            if fractional.any():
-                raise ValueError(
-                    f"column {name!r} holds non-integer numbers {_shown(values, fractional, private)}; "
-                    f"codes must be whole numbers in [0, {n})"
-                )
-        if values.size and (values.min() < 0 or values.max() >= n):
-            bad = (values < 0) | (values >= n)
-            if codes and name in self._labels:
-                fix = (
-                    "; with codes=True columns hold codes, so to pass value labels "
-                    "call vectorize without codes=True"
-                )
-            else:
-                fix = "; recode or drop those rows"
-            raise ValueError(
-                f"column {name!r} holds codes {_shown(values, bad, private)} outside "
-                f"[0, {n}) (attribute {name!r} has size {n}){fix}"
-            )
-        if values.dtype.kind == "f" or not np.can_cast(values.dtype, np.intp, "safe"):
-            return values.astype(np.intp)
-        return values
-
-    def _spelled_codes(self, column: pd.Series, name: str, n: int, private: _Private | None = None) -> np.ndarray:
-        """Codes of a numeric column whose attribute has string labels spelling numbers.
-
-        The rule is in :meth:`vectorize` (``codes``): each distinct value is looked up
-        as the label spelling the same number and as a code, and the column is read the
-        one way that fits, or refused.
-        """
-        if column.hasnans:
-            _raise_missing(column, name, private)
-        values = column.to_numpy(dtype=getattr(column.dtype, "numpy_dtype", column.dtype))
-        if values.dtype.kind == "b":
-            values = values.astype(np.intp)
-        record_codes, distinct = pd.factorize(values)
-        distinct = np.asarray(distinct, dtype=np.float64)
-        labels = self._labels[name]
-        spelled: dict[float, int] = {}
-        twice: set[float] = set()
-        for code, label in enumerate(labels):
-            number = _spelled_number(label)
-            if number is None:
-                continue
-            if number in spelled:
-                twice.add(number)
-            else:
-                spelled[number] = code
-        as_label = np.array([-1 if v in twice else spelled.get(float(v), -1) for v in distinct], dtype=np.intp)
-        whole = np.isfinite(distinct) & (distinct == np.floor(distinct))
-        as_code = np.where(whole & (distinct >= 0) & (distinct < n), distinct, -1).astype(np.intp)
-        label_ok, code_ok = as_label >= 0, as_code >= 0
-        clash = label_ok & code_ok & (as_label != as_code)
-        doubled = np.array([v in twice for v in distinct], dtype=bool)
-        if label_ok.all() and not (code_ok.all() and clash.any()):
-            return as_label[record_codes]
-        if code_ok.all() and not clash.any() and not doubled.any():
-            return as_code[record_codes]
-
-        def show(k: int) -> str:
-            if private:
-                return _shown(None, record_codes == k, private)
-            number = distinct[k]
-            return str(int(number)) if whole[k] else repr(float(number))
-
-        fix = (
-            f"say which: cast the column to text to match each value to the label of the same text "
-            f"(pandas: df.astype({{{name!r}: str}}), or pd.read_csv(..., dtype={{{name!r}: str}}) to keep "
-            f"leading zeros), or pass codes=True if it holds codes 0..{n - 1}"
-        )
-        if doubled.any():
-            k = int(np.flatnonzero(doubled)[0])
-            spelling = "" if private else f" ({_preview(v for v in labels if _spelled_number(v) == distinct[k])})"
-            raise ValueError(
-                f"column {name!r} holds the number {show(k)}, which several labels of attribute "
-                f"{name!r} spell{spelling}; "
-                f"read the column as text (pd.read_csv(..., dtype={{{name!r}: str}})) so that each value "
-                "is matched to one label exactly"
-            )
-        neither = ~label_ok & ~code_ok
-        if neither.any():
-            bad = [show(k) for k in np.flatnonzero(neither)]
-            listed = f"[{', '.join(bad[:_SHOW])}{', ...' if len(bad) > _SHOW else ''}]"
-            if private:
-                listed = _shown(None, neither[record_codes], private)
-            raise ValueError(
-                f"column {name!r} holds values {listed} "
-                f"that are neither labels of attribute {name!r} ({_preview(labels)}) nor codes 0..{n - 1}; "
-                "recode or drop those rows"
-            )
-        if clash.any():
-            k = int(np.flatnonzero(clash)[0])
-            example = "" if private else (f" (the value {show(k)} is the label {labels[as_label[k]]!r}, and also "
-                                          f"code {as_code[k]}, the label {labels[as_code[k]]!r})")
-            raise AmbiguousColumnError(
-                f"column {name!r} is ambiguous: the attribute's labels spell numbers "
-                f"({_preview(labels)}), and its values read both as labels and as codes but count "
-                f"different cells{example}; {fix}",
-                name,
-            )
-        only_label = [show(k) for k in np.flatnonzero(~code_ok)]
-        only_code = [show(k) for k in np.flatnonzero(~label_ok)]
-        if private:
-            only_label = [_shown(None, ~code_ok[record_codes], private)[1:-1]]
-            only_code = [_shown(None, ~label_ok[record_codes], private)[1:-1]]
-        raise ValueError(
-            f"column {name!r} mixes values that are only labels of attribute {name!r} "
-            f"([{', '.join(only_label[:_SHOW])}], not codes 0..{n - 1}) with values that are only codes "
-            f"([{', '.join(only_code[:_SHOW])}], no label {_preview(labels)} spells them); "
-            "recode the column to one of the two"
-        )
-
-    def _label_codes(self, column: pd.Series, name: str, codes: bool, private: _Private | None = None) -> np.ndarray:
-        """Map a column of value labels (or, with ``codes``, of codes) to codes.
-
-        Only the column's distinct values are looked up: a category column's
-        categories, or otherwise the result of one hash pass (``pandas.factorize``).
-        """
-        categorical = isinstance(column.dtype, pd.CategoricalDtype)
-        if categorical:
-            record_codes = column.cat.codes.to_numpy()
-            distinct = column.cat.categories
-        else:
-            record_codes, distinct = pd.factorize(column, use_na_sentinel=True)
-        if record_codes.size and record_codes.min() < 0:
-            _raise_missing(column, name, private)
-        n = self._shape[self._position[name]]
-        wanted = range(n) if codes else self.values(name)
-        distinct = np.asarray(distinct, dtype=object)
-        mapping = pd.Index(wanted, dtype=object).get_indexer(pd.Index(distinct, dtype=object))
-        unknown = mapping < 0
-        if categorical and unknown.any():  # unused categories do no harm
-            unknown &= np.bincount(record_codes, minlength=mapping.size) > 0
-        if unknown.any():
-            raise ValueError(
-                f"column {name!r} holds unknown values "
-                f"{_shown(None, unknown[record_codes], private) if private else _preview(distinct[unknown])} for "
-                f"attribute {name!r}; {self._expected_values(name, codes, distinct[unknown])}"
-            )
-        if np.array_equal(mapping, np.arange(mapping.size)):
-            return record_codes
-        return mapping[record_codes]
-
-    def _expected_values(self, name: str, codes: bool, unknown: np.ndarray) -> str:
-        """What the values of a column should be, and how to fix it, for an error message."""
-        n = self._shape[self._position[name]]
-        if codes:
-            return (
-                f"with codes=True values must be codes 0..{n - 1}; to pass value labels "
-                "call vectorize without codes=True"
-            )
-        if name not in self._labels:
-            return f"it has no value labels, so values must be codes 0..{n - 1}"
-        hint = ""
-        if all(isinstance(v, numbers.Integral) and 0 <= v < n for v in unknown):
-            hint = "; if the column holds codes 0..n-1 rather than labels, pass codes=True"
-        return (
-            f"its labels are {_preview(self._labels[name])}; map those values to labels "
-            f"or drop their rows{hint}"
-        )
-
-
-def _raise_missing(column: pd.Series, name: str, private: _Private | None = None) -> None:
-    """Raise the error for a column with missing values (``private``: without the rows)."""
-    na = column.isna().to_numpy()
-    count = private.records(na) if private else int(na.sum())
-    rows = "" if private else f", e.g. in rows {_preview(column.index[na])}"
-    raise ValueError(
-        f"column {name!r} has {count} missing value(s) (NaN/None){rows}; drop or impute them first"
-    )
-
-
-class _Private:
-    """How :meth:`Domain.cell_index` reports bad values with ``private=True``: the number of records only."""
-
-    def __init__(self, rows: int, counts: Any = None) -> None:
-        self.counts = None if counts is None else np.asarray(counts, dtype=float).reshape(rows)
-
-    def records(self, mask: np.ndarray) -> int:
-        """The number of records of the rows in ``mask``."""
-        return int(mask.sum()) if self.counts is None else int(self.counts[mask].sum())
-
-
-def _shown(values: np.ndarray | None, mask: np.ndarray, private: _Private | None) -> str:
-    """Bad values of a column for an error message: a preview of the distinct ``values[mask]``, or with
-    ``private`` only how many records hold them (the values come from the data)."""
-    if private:
-        return f"<{private.records(mask):,} records; values not shown: private>"
-    return _preview(np.unique(values[mask]))
-
-
-def _rename_hint(missing: Sequence[str], columns: pd.Index) -> str:
-    """Suggest existing columns whose names differ only in case from missing attributes."""
-    by_lower = {str(c).lower(): c for c in columns}
-    pairs = {c: m for m in missing if (c := by_lower.get(m.lower())) is not None}
-    return f" (to rename: df.rename(columns={pairs!r}))" if pairs else ""
-
-
-def _as_counts(x: Any, size: int) -> np.ndarray:
-    """Validate a data vector of record counts and return it as int64."""
-    counts = np.asarray(x)
-    if counts.shape != (size,):
-        raise ValueError(
-            f"x has shape {counts.shape} but the domain has {size} cells; pass a vector "
-            f"of shape ({size},) (use x.ravel() for a tensor of the domain's shape)"
-        )
-    if counts.dtype.kind not in "iufb":
-        raise TypeError(f"x must hold numbers, got dtype {counts.dtype}")
-    bad = counts < 0
-    if counts.dtype.kind == "f":
-        bad |= ~np.isfinite(counts) | (counts != np.floor(counts))
-    if bad.any():
-        cells = np.flatnonzero(bad)
-        raise ValueError(
-            f"x holds counts {_preview(counts[cells])} in cells {_preview(cells)} that are "
-            "not whole non-negative numbers; round and clip a noisy estimate first, "
-            "e.g. np.clip(np.rint(x), 0, None)"
-        )
-    return counts.astype(np.int64, copy=False)
+        return vectorize(self, df, codes=codes, stacklevel=3)

@@ -342,7 +342,7 @@ def rmse(W: Matrix, A: Matrix, privacy: Privacy, *, structure: Structure | None 
 
     This is the optimizer's objective. For a weighted workload (``hdmm.union(..., weights=...)``)
     it is **not** the error of the released counts: a row of weight ``w`` counts ``w**2`` times its
-    query's variance. The error of the counts a release answers is :attr:`hdmm.Plan.rmse` (the
+    query's variance. The error of the counts a release answers is :attr:`hdmm.planning.Plan.rmse` (the
     plan's "expected RMSE per query"), which equals ``rmse(hdmm.workload.unweighted(W)[0], A,
     privacy)``; both are the same figure when ``W`` has no weights.
     """
@@ -354,7 +354,7 @@ def rmse(W: Matrix, A: Matrix, privacy: Privacy, *, structure: Structure | None 
 def unit_query_variances(W: Matrix, A: Matrix, structure: Structure) -> np.ndarray:
     r"""Per-query :math:`\mathrm{diag}(W(A^TA)^+W^T)` (the variances at unit noise), ``inf`` if unsupported.
 
-    Raises :class:`~hdmm.DenseLimitError` when no closed form applies and the domain is too
+    Raises :class:`~hdmm.matrix.DenseLimitError` when no closed form applies and the domain is too
     large for a dense pseudo-inverse.
     """
     route, w_union, a_union = aligned_unions(W, structure)

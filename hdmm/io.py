@@ -241,8 +241,8 @@ def workload_fingerprint(W: Matrix, domain: Any = None, *, row_weights: np.ndarr
     (:func:`hdmm.workload.unweighted`), so a workload and its copy read back from a file, or
     two ways of writing the same weighted union, have the same fingerprint.
 
-    A :class:`hdmm.Plan` records the fingerprint of the workload it was made for
-    (:attr:`hdmm.Plan.fingerprint`), so does every release (:meth:`hdmm.Release.provenance`)
+    A :class:`hdmm.planning.Plan` records the fingerprint of the workload it was made for
+    (:attr:`hdmm.planning.Plan.fingerprint`), so does every release (:meth:`hdmm.release.Release.provenance`)
     and release file; :func:`hdmm.run` refuses a plan made for another workload.
 
     Parameters
@@ -275,7 +275,7 @@ def workload_fingerprint(W: Matrix, domain: Any = None, *, row_weights: np.ndarr
     >>> import hdmm
     >>> workload_fingerprint(hdmm.Prefix(8)) == workload_fingerprint(hdmm.Prefix(8))
     True
-    >>> workload_fingerprint(hdmm.Identity(8)) == workload_fingerprint(hdmm.Ones(8, 8))
+    >>> workload_fingerprint(hdmm.Identity(8)) == workload_fingerprint(hdmm.matrix.Ones(8, 8))
     False
     """
     if not isinstance(W, Matrix):
@@ -835,7 +835,7 @@ def _brief(value) -> str:
 def load_strategy(path: str | os.PathLike, *, max_bytes: int = MAX_BYTES) -> tuple[Matrix, dict]:
     """Read a strategy written by :func:`save_strategy`; returns ``(strategy, metadata)``.
 
-    A plan file (:meth:`hdmm.Plan.save`) holds a strategy too, and is read the same way.
+    A plan file (:meth:`hdmm.planning.Plan.save`) holds a strategy too, and is read the same way.
     Nothing is unpickled; the file is read only if it fits in ``max_bytes`` (default
     ``MAX_BYTES``, a memory budget: its arrays as loaded, and the vectors that checking its
     matrix needs), and every node and array is checked (:func:`decode_matrix`).

@@ -1,6 +1,6 @@
 r"""The private kernel: the one place where data is touched and noise is drawn for a release.
 
-:func:`measure` takes a :class:`~hdmm.Plan` (made without the data) and a data vector
+:func:`measure` takes a :class:`~hdmm.planning.Plan` (made without the data) and a data vector
 :math:`x` and returns :math:`y = s\,(\operatorname{round}(Ax/s) + Z)` on the plan's grid of
 spacing :math:`s` (a power of two), with :math:`\operatorname{round}(Ax/s)` computed exactly for
 the integer counts (:mod:`hdmm.exact`: the plan's strategy is dyadic, the product error-free), and
@@ -71,7 +71,7 @@ def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator
     Parameters
     ----------
     plan
-        A :class:`~hdmm.Plan` from :func:`hdmm.plan` (or loaded from a file). Its strategy,
+        A :class:`~hdmm.planning.Plan` from :func:`hdmm.plan` (or loaded from a file). Its strategy,
         privacy definition and sensitivity set the noise; nothing is decided here.
     x
         The data vector: ``N`` finite, non-negative counts of at most ``MAX_COUNT`` (C order

@@ -287,7 +287,7 @@ def reconstruct(plan, measurement: Measurement | None = None, method: str | None
                 tol: float = LSMR_TOL, maxiter: int | None = None) -> np.ndarray:
     r"""The least-squares estimate :math:`\hat x = A^+ y` of the data vector.
 
-    Called as ``reconstruct(plan, measurement)`` with the :class:`~hdmm.Plan` the measurement
+    Called as ``reconstruct(plan, measurement)`` with the :class:`~hdmm.planning.Plan` the measurement
     was taken under: the plan's reconstruction route and structure are used, and LSMR (if that
     is the route) is stopped by the plan's workload answers and their standard errors. The
     earlier form ``reconstruct(measurement, method="auto", workload=..., std_errors=...)``
@@ -302,14 +302,14 @@ def reconstruct(plan, measurement: Measurement | None = None, method: str | None
     Parameters
     ----------
     plan
-        The :class:`~hdmm.Plan` (or, in the earlier form, the :class:`Measurement`).
+        The :class:`~hdmm.planning.Plan` (or, in the earlier form, the :class:`Measurement`).
     measurement
         Output of :func:`hdmm.measure` under ``plan``.
     method
         Earlier form only. ``"kronecker"``: exact for :math:`A = c \bigotimes_i A_i`,
         :math:`\hat x = c^{-1} (\bigotimes_i A_i^+) y`, one small pseudo-inverse per factor, applied
         axis by axis. ``"marginals"``: exact for strategies in the marginals algebra (weighted
-        :class:`~hdmm.Marginals`, :class:`~hdmm.Residuals`, unions of products of identities
+        :class:`~hdmm.marginals.Marginals`, :class:`~hdmm.marginals.Residuals`, unions of products of identities
         and totals), :math:`\hat x = \sum_{\mu_T>0} \mu_T^{-1} E_T A^T y`. ``"lsmr"``: iterative, for
         any strategy (e.g. unions of Kronecker products from ``opt_union``). ``"auto"`` (default):
         the exact route when one applies (see :func:`reconstruction_method`), else LSMR.

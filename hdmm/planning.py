@@ -88,7 +88,7 @@ class Plan:
         ``privacy``, computed from ``A`` and raised by a relative ``SENSITIVITY_MARGIN`` (1e-9),
         which covers floating-point rounding in the computed norms and the rounding bound of the
         noise grid (:func:`hdmm.noise.rounding_bound`: ``k * spacing`` in L1, ``sqrt(k) * spacing``
-        in L2 for ``k`` the strategy's largest column support, :meth:`hdmm.Matrix.column_support`,
+        in L2 for ``k`` the strategy's largest column support, :meth:`hdmm.matrix.Matrix.column_support`,
         at most a relative ``2**-30``; added on top if a tiny
         privacy parameter coarsens the grid).
     noise_scale : float
@@ -136,10 +136,11 @@ class Plan:
     # ------------------------------------------------------------------ identity
     @functools.cached_property
     def fingerprint(self) -> str:
-        """The fingerprint of the workload the plan was made for, weights included (:func:`hdmm.workload_fingerprint`).
+        """The fingerprint of the workload the plan was made for, weights included.
 
         Computed from :attr:`workload` and :attr:`weights` (so it always describes what the plan
-        answers), recorded in plan and release files and in :meth:`hdmm.Release.provenance`;
+        answers; :func:`hdmm.io.workload_fingerprint`), recorded in plan and release files and in
+        :meth:`hdmm.release.Release.provenance`;
         :func:`hdmm.run` refuses the plan for a workload whose fingerprint differs.
         """
         return workload_fingerprint(self.workload, row_weights=self.weights)
@@ -190,7 +191,7 @@ class Plan:
         and its fingerprint, the privacy definition, sensitivity, structure, route, origin and
         the per-query variances, and a SHA-256 checksum of all of it (:func:`hdmm.io.with_checksum`:
         it detects a damaged file or an edit made without recomputing it, not a forger, since it
-        has no secret key). :func:`hdmm.load_strategy` reads its strategy too.
+        has no secret key). :func:`hdmm.io.load_strategy` reads its strategy too.
         """
         arrays: dict[str, np.ndarray] = {}
         header = {"format": FORMAT, "version": VERSION, "kind": "plan", **plan_to_json(self, arrays),
@@ -201,7 +202,7 @@ class Plan:
     def load(path, *, max_bytes: int = MAX_BYTES) -> Plan:
         """Read a plan written by :meth:`save`, validating it against its own strategy.
 
-        Every array is checked as :func:`hdmm.load_strategy` checks it, and a file larger
+        Every array is checked as :func:`hdmm.io.load_strategy` checks it, and a file larger
         than ``max_bytes`` is refused unread. The sensitivity, structure and reconstruction
         route are recomputed from the stored strategy and must match what the file says (a
         file that does not is refused: the noise scale rests on them); the variances must be
@@ -416,7 +417,7 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
         The workload (``m x N``); :func:`hdmm.union` weights steer the optimizer only.
     strategy
         ``"auto"``: run :func:`hdmm.optimize` and take its best strategy. An hdmm matrix:
-        measured as given. An :class:`~hdmm.OptimizationResult`: its strategy (a warning if it
+        measured as given. An :class:`~hdmm.optimizers.OptimizationResult`: its strategy (a warning if it
         was optimised for the other kind of noise).
     privacy
         :class:`~hdmm.PureDP`, :class:`~hdmm.ApproxDP` or :class:`~hdmm.ZCDP`: what one

@@ -29,8 +29,8 @@ Only the new measurement costs privacy; the earlier ones are post-processed.
 A :class:`~hdmm.Budget` given to :func:`run` is charged before any noise is drawn, and the
 release records the charge in its provenance.
 
-A release records the fingerprint of its workload (:func:`hdmm.workload_fingerprint`, union
-weights included), and :func:`run` refuses a :class:`~hdmm.Plan` made for another workload. A
+A release records the fingerprint of its workload (:func:`hdmm.io.workload_fingerprint`, union
+weights included), and :func:`run` refuses a :class:`~hdmm.planning.Plan` made for another workload. A
 release file (:meth:`Release.save`) carries a SHA-256 checksum of everything in it
 (:func:`hdmm.io.with_checksum`), which :meth:`Release.load` verifies: it detects damage and
 edits made without recomputing it, not a forger (anyone can recompute a checksum that has no
@@ -515,7 +515,7 @@ class Release:
         earlier release's provenance (holding its own prior's in turn) and ``measurements`` how
         many measurements it was reconstructed from (``reconstruction`` says how).
         ``workload_fingerprint`` identifies the workload released, union weights included
-        (:func:`hdmm.workload_fingerprint`: compare it with that of the workload you meant).
+        (:func:`hdmm.io.workload_fingerprint`: compare it with that of the workload you meant).
         For Gaussian noise, ``calibrated_rho`` is the zCDP rho the noise is calibrated to:
         ``rho`` itself for :class:`~hdmm.ZCDP`, and for :class:`~hdmm.ApproxDP` the largest rho
         whose zCDP guarantee implies its (epsilon, delta) (:func:`hdmm.privacy.zcdp_rho`), which
@@ -584,7 +584,7 @@ class Release:
 
     @staticmethod
     def load(path, *, max_bytes: int = MAX_BYTES) -> Release:
-        """Read a release written by :meth:`save` (its plan validated as :meth:`hdmm.Plan.load` does).
+        """Read a release written by :meth:`save` (its plan validated as :meth:`hdmm.planning.Plan.load` does).
 
         A file larger than ``max_bytes`` is refused unread; the measurement, answers and
         estimates must be finite, one per strategy row, query and cell; earlier measurements
@@ -877,9 +877,9 @@ def run(
     strategy
         ``"auto"`` (default): run :func:`hdmm.optimize` (data independent, so free of privacy
         cost) and use its best strategy. An hdmm matrix: used as given (``optimizer="user"``).
-        An :class:`~hdmm.OptimizationResult`: its strategy and optimizer name (a warning if it
-        was optimised for the other kind of noise). A :class:`~hdmm.Plan` made for this
-        workload and privacy (e.g. loaded with :meth:`hdmm.Plan.load`): used as it is.
+        An :class:`~hdmm.optimizers.OptimizationResult`: its strategy and optimizer name (a warning if it
+        was optimised for the other kind of noise). A :class:`~hdmm.planning.Plan` made for this
+        workload and privacy (e.g. loaded with :meth:`hdmm.planning.Plan.load`): used as it is.
     domain
         The :class:`~hdmm.Domain` of the records; required for DataFrame input, checked against
         ``W`` when given.
@@ -1053,7 +1053,7 @@ def _measurement_plan(W: Matrix, A: Matrix, privacy: Privacy, method: str) -> Pl
 def _check_plan(p: Plan, W: Matrix, privacy: Privacy, method: str) -> Plan:
     """A plan passed to :func:`run` must be for this workload and this privacy definition.
 
-    The workload is compared by fingerprint (:func:`hdmm.workload_fingerprint`: queries, labels,
+    The workload is compared by fingerprint (:func:`hdmm.io.workload_fingerprint`: queries, labels,
     weights and the number of cells; for a Kronecker workload its factors and attribute names),
     so a plan made for another workload of the same shape, or over another domain of the same
     size, is refused before any noise.

@@ -204,7 +204,7 @@ def squared_row_norms(f: Matrix) -> np.ndarray:
     Up to ``FACTOR_DENSE_LIMIT`` entries in ``n x n`` this is ``f.quadratic_diag`` of the
     identity; above it the rows are walked in blocks (:func:`hdmm.spectral.blocks`, ``O(n)``
     memory per row) when ``f`` has at most ``ROW_WALK`` rows per column, and refused up front
-    with :class:`~hdmm.DenseLimitError` otherwise.
+    with :class:`~hdmm.matrix.DenseLimitError` otherwise.
     """
     rows, n = f.shape
     if n * n <= FACTOR_DENSE_LIMIT:

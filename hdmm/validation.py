@@ -11,8 +11,8 @@ import numbers
 
 import numpy as np
 
-__all__ = ["DENSE_LIMIT", "ZERO_RTOL", "DenseLimitError", "check_dense_size", "check_norm", "check_width",
-           "positive_int", "is_finite_real"]
+__all__ = ["DENSE_LIMIT", "PREVIEW_LIMIT", "ZERO_RTOL", "DenseLimitError", "check_dense_size", "check_norm",
+           "check_width", "positive_int", "is_finite_real", "preview"]
 
 #: Largest number of entries ``dense()`` and the dense fall-backs will materialise
 #: (2**25 entries = 256 MiB of float64).
@@ -24,6 +24,25 @@ DENSE_LIMIT = 2**25
 #: classifier, the error formulas, the reconstruction and the SVD bound all use it, so they
 #: agree on which directions a strategy measures (re-exported by :mod:`hdmm.structure`).
 ZERO_RTOL = 1e-12
+
+
+#: How many offending values an error message shows (see :func:`preview`).
+PREVIEW_LIMIT = 5
+
+
+def preview(values, limit: int = PREVIEW_LIMIT) -> str:
+    """Up to ``limit`` values for an error message, as a list's ``repr`` (numpy scalars as Python's).
+
+    >>> preview([1, "a", np.int64(3)]), preview(range(10))
+    ("[1, 'a', 3]", '[0, 1, 2, 3, 4, ...]')
+    """
+    shown = []
+    for i, v in enumerate(values):
+        if i == limit:
+            shown.append("...")
+            break
+        shown.append(repr(v.item() if isinstance(v, np.generic) else v))
+    return "[" + ", ".join(shown) + "]"
 
 
 def is_finite_real(value) -> bool:

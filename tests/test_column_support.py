@@ -13,7 +13,7 @@ from hdmm.block_diagonal import BlockDiagonal
 from hdmm.marginals import Marginals
 from hdmm.matrix import Diagonal, Explicit, Identity, Kronecker, Ones, Sum, VStack, Weighted
 from hdmm.noise import GRID_BITS
-from hdmm.planning import check_calibration
+from hdmm.planning import Plan, check_calibration
 
 BIG = hdmm.Domain([f"a{i}" for i in range(50)], [100] * 50)
 RNG = np.random.default_rng(3)
@@ -24,7 +24,7 @@ SMALL = [
     Explicit(SPARSE), Explicit(sp.csr_array(SPARSE)), Kronecker([Identity(3), Explicit(SPARSE), Ones(2, 2)]),
     VStack([Identity(4), Ones(1, 4), Weighted(hdmm.Prefix(4), 0.0)]), Weighted(Explicit(SPARSE), 3.0),
     Sum([Explicit(SPARSE), Explicit(-SPARSE)]), Marginals((3, 2, 2), {(0,): 1.0, (1, 2): 0.0, (0, 2): 2.0}),
-    BlockDiagonal(Explicit(SPARSE), 3, tail=2), hdmm.Kronecker([hdmm.Prefix(3), Identity(2)]).T,
+    BlockDiagonal(Explicit(SPARSE), 3, tail=2), Kronecker([hdmm.Prefix(3), Identity(2)]).T,
 ]
 
 
@@ -66,11 +66,11 @@ def test_huge_plan_round_trips(tmp_path):
     A = Kronecker([Identity(100)] * 50)
     p = hdmm.plan(hdmm.product(BIG, {"a0": hdmm.Prefix(100)}), A, hdmm.PureDP(1.0))
     p.save(tmp_path / "p.npz")
-    q = hdmm.Plan.load(tmp_path / "p.npz")
+    q = Plan.load(tmp_path / "p.npz")
     assert (q.sensitivity, q.spacing, q.noise_scale) == (p.sensitivity, p.spacing, p.noise_scale)
 
 
 def test_edited_sensitivity_still_refused():
-    p = hdmm.plan(hdmm.Prefix(8), hdmm.Kronecker([hdmm.Prefix(8)]), hdmm.PureDP(1.0))
+    p = hdmm.plan(hdmm.Prefix(8), Kronecker([hdmm.Prefix(8)]), hdmm.PureDP(1.0))
     with pytest.raises(ValueError, match="not calibrated"):
         check_calibration(dataclasses.replace(p, sensitivity=p.sensitivity / (1 + 1e-8), noise_scale=p.noise_scale / (1 + 1e-8)))

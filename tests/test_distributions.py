@@ -11,7 +11,9 @@ import pytest
 
 import hdmm
 from hdmm import noise
+from hdmm.budget import BudgetError
 from hdmm.distributions import GAUSSIAN, LAPLACE, NOISES, GaussianNoise, LaplaceNoise, Noise, noise_named
+from hdmm.optimizers import opt0, opt_kron
 from hdmm.privacy import ZCDP, ApproxDP, Privacy, PureDP, zcdp_epsilon, zcdp_rho
 
 PRIVACIES = [PureDP(0.5), ApproxDP(1.0, 1e-6), ZCDP(0.25), ZCDP(Fraction(293764, 114921))]
@@ -74,8 +76,8 @@ def test_draw_takes_the_object_and_delegates_to_the_exact_samplers():
 
 def test_the_deprecated_noise_string_is_read_once_into_the_same_privacy():
     with pytest.warns(DeprecationWarning, match="hdmm.PureDP"):
-        a = hdmm.opt_kron(hdmm.Prefix(8), noise="laplace", seed=0)
-    b = hdmm.opt_kron(hdmm.Prefix(8), PureDP(math.sqrt(2.0)), seed=0)
+        a = opt_kron(hdmm.Prefix(8), noise="laplace", seed=0)
+    b = opt_kron(hdmm.Prefix(8), PureDP(math.sqrt(2.0)), seed=0)
     assert np.array_equal(a.dense(), b.dense())
 
 
@@ -110,7 +112,7 @@ class UniformDP(PureDP):
 
 
 def test_a_test_only_distribution_works_through_the_expected_error_path():
-    W, A = hdmm.Prefix(8), hdmm.opt0(hdmm.Prefix(8), PureDP(1.0), seed=0)
+    W, A = hdmm.Prefix(8), opt0(hdmm.Prefix(8), PureDP(1.0), seed=0)
     uniform, laplace = UniformDP(0.5), PureDP(0.5)
     assert uniform.norm == 1 and uniform.noise_variance(2.0) == pytest.approx(16.0 / 3.0)
     # the same strategy, scale and sensitivity: the error is the variance ratio (1/3) / 2 times Laplace's
@@ -156,9 +158,9 @@ def test_the_budget_counts_with_the_methods():
     for p in (PureDP(0.5), ApproxDP(1.0, 1e-6), ZCDP(Fraction(1, 10))):
         assert b.charge(p).cost == ZCDP(1.0).cost_of(p)
     assert b.unit == "rho" and b.epsilon_at(1e-6) == zcdp_epsilon(b.spent, 1e-6)
-    with pytest.raises(hdmm.BudgetError, match="Gaussian noise is not pure DP"):
+    with pytest.raises(BudgetError, match="Gaussian noise is not pure DP"):
         hdmm.Budget(PureDP(1.0)).charge(ZCDP(0.1))
-    with pytest.raises(hdmm.BudgetError, match=r"Budget.from_approx_dp\(1, 1e-06\)"):
+    with pytest.raises(BudgetError, match=r"Budget.from_approx_dp\(1, 1e-06\)"):
         hdmm.Budget(ApproxDP(1.0, 1e-6))
     assert isinstance(Privacy.from_dict(ZCDP(Fraction(1, 3)).to_dict()).rho, Fraction)
 

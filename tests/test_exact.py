@@ -18,8 +18,8 @@ from hdmm.geography import GeographyTree, TreeStrategy
 from hdmm.marginals import Marginals
 from hdmm.matrix import Diagonal, Explicit, Identity, Kronecker, Ones, Sum, VStack, Weighted
 from hdmm.noise import draw, on_grid, random_bits
-from hdmm.optimizers import PIdentity
-from hdmm.planning import check_calibration
+from hdmm.optimizers import PIdentity, opt0
+from hdmm.planning import Plan, check_calibration
 from hdmm.workload import AllRange, Prefix, Ranges
 
 
@@ -114,7 +114,7 @@ def test_plan_measures_the_quantized_strategy_and_its_sensitivity():
 def test_release_uses_the_exact_product_not_floating_point():
     """Fails before exact arithmetic: fl(Ax) rounds differently from the exact dyadic product at 1e8 counts."""
     rng = np.random.default_rng(3)
-    A = hdmm.opt0(AllRange(64), hdmm.PureDP(1.0), seed=0)
+    A = opt0(AllRange(64), hdmm.PureDP(1.0), seed=0)
     p = hdmm.plan(AllRange(64), A, hdmm.PureDP(1.0))
     x = rng.integers(10**8 - 1000, 10**8, size=64).astype(float)
     s = p.spacing
@@ -132,7 +132,7 @@ def test_saved_plan_round_trips_the_quantized_strategy(tmp_path):
     W = Kronecker([AllRange(4), Identity(3)])
     p = hdmm.plan(W, Kronecker([Explicit(rng.random((5, 4))), Identity(3)]), hdmm.PureDP(1.0))
     p.save(tmp_path / "p.hdmm")
-    q = hdmm.Plan.load(tmp_path / "p.hdmm")
+    q = Plan.load(tmp_path / "p.hdmm")
     assert np.array_equal(q.strategy.dense(), p.strategy.dense()) and is_dyadic(q.strategy)
     assert q.sensitivity == p.sensitivity
     check_calibration(q)

@@ -10,6 +10,7 @@ import pytest
 import hdmm
 from hdmm.budget import Budget, BudgetExceeded, Charge
 from hdmm.privacy import ZCDP, Privacy, exact_entry, read_exact
+from hdmm.release import Release
 
 RHO = Fraction(293764, 114921)  # the 2020 Census PL94 person rho, (542/339)**2
 SHARES = (104, 1440, 447, 687, 1256, 165)  # out of 4099
@@ -109,7 +110,7 @@ def test_a_release_records_the_exact_rho_in_its_provenance(tmp_path):
     assert prov["charge"]["charge_exact"] == "293764/114921"
     assert r.plan.noise_scale == pytest.approx(r.plan.sensitivity / math.sqrt(2 * float(RHO)), rel=1e-15)
     r.save(tmp_path / "r.npz")
-    back = hdmm.Release.load(tmp_path / "r.npz")
+    back = Release.load(tmp_path / "r.npz")
     assert back.privacy.rho == RHO and isinstance(back.privacy.rho, Fraction)
     assert back.charge.cost == RHO
 

@@ -117,7 +117,7 @@ def test_block_diagonal_sensitivity_comes_from_the_block(p):
 
 
 def test_the_plan_calibrates_noise_to_a_sensitivity_just_above_the_computed_one(tmp_path):
-    W, A = Prefix(16), hdmm.Kronecker([Prefix(4), Identity(4)])
+    W, A = Prefix(16), Kronecker([Prefix(4), Identity(4)])
     for privacy in (hdmm.PureDP(1.0), hdmm.ZCDP(0.5)):
         p = hdmm.plan(W, A, privacy)
         computed = A.sensitivity(privacy.norm)

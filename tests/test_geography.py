@@ -14,6 +14,7 @@ import hdmm
 from hdmm.geography import GeographyError, GeographyTree, LevelTotals, TreeStrategy, geography_workload
 from hdmm.matrix import Explicit, Identity, Kronecker, Ones
 from hdmm.traces import factor_rows, factor_trace
+from hdmm.error import per_query_variance
 
 # 1 nation, 3 states with 1 / 2 / 4 counties, counties with 1-3 tracts (rows deliberately unsorted)
 TRACTS = {("01", "001"): 2, ("02", "001"): 1, ("02", "003"): 3, ("03", "005"): 1, ("03", "001"): 2,
@@ -267,7 +268,7 @@ def test_kronecker_error_and_variances_equal_dense(tree, privacy):
     sens = np.abs(Ad).sum(axis=0).max() if privacy.norm == 1 else np.linalg.norm(Ad, axis=0).max()
     var = privacy.noise_variance(sens)
     assert np.isclose(float(hdmm.expected_error(W, A, privacy)), var * np.trace(Xp @ Wd.T @ Wd))
-    assert np.allclose(hdmm.per_query_variance(W, A, privacy), var * np.diag(Wd @ Xp @ Wd.T))
+    assert np.allclose(per_query_variance(W, A, privacy), var * np.diag(Wd @ Xp @ Wd.T))
     bad = hdmm.expected_error(Kronecker([LevelTotals(tree, ["tract"]), person]),
                               Kronecker([TreeStrategy(tree, {"state": 1.0}), hdmm.Identity(3)]), privacy)
     assert not bad.supported
@@ -325,7 +326,7 @@ def test_seventy_thousand_leaves_are_fast():
     x = rng.random(W.shape[1])
     assert np.isclose((A.pinv() @ (A @ x)), x).all()
     error = hdmm.expected_error(W, A, hdmm.PureDP(1.0))
-    variances = hdmm.per_query_variance(W, A, hdmm.PureDP(1.0))
+    variances = per_query_variance(W, A, hdmm.PureDP(1.0))
     elapsed = time.perf_counter() - start
     assert np.isfinite(error) and variances.size == W.shape[0] and A.sensitivity(1) == 4.0
     assert built < 10 and elapsed < 10, (built, elapsed)

@@ -15,13 +15,14 @@ import hdmm
 from hdmm.georelease import ArrayHistograms, geo_plan, release_geography
 from hdmm.georelease.pipeline import LocalEngine
 from hdmm.georelease.stores import DiskStore, MemoryAnswers, MemoryStore
+from hdmm.matrix import Kronecker
 from trees import small_country
 
 pytest.importorskip("pyarrow")
 
 DOMAIN = hdmm.Domain(["a", "b"], [2, 3])
 WP = hdmm.product(DOMAIN, {"a": hdmm.Identity(2), "b": hdmm.Prefix(3)})
-AP = hdmm.Kronecker([hdmm.Identity(2), hdmm.Prefix(3)])
+AP = Kronecker([hdmm.Identity(2), hdmm.Prefix(3)])
 
 
 def _data(seed: int = 1):

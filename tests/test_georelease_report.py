@@ -14,7 +14,7 @@ from hdmm.geography import GeographyTree
 from hdmm.georelease import ArrayHistograms, geo_plan, release_geography
 from hdmm.georelease.report import (SIZE_BINS, TrueAnswers, accuracy_report, size_bin_labels, table_of,
                                     total_query, true_answers)
-from hdmm.matrix import Explicit, Identity, VStack
+from hdmm.matrix import Explicit, Identity, Kronecker, VStack
 
 #: nation -> counties c0 (tracts t0, t1) and c1 (tract t2)
 TREE = GeographyTree.from_parents({"c0": "US", "c1": "US", "t0": "c0", "t1": "c0", "t2": "c1"},
@@ -168,8 +168,8 @@ def test_plots_are_written(tmp_path):
 def test_workload_columns_equal_dense_columns():
     from hdmm.georelease.report import workload_columns
 
-    W2 = VStack([hdmm.Kronecker([hdmm.Identity(2), hdmm.Prefix(3), hdmm.Total(4)]),
-                      2.0 * hdmm.Kronecker([hdmm.Total(2), hdmm.Identity(3), hdmm.Prefix(4)])])
+    W2 = VStack([Kronecker([hdmm.Identity(2), hdmm.Prefix(3), hdmm.Total(4)]),
+                      2.0 * Kronecker([hdmm.Total(2), hdmm.Identity(3), hdmm.Prefix(4)])])
     dense = W2.dense()
     cells = np.array([0, 5, 23, 7, 7])
     np.testing.assert_allclose(workload_columns(W2, cells), dense[:, cells])

@@ -16,6 +16,7 @@ from cli_files import geography_release_args, write_geography_files
 
 from hdmm.cli import main
 from hdmm.georelease import ArrayHistograms, RecordHistograms, geo_plan, release_geography
+from hdmm.matrix import Kronecker
 
 pytest.importorskip("pyspark")
 
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.slow  # a Spark session: skip locally with -m "not slow
 
 DOMAIN = hdmm.Domain(["a", "b"], [2, 3])
 WP = hdmm.product(DOMAIN, {"a": hdmm.Identity(2), "b": hdmm.Prefix(3)})
-AP = hdmm.Kronecker([hdmm.Identity(2), hdmm.Prefix(3)])
+AP = Kronecker([hdmm.Identity(2), hdmm.Prefix(3)])
 
 
 @pytest.fixture(scope="module")

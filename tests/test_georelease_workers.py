@@ -10,11 +10,12 @@ import hdmm
 from hdmm.geography import GeographyTree
 from hdmm.georelease import ArrayHistograms, geo_plan, release_geography
 from hdmm.georelease.workers import POOL_UNITS, check_workers, default_workers, map_partitions
+from hdmm.matrix import Kronecker
 from trees import small_country
 
 DOMAIN = hdmm.Domain(["a", "b"], [2, 3])
 WP = hdmm.product(DOMAIN, {"a": hdmm.Identity(2), "b": hdmm.Prefix(3)})
-AP = hdmm.Kronecker([hdmm.Identity(2), hdmm.Prefix(3)])
+AP = Kronecker([hdmm.Identity(2), hdmm.Prefix(3)])
 
 
 def country(seed: int) -> GeographyTree:

@@ -19,6 +19,7 @@ from hdmm.optimizers.root import SquareRootStrategy
 from hdmm.planning import Plan
 from hdmm.spectral import Spectrum
 from hdmm.workload import Prefix
+from hdmm.release import Release
 
 
 def _header_and_arrays(M):
@@ -334,8 +335,8 @@ def test_plan_and_release_files_take_the_size_limit(tmp_path):
     release = hdmm.run(W, np.arange(12.0), hdmm.PureDP(1.0), strategy=Identity(12), rng=0)
     release.save(tmp_path / "r.npz")
     release.plan.save(tmp_path / "p.npz")
-    assert hdmm.Release.load(tmp_path / "r.npz").answers == pytest.approx(release.answers)
-    for load, name in ((hdmm.Release.load, "r.npz"), (Plan.load, "p.npz")):
+    assert Release.load(tmp_path / "r.npz").answers == pytest.approx(release.answers)
+    for load, name in ((Release.load, "r.npz"), (Plan.load, "p.npz")):
         with pytest.raises(ValueError, match="raise the limit"):
             load(tmp_path / name, max_bytes=100)
 
@@ -350,7 +351,7 @@ def test_a_release_file_with_nan_answers_is_refused(tmp_path):
     arrays["answers"][2] = np.nan
     _write(path, header, arrays)
     with pytest.raises(ValueError, match="answers holds NaN or infinite values"):
-        hdmm.Release.load(path)
+        Release.load(path)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -507,5 +508,5 @@ def test_a_release_over_a_huge_declared_domain_is_one_clear_value_error(tmp_path
     header["tree"] = {"type": "Weighted", "weight": 1.0, "base": {"type": "Identity", "n": _HUGE}}
     _write(path, header, arrays)
     with pytest.raises(ValueError, match="more than the limit of") as info:
-        hdmm.Release.load(path)
+        Release.load(path)
     assert str(path) in str(info.value)

@@ -16,6 +16,7 @@ from hdmm.domain import Domain
 from hdmm.marginals import AllMarginals, DimKMarginals, Marginal, Marginals
 from hdmm.matrix import Identity, Kronecker, VStack
 from hdmm import workload as wl
+from hdmm.optimizers import SquareRootStrategy
 from strategies import SETTINGS, all_subsets, marginal_block_ref, marginals_ref
 
 
@@ -190,6 +191,6 @@ def test_helmert_matrix_matches_the_dense_basis(n):
 def test_residuals_on_a_large_attribute_stay_implicit_and_exact():
     W = hdmm.Prefix(8192)
     result = hdmm.optimize(W, hdmm.ZCDP(0.5), seed=0)  # used to densify the residual basis and fail
-    assert isinstance(result.strategy.factors[0], hdmm.SquareRootStrategy)
+    assert isinstance(result.strategy.factors[0], SquareRootStrategy)
     residual = result.report.set_index("optimizer").loc["residual"]
     assert residual["exact"] and np.isfinite(residual["total squared error"])

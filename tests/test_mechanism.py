@@ -15,12 +15,14 @@ from hypothesis import strategies as st
 
 import hdmm
 from hdmm import workload as wl
-from hdmm.marginals import Marginals
+from hdmm.marginals import Marginal, Marginals
 from hdmm.matrix import Explicit, Identity, Kronecker, Ones, Product, VStack, Weighted
 from hdmm import measure
 from hdmm.mechanism import Measurement, reconstruct, reconstruction_method
 from hdmm.optimizers.pidentity import PIdentity
 from hdmm.privacy import ApproxDP, PureDP, ZCDP
+from hdmm.error import per_query_variance
+from hdmm.optimizers import opt_residual, opt_union
 from strategies import SETTINGS, domain_shapes, marginals_on, pinv_matrices, strategies_on
 
 PRIVACY = PureDP(1.0)
@@ -139,7 +141,7 @@ def test_marginals_route_is_the_pseudo_inverse(pair, seed):
 @pytest.mark.parametrize("shape", [(3, 4, 2), (2, 1, 5), (6,)])
 def test_residuals_and_identity_total_unions(shape):
     W = hdmm.AllMarginals(shape, max_size=min(2, len(shape)))
-    R = hdmm.opt_residual(W)
+    R = opt_residual(W)
     assert reconstruction_method(R) == "marginals"
     assert_pinv(R, R.dense(), "auto")
     union = VStack([Kronecker([Identity(n) if i == j else Ones(1, n) for i, n in enumerate(shape)]) for j in range(len(shape))])
@@ -159,9 +161,9 @@ def opt_union_strategy(shape=(16, 6, 3), seed=0):
     W = wl.union([
         wl.product(dom, {"a0": wl.Prefix(shape[0]), "a1": Identity(shape[1])}),
         wl.product(dom, {"a1": wl.AllRange(shape[1]), "a2": Identity(shape[2])}),
-        hdmm.Marginal(dom, ("a0", "a2")),
+        Marginal(dom, ("a0", "a2")),
     ])
-    return W, hdmm.opt_union(W, groups=[[0], [1], [2]], seed=seed)  # a genuine union of three strategies
+    return W, opt_union(W, groups=[[0], [1], [2]], seed=seed)  # a genuine union of three strategies
 
 
 def test_lsmr_on_a_union_strategy_is_the_pseudo_inverse():
@@ -189,7 +191,7 @@ def test_lsmr_monitors_the_workload_and_warm_starts():
     W, A = opt_union_strategy(seed=1)
     _, m = noisy(A, seed=5)
     exact = np.linalg.pinv(A.dense()) @ m.answers
-    se = np.sqrt(hdmm.per_query_variance(W, A, PRIVACY))
+    se = np.sqrt(per_query_variance(W, A, PRIVACY))
     loose = reconstruct(m, "lsmr", workload=W, std_errors=se, tol=0.05)
     assert np.max(np.abs(W @ (loose - exact)) / se) <= 0.05
     warm = reconstruct(m, "lsmr", x0=exact)

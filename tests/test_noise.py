@@ -24,6 +24,10 @@ from hdmm.exact import exact_centres, on_grid_exact
 from hdmm import noise
 from hdmm.kernel import measure
 from hdmm.planning import strategy_plan
+from hdmm.marginals import Marginals
+from hdmm.matrix import Kronecker
+from hdmm.optimizers import PIdentity
+from hdmm.workload import IdentityTotal
 
 MILLION = 1_000_000
 
@@ -231,7 +235,7 @@ def test_grid_values_and_huge_noise_are_exact():
 
 
 def test_plans_calibrate_to_the_grid():
-    A = hdmm.Kronecker([hdmm.Prefix(4), hdmm.Identity(5)])
+    A = Kronecker([hdmm.Prefix(4), hdmm.Identity(5)])
     for privacy in (hdmm.PureDP(1.0), hdmm.ZCDP(0.5), hdmm.ApproxDP(1.0, 1e-6)):
         p = strategy_plan(A, privacy)
         computed = A.sensitivity(privacy.norm)
@@ -246,7 +250,7 @@ def test_plans_calibrate_to_the_grid():
 
 # ====================================================================== the kernel's output
 def test_measurements_are_exact_grid_values():
-    A = hdmm.PIdentity(np.random.default_rng(2).random((2, 8)), norm=1)
+    A = PIdentity(np.random.default_rng(2).random((2, 8)), norm=1)
     x = np.random.default_rng(3).integers(0, 50, 8).astype(float)
     for privacy in (hdmm.PureDP(0.7), hdmm.ApproxDP(1.0, 1e-6), hdmm.ZCDP(0.3)):
         p = strategy_plan(A, privacy)
@@ -321,12 +325,12 @@ def events(plan, y: np.ndarray, centre: np.ndarray, other: np.ndarray, threshold
 
 
 AUDITS = [
-    ("p-identity on 8 cells", lambda: hdmm.PIdentity(np.random.default_rng(1).random((2, 8)), norm=1),
+    ("p-identity on 8 cells", lambda: PIdentity(np.random.default_rng(1).random((2, 8)), norm=1),
      hdmm.PureDP(1.0), 0.0),
-    ("kronecker 2 x 3", lambda: hdmm.Kronecker([hdmm.Prefix(2), hdmm.IdentityTotal(3)]), hdmm.PureDP(1.0), 0.0),
-    ("weighted marginals 2 x 3 x 4", lambda: hdmm.Marginals((2, 3, 4), {(): 0.5, (0,): 1.0, (1, 2): 2.0, (0, 1, 2): 0.7}),
+    ("kronecker 2 x 3", lambda: Kronecker([hdmm.Prefix(2), IdentityTotal(3)]), hdmm.PureDP(1.0), 0.0),
+    ("weighted marginals 2 x 3 x 4", lambda: Marginals((2, 3, 4), {(): 0.5, (0,): 1.0, (1, 2): 2.0, (0, 1, 2): 0.7}),
      hdmm.PureDP(0.5), 0.0),
-    ("kronecker 2 x 3, approximate DP", lambda: hdmm.Kronecker([hdmm.Identity(2), hdmm.Prefix(3)]),
+    ("kronecker 2 x 3, approximate DP", lambda: Kronecker([hdmm.Identity(2), hdmm.Prefix(3)]),
      hdmm.ApproxDP(1.0, 1e-6), 1e-6),
 ]
 

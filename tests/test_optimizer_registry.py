@@ -13,10 +13,22 @@ import pytest
 import hdmm
 import hdmm.optimizers.api as api
 import hdmm.optimizers.registry as registry
-from hdmm.optimizers import REGISTRY, Candidate, OptimizationResult, Optimizer, Problem
+from hdmm.optimizers import (
+    REGISTRY,
+    Candidate,
+    OptimizationResult,
+    Optimizer,
+    Problem,
+    opt0,
+    opt_kron,
+    opt_marginals,
+    opt_residual,
+    opt_union,
+)
+from hdmm.matrix import Kronecker
 
 LAPLACE, GAUSS = hdmm.PureDP(1.0), hdmm.ZCDP(0.5)
-PUBLIC = (hdmm.opt0, hdmm.opt_kron, hdmm.opt_union, hdmm.opt_marginals, hdmm.opt_residual)
+PUBLIC = (opt0, opt_kron, opt_union, opt_marginals, opt_residual)
 
 
 def two_terms():
@@ -136,7 +148,7 @@ def test_every_public_optimizer_takes_the_privacy_second_and_no_norm_or_noise_is
 def test_the_noise_string_is_a_deprecated_alias_with_the_same_strategy(noise, privacy):
     W = two_terms()
     for f in PUBLIC:
-        if f is hdmm.opt_residual and noise == "laplace":
+        if f is opt_residual and noise == "laplace":
             continue
         with pytest.warns(DeprecationWarning, match=rf"{f.__name__}\(W, noise='{noise}'\) is deprecated.*hdmm\."):
             old = f(W, noise=noise, seed=3)
@@ -158,19 +170,19 @@ def test_without_privacy_the_optimizers_plan_for_laplace_noise_and_residuals_for
             assert A.sensitivity(1) == pytest.approx(1.0)
             assert float(hdmm.expected_error(W, A, LAPLACE)) == float(
                 hdmm.expected_error(W, f(W, LAPLACE, seed=0), LAPLACE))
-        assert hdmm.opt_residual(W).sensitivity(2) == pytest.approx(1.0)
+        assert opt_residual(W).sensitivity(2) == pytest.approx(1.0)
 
 
 def test_bad_privacy_arguments_name_the_fix():
     W = hdmm.Prefix(8)
     with pytest.raises(TypeError, match="privacy definition"):
-        hdmm.opt0(W, 4)  # the old positional p
+        opt0(W, 4)  # the old positional p
     with pytest.raises(TypeError, match="not both"):
-        hdmm.opt_kron(W, LAPLACE, noise="laplace")
+        opt_kron(W, LAPLACE, noise="laplace")
     with pytest.raises(ValueError, match="noise must be 'laplace' or 'gaussian'.*hdmm.PureDP"):
-        hdmm.opt_marginals(W, noise="gauss")
+        opt_marginals(W, noise="gauss")
     with pytest.raises(ValueError, match="Gaussian noise only"):
-        hdmm.opt_residual(hdmm.AllMarginals((2, 3)), hdmm.PureDP(2.0))
+        opt_residual(hdmm.AllMarginals((2, 3)), hdmm.PureDP(2.0))
     with pytest.raises(TypeError, match="PureDP, ApproxDP or ZCDP"):
         hdmm.optimize(W, "laplace")
 
@@ -242,7 +254,7 @@ def test_all_three_way_marginals_of_100_attributes_stop_at_the_residual_optimum(
 
 # ---------------------------------------------------------------- certified skips and the time limit
 def test_opt_m_is_skipped_when_its_floor_is_above_a_strategy_found_and_runs_when_named():
-    W = hdmm.Kronecker([hdmm.AllRange(128)] * 2)
+    W = Kronecker([hdmm.AllRange(128)] * 2)
     result = hdmm.optimize(W, LAPLACE, seed=0)
     report = result.report.set_index("optimizer")
     note = report.loc["opt_marginals", "note"]
@@ -257,7 +269,7 @@ def test_opt_m_is_skipped_when_its_floor_is_above_a_strategy_found_and_runs_when
 @pytest.mark.parametrize("privacy", [LAPLACE, GAUSS], ids=["laplace", "gaussian"])
 @pytest.mark.parametrize("make", [
     lambda: hdmm.AllMarginals((3, 4, 2), 2),
-    lambda: hdmm.Kronecker([hdmm.Prefix(6), hdmm.Identity(3)]),
+    lambda: Kronecker([hdmm.Prefix(6), hdmm.Identity(3)]),
     two_terms,
 ], ids=["marginals", "prefix-identity", "two-terms"])
 def test_opt_m_never_goes_below_its_stated_floor(make, privacy):
@@ -268,8 +280,8 @@ def test_opt_m_never_goes_below_its_stated_floor(make, privacy):
 
 
 def test_opt_union_abandons_once_its_bound_cannot_win_and_never_where_its_error_may_be_exact(monkeypatch):
-    W = hdmm.union([hdmm.Kronecker([hdmm.Prefix(32), hdmm.Prefix(16)]),
-                    hdmm.Kronecker([hdmm.AllRange(32), hdmm.Total(16)]), hdmm.Kronecker([hdmm.Total(32), hdmm.AllRange(16)])])
+    W = hdmm.union([Kronecker([hdmm.Prefix(32), hdmm.Prefix(16)]),
+                    Kronecker([hdmm.AllRange(32), hdmm.Total(16)]), Kronecker([hdmm.Total(32), hdmm.AllRange(16)])])
     monkeypatch.setattr(registry, "UNION_EXACT_MAX_N", 4)  # 512 cells: OPT_+ judged by its bound
     for privacy in (LAPLACE, GAUSS):
         problem = Problem(W, privacy, rng=np.random.default_rng(0))
@@ -308,8 +320,8 @@ def test_a_time_limit_returns_the_best_found_so_far_and_reports_the_rest_as_skip
 
 def test_a_time_limit_ends_opt_kron_after_its_current_round():
     from hdmm.optimizers.kron import opt_kron_union
-    W = hdmm.union([hdmm.Kronecker([hdmm.Prefix(16), hdmm.Prefix(8)]),
-                    hdmm.Kronecker([hdmm.AllRange(16), hdmm.Total(8)]), hdmm.Kronecker([hdmm.Total(16), hdmm.AllRange(8)])])
+    W = hdmm.union([Kronecker([hdmm.Prefix(16), hdmm.Prefix(8)]),
+                    Kronecker([hdmm.AllRange(16), hdmm.Total(8)]), Kronecker([hdmm.Total(16), hdmm.AllRange(8)])])
     union = hdmm.kron_union.kron_union(W)
     free, limited = [], []
     opt_kron_union(union, LAPLACE, rng=np.random.default_rng(0), progress=free.append)
@@ -325,7 +337,7 @@ def test_a_bad_time_limit_names_the_fix(bad):
 
 
 @pytest.mark.parametrize("make", [lambda: hdmm.AllMarginals((3, 4, 2, 5)), lambda: hdmm.DimKMarginals((6, 2, 3, 4), 2),
-                                  lambda: hdmm.union([hdmm.AllMarginals((3, 4, 5), 1), hdmm.Kronecker(
+                                  lambda: hdmm.union([hdmm.AllMarginals((3, 4, 5), 1), Kronecker(
                                       [hdmm.Identity(3), hdmm.Total(4), hdmm.Identity(5)])], weights=[1.0, 3.0])],
                          ids=["all", "two-way", "weighted"])
 def test_under_laplace_opt_union_is_left_to_opt_m_on_identities_and_totals(make):
@@ -340,8 +352,8 @@ def test_under_laplace_opt_union_is_left_to_opt_m_on_identities_and_totals(make)
 
 def test_opt_union_check_counts_only_the_groups_it_measures(monkeypatch):
     # a group of weight zero is not measured: the check must not pair errors with the wrong groups
-    W = hdmm.union([hdmm.Kronecker([hdmm.Prefix(32), hdmm.Prefix(16)]), hdmm.Kronecker([hdmm.AllRange(32), hdmm.Total(16)]),
-                    hdmm.Kronecker([hdmm.Total(32), hdmm.AllRange(16)])], weights=[1.0, 0.0, 1.0])
+    W = hdmm.union([Kronecker([hdmm.Prefix(32), hdmm.Prefix(16)]), Kronecker([hdmm.AllRange(32), hdmm.Total(16)]),
+                    Kronecker([hdmm.Total(32), hdmm.AllRange(16)])], weights=[1.0, 0.0, 1.0])
     monkeypatch.setattr(registry, "UNION_EXACT_MAX_N", 4)
     problem = Problem(W, LAPLACE, rng=np.random.default_rng(0))
     groups = registry.default_groups(W, problem.union)
@@ -354,7 +366,7 @@ def test_opt_union_check_counts_only_the_groups_it_measures(monkeypatch):
         registry.REGISTRY["opt_union"].run(Problem(W, LAPLACE, rng=np.random.default_rng(0)))
     assert check is not None
     # one measured group left: OPT_+ is one Kronecker strategy with its exact error, so no check
-    single = hdmm.union([hdmm.Kronecker([hdmm.Prefix(32), hdmm.Prefix(16)]),
-                         hdmm.Kronecker([hdmm.AllRange(32), hdmm.Total(16)])], weights=[1.0, 0.0])
+    single = hdmm.union([Kronecker([hdmm.Prefix(32), hdmm.Prefix(16)]),
+                         Kronecker([hdmm.AllRange(32), hdmm.Total(16)])], weights=[1.0, 0.0])
     one = Problem(single, LAPLACE)
     assert registry._union_check(one, registry.default_groups(single, one.union)) is None

@@ -9,6 +9,9 @@ from scipy.optimize import minimize
 import hdmm
 from hdmm.marginals import AllMarginals, Marginals
 from hdmm.optimizers.max_variance import MaxVarianceProblem, max_variance_residual
+from hdmm.error import per_query_variance
+from hdmm.matrix import Matrix
+from hdmm.optimizers import opt_residual
 
 GAUSS = hdmm.ZCDP(0.5)
 
@@ -19,7 +22,7 @@ def _weighted_marginals(sizes, k, seed):
     return Marginals.from_members(sizes, base.members, 0.3 + rng.random(base.members.shape[0]))
 
 
-def _dense_variances(W: hdmm.Matrix, A: hdmm.Matrix, privacy) -> np.ndarray:
+def _dense_variances(W: Matrix, A: Matrix, privacy) -> np.ndarray:
     """Every query's variance from dense numpy, the sensitivity in the privacy's norm."""
     Wd, Ad = W.dense(), A.dense()
     sensitivity = (np.abs(Ad).sum(axis=0) if privacy.noise == "laplace" else np.sqrt((Ad**2).sum(axis=0))).max()
@@ -37,7 +40,7 @@ def test_the_largest_variance_matches_dense_numpy(sizes, k, seed):
     assert float(result.error) == pytest.approx(dense.sum(), rel=1e-9)
     report = result.report.set_index("optimizer")
     # the total-error residual strategy has a larger worst query, and nothing beats the mean-variance bound
-    total = hdmm.opt_residual(W, hdmm.ApproxDP(1.0, 1e-6))
+    total = opt_residual(W, hdmm.ApproxDP(1.0, 1e-6))
     assert report.loc["residual (total)", "max variance"] == pytest.approx(
         _dense_variances(W, total, hdmm.ApproxDP(1.0, 1e-6)).max(), rel=1e-9)
     assert report.loc["max_variance", "max variance"] <= report.loc["residual (total)", "max variance"] * (1 + 1e-9)
@@ -83,7 +86,7 @@ def test_weights_set_per_table_targets():
     variances = {}
     for name, W in (("plain", plain), ("favoured", favoured)):
         A = hdmm.optimize(W, GAUSS, objective="max_variance").strategy
-        v = hdmm.per_query_variance(Marginals(sizes, {(0, 1): 1.0, (1, 2): 1.0}), A, GAUSS)
+        v = per_query_variance(Marginals(sizes, {(0, 1): 1.0, (1, 2): 1.0}), A, GAUSS)
         variances[name] = (v[:12].max(), v[12:].max())
     assert variances["favoured"][0] < variances["plain"][0]
     assert variances["favoured"][0] * 4 == pytest.approx(variances["favoured"][1], rel=1e-6)

@@ -8,8 +8,9 @@ import pytest
 import hdmm
 import hdmm.kernel
 import hdmm.release
-from hdmm.matrix import Explicit, Kronecker, VStack
+from hdmm.matrix import DenseLimitError, Explicit, Kronecker, VStack
 from hdmm.privacy import ZCDP, ApproxDP, PureDP
+from hdmm.release import Release
 
 TIGHT = {"tol": 1e-10, "maxiter": 10_000}  # LSMR run to convergence, to compare with dense numpy
 
@@ -158,7 +159,7 @@ def test_a_release_with_a_prior_saves_loads_and_builds_further(tmp_path):
     r2 = hdmm.run(hdmm.AllRange(n), x, ZCDP(0.5), strategy=hdmm.strategies.hb(n), rng=2, prior=r1,
                   budget=hdmm.Budget(ZCDP(1.0)), postprocess="nonnegative")
     r2.save(tmp_path / "r2.npz")
-    loaded = hdmm.Release.load(tmp_path / "r2.npz")
+    loaded = Release.load(tmp_path / "r2.npz")
     assert len(loaded.measurements) == 2 and loaded.charge == r2.charge
     np.testing.assert_allclose(loaded.variances, r2.variances, rtol=1e-12)
     np.testing.assert_allclose(loaded.answer(hdmm.Prefix(n)).answers, r2.answer(hdmm.Prefix(n)).answers)
@@ -191,7 +192,7 @@ def test_a_release_file_with_an_edited_earlier_measurement_is_refused(tmp_path):
         np.save(buffer, np.array(json.dumps(info)))
         archive.writestr("header.npy", buffer.getvalue())
     with pytest.raises(ValueError, match="earlier measurement 1.*sensitivity"):
-        hdmm.Release.load(tmp_path / "bad.npz")
+        Release.load(tmp_path / "bad.npz")
 
 
 def test_answer_refuses_unsupported_and_foreign_workloads():
@@ -212,7 +213,7 @@ def test_dense_variances_by_column_blocks_when_the_workload_is_too_large_to_form
     expected = np.einsum("ij,jk,ik->i", W.dense(), X, W.dense())
 
     def refuse(self, X):
-        raise hdmm.DenseLimitError("too large")
+        raise DenseLimitError("too large")
 
     monkeypatch.setattr(type(W), "quadratic_diag", refuse)
     monkeypatch.setattr(hdmm.release, "QUADRATIC_BLOCK", 5)

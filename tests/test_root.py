@@ -9,11 +9,15 @@ from hypothesis import strategies as st
 
 import hdmm
 from hdmm.mechanism import reconstruction_method
-from hdmm.block_diagonal import fold
-from hdmm.optimizers import kron
+from hdmm.block_diagonal import BlockDiagonal, fold
+from hdmm.optimizers import PIdentity, SquareRootStrategy, kron, opt0
 from hdmm.optimizers.root import inverse_gram_trace
 from hdmm.spectral import DenseBasis, SineBasis, Spectrum, pinch
 from hdmm.traces import factor_rows, factor_trace, gram_inverse
+from hdmm.error import per_query_variance
+from hdmm.io import load_strategy, save_strategy
+from hdmm.matrix import Explicit, Ones
+from hdmm.workload import Predicates
 
 KINDS = {"allrange": hdmm.AllRange, "prefix": hdmm.Prefix}
 
@@ -62,7 +66,7 @@ def test_spectra_combine_only_within_one_basis():
     s = stacked.spectrum()
     Q = s.basis.apply(np.eye(n))
     np.testing.assert_allclose((Q * s.values) @ Q.T, stacked.dense(), atol=1e-10)
-    assert hdmm.SquareRootStrategy.for_workload(hdmm.Prefix(n)).spectrum() is None  # a strategy is no Gram
+    assert SquareRootStrategy.for_workload(hdmm.Prefix(n)).spectrum() is None  # a strategy is no Gram
     assert (P + R).spectrum() is None
     assert hdmm.WidthKRange(n, 3).gram().spectrum() is None
     with pytest.raises(ValueError, match="kind"):
@@ -77,7 +81,7 @@ WORKLOADS = [hdmm.Prefix(33), hdmm.AllRange(20), hdmm.WidthKRange(30, 4), hdmm.P
 
 @pytest.mark.parametrize("W", WORKLOADS, ids=repr)
 def test_square_root_strategy_matches_its_dense_definition(W):
-    A = hdmm.SquareRootStrategy.for_workload(W)
+    A = SquareRootStrategy.for_workload(W)
     V = W.gram().dense()
     e, Q = np.linalg.eigh(V)
     e = np.maximum(e, A.theta)
@@ -105,31 +109,31 @@ def test_square_root_strategy_rejects_a_bad_spectrum_or_floor():
     basis = DenseBasis(np.eye(3))
     for values in ([1.0, np.nan, 1.0], [0.0, 0.0, 0.0], [1.0, -1.0, 2.0], [1.0, 2.0]):
         with pytest.raises(ValueError):
-            hdmm.SquareRootStrategy(Spectrum(basis, np.array(values)))
+            SquareRootStrategy(Spectrum(basis, np.array(values)))
     for theta in (-1.0, np.inf, 0.0):
         with pytest.raises(ValueError, match="theta"):
-            hdmm.SquareRootStrategy(Spectrum(basis, np.array([0.0, 1.0, 2.0])), theta)
+            SquareRootStrategy(Spectrum(basis, np.array([0.0, 1.0, 2.0])), theta)
 
 
 def test_the_floor_of_a_singular_gram_is_tuned_to_the_workload():
     W = hdmm.WidthKRange(64, 8)  # Gram of rank 57
     G = W.gram()
     spectrum = Spectrum.of_dense(G.dense())
-    tuned = hdmm.SquareRootStrategy.for_gram(G)
+    tuned = SquareRootStrategy.for_gram(G)
     assert tuned.theta > 0
     optimum = hdmm.optimizers.convex.solve_convex(G.dense()).original_objective
     assert factor_trace(tuned, W)[0] < 1.01 * optimum
     mean = spectrum.values.clip(0).mean()
     for floor in (1e-8, 1e-6, 1e-2, 1e-1):  # the convex solver's 1e-8 costs a factor 3 here
-        fixed = hdmm.SquareRootStrategy(spectrum, floor * mean)
+        fixed = SquareRootStrategy(spectrum, floor * mean)
         assert factor_trace(tuned, W)[0] <= factor_trace(fixed, W)[0]
 
 
 @pytest.mark.parametrize("make", [hdmm.Prefix, hdmm.AllRange])
 def test_gaussian_opt0_beyond_the_convex_program_is_near_the_bound_on_large_ranges(make):
     W = make(4096)
-    A = hdmm.opt0(W, hdmm.ZCDP(1))
-    assert isinstance(A, hdmm.SquareRootStrategy) and isinstance(A.basis, SineBasis)
+    A = opt0(W, hdmm.ZCDP(1))
+    assert isinstance(A, SquareRootStrategy) and isinstance(A.basis, SineBasis)
     bound = hdmm.svd_bound(W, hdmm.ZCDP(0.5))
     err = hdmm.expected_error(W, A, hdmm.ZCDP(0.5))
     assert 1.0 <= np.sqrt(float(err) / float(bound)) < 1.02
@@ -138,14 +142,14 @@ def test_gaussian_opt0_beyond_the_convex_program_is_near_the_bound_on_large_rang
 def test_gaussian_factor_uses_a_dense_eigensolver_between_the_limits(monkeypatch):
     monkeypatch.setattr(kron, "CONVEX_MAX_N", 16)
     W = hdmm.WidthKRange(64, 8)
-    A = hdmm.opt0(W, hdmm.ZCDP(1))
-    assert isinstance(A, hdmm.SquareRootStrategy) and isinstance(A.basis, DenseBasis)
+    A = opt0(W, hdmm.ZCDP(1))
+    assert isinstance(A, SquareRootStrategy) and isinstance(A.basis, DenseBasis)
     convex = hdmm.optimizers.convex.solve_convex(W.gram().dense())
     ratio = hdmm.expected_error(W, A, hdmm.ZCDP(1)) / hdmm.expected_error(W, convex.strategy, hdmm.ZCDP(1))
     assert 1.0 - 1e-9 <= ratio < 1.05
     monkeypatch.setattr(kron, "ROOT_DENSE_MAX_N", 32)
-    beyond = hdmm.opt0(W, hdmm.ZCDP(1))  # the Gram's pinching in a sine basis stands in for it
-    assert isinstance(beyond, hdmm.SquareRootStrategy) and isinstance(beyond.basis, SineBasis)
+    beyond = opt0(W, hdmm.ZCDP(1))  # the Gram's pinching in a sine basis stands in for it
+    assert isinstance(beyond, SquareRootStrategy) and isinstance(beyond.basis, SineBasis)
     ratio = hdmm.expected_error(W, beyond, hdmm.ZCDP(1)) / hdmm.expected_error(W, convex.strategy, hdmm.ZCDP(1))
     assert 1.0 - 1e-9 <= ratio < 1.05
 
@@ -156,7 +160,7 @@ def test_pinching_against_dense(n, kind, seed):
     Q = SineBasis(n, kind).apply(np.eye(n))
     F = np.random.default_rng(seed).standard_normal((n + 2, n))
     G = F.T @ F
-    spectrum, kept = pinch(SineBasis(n, kind), hdmm.Explicit(G))
+    spectrum, kept = pinch(SineBasis(n, kind), Explicit(G))
     d = np.diag(Q.T @ G @ Q)
     np.testing.assert_allclose(spectrum.values, d, atol=1e-10 * np.abs(G).max())
     assert kept == pytest.approx((d @ d) / np.sum(G * G), rel=1e-10)
@@ -171,7 +175,7 @@ UNIONS = {
     "prefix + width-8": lambda n: hdmm.union([hdmm.Prefix(n), hdmm.WidthKRange(n, 8)]),
     "identity + total": lambda n: hdmm.union([hdmm.Identity(n), hdmm.Total(n)]),
     "ranges + shuffled prefix": lambda n: hdmm.union(
-        [hdmm.AllRange(n), hdmm.Explicit(np.tril(np.ones((n, n)))[:, np.random.default_rng(0).permutation(n)])]),
+        [hdmm.AllRange(n), Explicit(np.tril(np.ones((n, n)))[:, np.random.default_rng(0).permutation(n)])]),
 }
 
 
@@ -185,10 +189,10 @@ def test_gaussian_factor_in_a_sine_basis_beyond_the_dense_limit(name, monkeypatc
     W = UNIONS[name](n)
     G = W.gram()
     assert G.spectrum() is None and kron.factor_method(G, hdmm.ZCDP(1)) == "sine basis"
-    root = hdmm.SquareRootStrategy.in_sine_basis(G)
+    root = SquareRootStrategy.in_sine_basis(G)
     found = kron.factor_candidates(G, hdmm.ZCDP(1), None, 1, np.random.default_rng(0))
-    assert [type(A) for A in found] == [hdmm.SquareRootStrategy, hdmm.PIdentity]
-    A = hdmm.opt0(W, hdmm.ZCDP(1), seed=0)
+    assert [type(A) for A in found] == [SquareRootStrategy, PIdentity]
+    A = opt0(W, hdmm.ZCDP(1), seed=0)
     privacy = hdmm.ZCDP(1)
     # the reported errors are the dense ones, and the best candidate is kept
     Ad, Wd = A.dense(), W.dense()
@@ -206,26 +210,26 @@ def test_gaussian_factor_in_a_sine_basis_beyond_the_dense_limit(name, monkeypatc
 def test_square_root_strategy_reconstructs_exactly_and_round_trips(tmp_path):
     n = 8192
     W = hdmm.Prefix(n)
-    A = hdmm.SquareRootStrategy.for_workload(W)
+    A = SquareRootStrategy.for_workload(W)
     assert reconstruction_method(A) == "kronecker"
     x = np.random.default_rng(1).integers(0, 50, n).astype(float)
     np.testing.assert_allclose(A.pinv() @ (A @ x), x, atol=1e-8)
-    for strategy in (A, hdmm.SquareRootStrategy.for_workload(hdmm.WidthKRange(40, 5))):
+    for strategy in (A, SquareRootStrategy.for_workload(hdmm.WidthKRange(40, 5))):
         path = tmp_path / "root.npz"
-        hdmm.save_strategy(strategy, path)
-        loaded, _ = hdmm.load_strategy(path)
+        save_strategy(strategy, path)
+        loaded, _ = load_strategy(path)
         v = np.random.default_rng(2).random(strategy.shape[1])
         np.testing.assert_array_equal(loaded @ v, strategy @ v)
 
 
 # ---------------------------------------------------------------------- block-diagonal strategies
 @pytest.mark.parametrize("tail", [0, 3])
-@pytest.mark.parametrize("block", [hdmm.PIdentity(np.random.default_rng(0).random((3, 8))), hdmm.Prefix(8),
-                                   hdmm.Ones(1, 8)], ids=repr)
+@pytest.mark.parametrize("block", [PIdentity(np.random.default_rng(0).random((3, 8))), hdmm.Prefix(8),
+                                   Ones(1, 8)], ids=repr)
 def test_block_diagonal_matches_its_dense_kronecker_form(block, tail):
     import scipy.linalg
 
-    A = hdmm.BlockDiagonal(block, 4, tail)
+    A = BlockDiagonal(block, 4, tail)
     dense = scipy.linalg.block_diag(np.kron(np.eye(4), block.dense()), np.eye(tail))
     np.testing.assert_allclose(A.dense(), dense, atol=1e-12)
     np.testing.assert_allclose(A.T.dense(), dense.T, atol=1e-12)
@@ -265,17 +269,17 @@ def test_large_local_workloads_get_a_block_diagonal_candidate(monkeypatch, tmp_p
         candidates = kron.factor_candidates(G, privacy, None, 1, rng)
         A = candidates[-1]
         # under Laplace noise the blocks replace a whole-domain p-Identity; the convex optimum stays
-        assert len(candidates) == norm and isinstance(A, hdmm.BlockDiagonal) and A.copies == 4
+        assert len(candidates) == norm and isinstance(A, BlockDiagonal) and A.copies == 4
         assert A.sensitivity(norm) == pytest.approx(1.0)
         dense = A.dense()
         exact = np.trace(np.linalg.solve(dense.T @ dense, G.dense())) * A.sensitivity(norm) ** 2
         assert float(hdmm.expected_error(W, A, privacy)) == pytest.approx(
             exact * privacy.noise_scale(1.0) ** 2 * (2 if norm == 1 else 1), rel=1e-8)
-        best = hdmm.opt0(W, privacy, seed=0)
+        best = opt0(W, privacy, seed=0)
         assert hdmm.expected_error(W, best, privacy) <= hdmm.expected_error(W, A, privacy) * (1 + 1e-9)
         path = tmp_path / f"{norm}.npz"
-        hdmm.save_strategy(A, path)
-        loaded, _ = hdmm.load_strategy(path)
+        save_strategy(A, path)
+        loaded, _ = load_strategy(path)
         np.testing.assert_allclose(loaded.dense(), dense)
     # a global workload folds densely: no block-diagonal candidate
     assert len(kron.factor_candidates(hdmm.Prefix(512).gram(), hdmm.PureDP(1), None, 1, rng)) == 1
@@ -283,21 +287,21 @@ def test_large_local_workloads_get_a_block_diagonal_candidate(monkeypatch, tmp_p
 
 @pytest.mark.parametrize("W", [hdmm.Prefix(40), hdmm.WidthKRange(40, 6), hdmm.AllRange(12)], ids=repr)
 def test_square_root_per_query_variances_match_dense(W):
-    A = hdmm.SquareRootStrategy.for_workload(W)
+    A = SquareRootStrategy.for_workload(W)
     dense = A.dense()
     Wd = W.dense()
     expected = np.einsum("ij,ij->i", Wd @ np.linalg.inv(dense.T @ dense), Wd)
     variances, unsupported, nonzero = factor_rows(A, W)
     np.testing.assert_allclose(variances, expected, rtol=1e-9)
     assert not unsupported.any() and nonzero.all()
-    np.testing.assert_allclose(hdmm.per_query_variance(W, A, hdmm.ZCDP(1)), expected * hdmm.ZCDP(1).noise_scale(1.0) ** 2,
+    np.testing.assert_allclose(per_query_variance(W, A, hdmm.ZCDP(1)), expected * hdmm.ZCDP(1).noise_scale(1.0) ** 2,
                                rtol=1e-8)
 
 
 def test_block_diagonal_labels_name_the_real_cells():
-    A = hdmm.BlockDiagonal(hdmm.Identity(2), 2, tail=1)
+    A = BlockDiagonal(hdmm.Identity(2), 2, tail=1)
     assert [A.describe(i, "x", ["a", "b", "c", "d", "e"]) for i in range(5)] == ["x=a", "x=b", "x=c", "x=d", "x=e"]
-    P = hdmm.BlockDiagonal(hdmm.Prefix(3), 2)
+    P = BlockDiagonal(hdmm.Prefix(3), 2)
     dense = P.dense()
     for row in range(6):
         cells = np.flatnonzero(dense[row])
@@ -305,11 +309,11 @@ def test_block_diagonal_labels_name_the_real_cells():
         assert label.startswith("x") and str(cells.min()) in label
 
 
-@pytest.mark.parametrize("block", [hdmm.PIdentity(np.random.default_rng(1).random((2, 6))),
-                                   hdmm.SquareRootStrategy.for_workload(hdmm.Prefix(6)), hdmm.Ones(1, 6)], ids=repr)
+@pytest.mark.parametrize("block", [PIdentity(np.random.default_rng(1).random((2, 6))),
+                                   SquareRootStrategy.for_workload(hdmm.Prefix(6)), Ones(1, 6)], ids=repr)
 def test_block_diagonal_per_query_variances_match_dense(block, monkeypatch):
     monkeypatch.setattr(hdmm.spectral, "BLOCK_ENTRIES", 50)  # several blocks of queries
-    A = hdmm.BlockDiagonal(block, 3, tail=2)
+    A = BlockDiagonal(block, 3, tail=2)
     W = hdmm.WidthKRange(20, 4)
     dense = A.dense()
     X = dense.T @ dense
@@ -323,13 +327,13 @@ def test_block_diagonal_per_query_variances_match_dense(block, monkeypatch):
     with pytest.raises(ValueError, match="cells"):
         factor_trace(A, hdmm.Prefix(12))
     with pytest.raises(ValueError, match="tail"):
-        hdmm.BlockDiagonal(block, 3, tail=-1)
+        BlockDiagonal(block, 3, tail=-1)
 
 
 def test_the_bound_of_a_short_wide_factor_uses_its_row_gram():
     import tracemalloc
 
-    f = hdmm.Predicates(np.ones((1, 4000)))
+    f = Predicates(np.ones((1, 4000)))
     tracemalloc.start()
     value = hdmm.bound.factor_nuclear_norm(f)
     peak = tracemalloc.get_traced_memory()[1]
@@ -340,7 +344,7 @@ def test_the_bound_of_a_short_wide_factor_uses_its_row_gram():
 
 
 def test_block_diagonal_variances_of_many_queries_go_through_the_dense_route():
-    A = hdmm.BlockDiagonal(hdmm.SquareRootStrategy.for_workload(hdmm.AllRange(5)), 3, tail=1)
+    A = BlockDiagonal(SquareRootStrategy.for_workload(hdmm.AllRange(5)), 3, tail=1)
     W = hdmm.AllRange(16)  # 136 queries > 4 per cell
     dense = A.dense()
     expected = np.einsum("ij,ij->i", W.dense() @ np.linalg.inv(dense.T @ dense), W.dense())
@@ -354,12 +358,12 @@ def test_a_domain_without_a_good_divisor_gets_blocks_and_a_tail(monkeypatch, tmp
     assert kron._tiling(509) == (127, 4, 1)  # 509 is prime
     W = hdmm.WidthKRange(509, 3)
     (A,) = kron.factor_candidates(W.gram(), hdmm.PureDP(1), None, 1, np.random.default_rng(0))
-    assert isinstance(A, hdmm.BlockDiagonal) and (A.copies, A.tail) == (4, 1)
+    assert isinstance(A, BlockDiagonal) and (A.copies, A.tail) == (4, 1)
     dense = A.dense()
     exact = np.trace(np.linalg.solve(dense.T @ dense, W.gram().dense())) * A.sensitivity(1) ** 2
     assert float(hdmm.expected_error(W, A, hdmm.PureDP(1))) == pytest.approx(2 * exact, rel=1e-8)
-    hdmm.save_strategy(A, tmp_path / "tail.npz")
-    loaded, _ = hdmm.load_strategy(tmp_path / "tail.npz")
+    save_strategy(A, tmp_path / "tail.npz")
+    loaded, _ = load_strategy(tmp_path / "tail.npz")
     np.testing.assert_allclose(loaded.dense(), dense)
     x = np.random.default_rng(3).random(509)
     np.testing.assert_allclose(A.pinv() @ (A @ x), x, atol=1e-8)

@@ -18,7 +18,7 @@ from hdmm.geography import GeographyTree
 from hdmm.georelease import rootfit
 from hdmm.georelease import nonneg
 from hdmm.georelease.rootfit import TIE_WEIGHT, workload_projection
-from hdmm.matrix import Explicit
+from hdmm.matrix import Explicit, Kronecker
 
 
 def _metric(W: np.ndarray, A: np.ndarray, tie: float = TIE_WEIGHT) -> np.ndarray:
@@ -120,7 +120,7 @@ def test_a_release_fits_its_root_through_the_workload_within_least_squares_accur
     domain = hdmm.Domain(["a", "b"], [4, 32])
     wide = np.vstack([np.ones(32), np.r_[np.ones(16), np.zeros(16)], np.r_[np.zeros(24), np.ones(8)]])
     W = hdmm.product(domain, {"a": hdmm.Identity(4), "b": Explicit(wide)})
-    A = hdmm.Kronecker([hdmm.Identity(4), hdmm.Identity(32)])
+    A = Kronecker([hdmm.Identity(4), hdmm.Identity(32)])
     tree = GeographyTree.from_parents({"s0": "US", "s1": "US", "s0c0": "s0", "s0c1": "s0", "s1c0": "s1"},
                                       ["nation", "state", "county"])
     H = sp.csr_matrix(np.random.default_rng(0).poisson(0.1, size=(tree.leaves, domain.size)).astype(float))
@@ -146,10 +146,10 @@ def test_a_strategy_inside_the_workloads_row_space_keeps_the_strategy_metric():
     domain = hdmm.Domain(["a", "b"], [4, 8])
     W = hdmm.product(domain, {"a": hdmm.Identity(4), "b": hdmm.Prefix(8)})
     tree = GeographyTree.from_parents({"s0": "US", "s1": "US"}, ["nation", "state"])
-    inside = geo_plan(tree, W, hdmm.PureDP(1.0), strategy=hdmm.Kronecker([hdmm.Identity(4), hdmm.Identity(8)]))
+    inside = geo_plan(tree, W, hdmm.PureDP(1.0), strategy=Kronecker([hdmm.Identity(4), hdmm.Identity(8)]))
     assert not nonneg.strategy_beyond_workload(inside)  # the prefixes span every cell of b
     narrow = hdmm.product(domain, {"a": hdmm.Identity(4), "b": hdmm.Total(8)})
-    beyond = geo_plan(tree, narrow, hdmm.PureDP(1.0), strategy=hdmm.Kronecker([hdmm.Identity(4), hdmm.Prefix(8)]))
+    beyond = geo_plan(tree, narrow, hdmm.PureDP(1.0), strategy=Kronecker([hdmm.Identity(4), hdmm.Prefix(8)]))
     assert nonneg.strategy_beyond_workload(beyond)
 
 
@@ -175,7 +175,7 @@ def _beyond_plan():
     domain = hdmm.Domain(["a", "b"], [4, 8])
     wide = np.vstack([np.ones(8), np.r_[np.ones(4), np.zeros(4)]])
     W = hdmm.product(domain, {"a": hdmm.Identity(4), "b": Explicit(wide)})
-    A = hdmm.Kronecker([hdmm.Identity(4), hdmm.Identity(8)])
+    A = Kronecker([hdmm.Identity(4), hdmm.Identity(8)])
     tree = GeographyTree.from_parents({"s0": "US", "s1": "US", "s2": "US", "s0c0": "s0", "s0c1": "s0",
                                        "s0c2": "s0", "s1c0": "s1", "s2c0": "s2", "s2c1": "s2"},
                                       ["nation", "state", "county"])

@@ -15,6 +15,7 @@ from hdmm import kernel
 from hdmm.kernel import Counts
 from hdmm.cli import in_cli_words
 from hdmm.noise import _Probability
+from hdmm.planning import Plan
 from cli_files import fails
 
 
@@ -140,4 +141,4 @@ def test_the_plan_rmse_is_hdmm_rmse_of_the_unweighted_queries():
     counts = float(hdmm.rmse(hdmm.union(parts), hdmm.Identity(8), hdmm.PureDP(1.0)))
     assert p.rmse == pytest.approx(counts, rel=1e-6)
     assert float(hdmm.rmse(weighted, hdmm.Identity(8), hdmm.PureDP(1.0))) > 4 * p.rmse  # weighted rows
-    assert "unweighted" in hdmm.Plan.rmse.__doc__ and "weights included" in hdmm.rmse.__doc__
+    assert "unweighted" in Plan.rmse.__doc__ and "weights included" in hdmm.rmse.__doc__

@@ -10,10 +10,11 @@ import pytest
 
 import hdmm
 from hdmm.block_diagonal import BlockDiagonal
-from hdmm.matrix import Explicit, Identity, Kronecker, Ones
+from hdmm.matrix import Explicit, Identity, Kronecker, Matrix, Ones
 from hdmm.optimizers.pidentity import PIdentity
 from hdmm.optimizers.root import SquareRootStrategy
 from hdmm.traces import SUPPORT_TOL, compute_gram_inverse, factor_rows, factor_trace, gram_inverse
+from hdmm.error import per_query_variance
 
 N = 12
 
@@ -75,8 +76,8 @@ def _dense_reference(A, f):
 @pytest.mark.parametrize("aname", list(STRATEGIES))
 def test_each_implementation_agrees_with_the_dense_default(aname, wname):
     A, f = STRATEGIES[aname], WORKLOADS[wname]
-    default_trace = factor_trace.dispatch(hdmm.Matrix)
-    default_rows = factor_rows.dispatch(hdmm.Matrix)
+    default_trace = factor_trace.dispatch(Matrix)
+    default_rows = factor_rows.dispatch(Matrix)
     dense = Explicit(A.dense())
     trace, supported = factor_trace(A, f)
     ref_trace, ref_supported = default_trace(dense, f)
@@ -151,15 +152,15 @@ def test_expected_error_of_a_kronecker_strategy_uses_the_factor_traces():
     Xp = np.linalg.pinv(Ad.T @ Ad)
     scale = privacy.noise_variance(A.sensitivity(2))
     assert float(hdmm.expected_error(W, A, privacy)) == pytest.approx(scale * np.trace(Wd @ Xp @ Wd.T), rel=1e-8)
-    np.testing.assert_allclose(hdmm.per_query_variance(W, A, privacy), scale * np.einsum("ij,ij->i", Wd @ Xp, Wd),
+    np.testing.assert_allclose(per_query_variance(W, A, privacy), scale * np.einsum("ij,ij->i", Wd @ Xp, Wd),
                                rtol=1e-8)
 
 
 def test_structured_factors_register_their_own_implementations():
-    default_trace, default_rows = factor_trace.dispatch(hdmm.Matrix), factor_rows.dispatch(hdmm.Matrix)
+    default_trace, default_rows = factor_trace.dispatch(Matrix), factor_rows.dispatch(Matrix)
     for cls in (Identity, BlockDiagonal, PIdentity, SquareRootStrategy):
         assert factor_trace.dispatch(cls) is not default_trace
     for cls in (Identity, BlockDiagonal, SquareRootStrategy):
         assert factor_rows.dispatch(cls) is not default_rows
     for cls in (Identity, PIdentity, SquareRootStrategy):
-        assert compute_gram_inverse.dispatch(cls) is not compute_gram_inverse.dispatch(hdmm.Matrix)
+        assert compute_gram_inverse.dispatch(cls) is not compute_gram_inverse.dispatch(Matrix)

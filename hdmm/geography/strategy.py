@@ -10,7 +10,7 @@ and :math:`A^TA = \sum_l w_l^2 S_l^TS_l` (a :class:`~hdmm.geography.blocks.TreeG
 pseudo-inverse, the estimates :math:`A^+y = (A^TA)^+A^Ty` and the variance of every unit's
 estimated total come from the two tree passes of :mod:`hdmm.geography.solver` (docs/math.md,
 section 8), linear in the number of units. The error functions of :mod:`hdmm.traces` are
-registered here for ``TreeStrategy``, so ``hdmm.expected_error``, ``hdmm.per_query_variance``
+registered here for ``TreeStrategy``, so ``hdmm.expected_error``, ``hdmm.error.per_query_variance``
 and ``hdmm.run`` are exact and fast for ``Kronecker([TreeStrategy(...), A_person])``.
 
 >>> from hdmm.geography import GeographyTree, LevelTotals

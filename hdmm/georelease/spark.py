@@ -61,6 +61,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from ..domain import Domain
+from ..records import cell_index
 from ..geography import GeographyError, GeographyTree
 from .passes import Partition
 from .plan import GeoPlan
@@ -133,7 +134,7 @@ def _leaf_counts(spark, tree: GeographyTree, data, leaf_column: str | None, doma
     np.add.at(totals, leaf, counts["count"].to_numpy(dtype=float))
     for name in [] if domain is None else domain.names:  # every distinct value must be readable (checked once);
         values = df.groupBy(name).count().toPandas()       # errors count the records, never show the values
-        domain.project([name]).cell_index(values[[name]], codes=codes, private=True, counts=values["count"])
+        cell_index(domain.project([name]), values[[name]], codes=codes, private=True, counts=values["count"])
     return df, counts, leaf, totals
 
 
@@ -438,7 +439,7 @@ class SparkEngine:
                 p = plan_b.value
                 i = int(pdf[PART].iloc[0])
                 lo, hi = Partition.of(p.tree, p.partition_level, i).leaves()
-                cells = domain.cell_index(pdf[names], codes=codes, private=True)
+                cells = cell_index(domain, pdf[names], codes=codes, private=True)
                 H = sp.csr_matrix((pdf["count"].to_numpy(dtype=float), (pdf[LEAF].to_numpy() - lo, cells)),
                                   shape=(hi - lo, domain.size))
                 H.sum_duplicates()

@@ -59,7 +59,7 @@ def provenance(plan: GeoPlan, seeded: bool, charge=None, postprocess: str | None
                about: dict | None = None) -> dict:
     """The release's record of what it spent and how (JSON-able), with its budget charge if any, its
     post-processing (``None``: least squares), the fingerprint of the person workload it answers
-    (:func:`hdmm.workload_fingerprint`, weights included) and ``about`` (what the caller records of
+    (:func:`hdmm.io.workload_fingerprint`, weights included) and ``about`` (what the caller records of
     the release's inputs, e.g. the creation time, the workload's name and the data source)."""
     tree = plan.tree
     return {

@@ -34,6 +34,7 @@ from ..kron_union import FactorMismatchError, kron_union
 from ..matrix import Explicit, Kronecker, Matrix, VStack, Weighted
 from ..mechanism import reconstruct
 from ..planning import check_calibration
+from ..records import cell_index
 from .passes import Partition
 from .plan import GeoPlan
 
@@ -124,7 +125,7 @@ class RecordHistograms:
             leaves = tree.leaf_index(records[leaf_column].astype(str))
         else:
             leaves = tree.locate(records)
-        cells = domain.cell_index(records, codes=codes, private=True)  # errors count records, never show values
+        cells = cell_index(domain, records, codes=codes, private=True)  # errors count records, never show values
         order = np.argsort(leaves, kind="stable")
         leaves, cells = leaves[order], cells[order]
         starts = np.searchsorted(leaves, np.arange(tree.leaves + 1))
