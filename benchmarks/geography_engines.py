@@ -183,6 +183,7 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0,
                         help="the share of the 2010 population drawn (default 1: every person)")
     parser.add_argument("--postprocess", default="none", choices=["none", "nonnegative", "integer"])
+    parser.add_argument("--previous", help="a JSON file of earlier runs' results (this script's) to report first")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -192,7 +193,7 @@ def main() -> None:
         postprocess = None if args.postprocess == "none" else args.postprocess
         print(json.dumps(child(args.child, states, levels, args.output, args.scale, postprocess)))
         return
-    results = []
+    results = [] if args.previous is None else json.loads(Path(args.previous).read_text())
     for engine in args.engines.split(","):
         output = tempfile.mkdtemp(prefix="hdmm-engines-out-") + "/release"
         cmd = [sys.executable, __file__, "--child", engine, "--states", args.states, "--levels", args.levels,

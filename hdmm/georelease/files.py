@@ -24,7 +24,7 @@ from ..files import sync_directory, sync_file, write_new
 from .plan import GeoPlan
 
 __all__ = ["check_output", "start_output", "release_table", "write_units", "finish_output", "partial_path",
-           "read_answers", "answers_of"]
+           "read_answers", "positions_of", "level_index", "answers_at"]
 
 
 def _arrow():
@@ -147,18 +147,28 @@ def _positions(column, index: dict[str, int], what: str, level: str) -> np.ndarr
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
-def answers_of(plan: GeoPlan, level: int, code, query, answer: np.ndarray, where: str) -> np.ndarray:
-    """The ``units x queries`` array of one level from its rows' ``code``, ``query`` (Arrow string or dictionary
-    columns) and ``answer``; raises if a unit or query is not the plan's, or a (unit, query) pair is missing or
-    repeated. ``where`` names the files in the errors."""
-    tree, name = plan.tree, plan.tree.levels[level]
-    units, labels = tree.codes(level), plan.labels
-    out = np.full((len(units), len(labels)), np.nan)
-    rows = _positions(code, {str(c): i for i, c in enumerate(units)}, "units", name)
-    cols = _positions(query, {x: i for i, x in enumerate(labels)}, "queries", name)
+def positions_of(code, query, index: tuple[dict[str, int], dict[str, int]], name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's unit and query positions from its ``code`` and ``query`` (Arrow string or dictionary columns)
+    and the level's lookups (:func:`level_index`); raises if a unit or query is not there. ``name``: the
+    level's, for the errors."""
+    units, queries = index
+    return _positions(code, units, "units", name), _positions(query, queries, "queries", name)
+
+
+def level_index(plan: GeoPlan, level: int) -> tuple[dict[str, int], dict[str, int]]:
+    """The positions of ``level``'s unit codes and of the plan's query labels."""
+    return {str(c): i for i, c in enumerate(plan.tree.codes(level))}, {x: j for j, x in enumerate(plan.labels)}
+
+
+def answers_at(plan: GeoPlan, level: int, rows: np.ndarray, cols: np.ndarray, answer: np.ndarray,
+               where: str) -> np.ndarray:
+    """The ``units x queries`` array of one level from its rows' positions and answers; raises if a (unit,
+    query) pair is missing or repeated. ``where`` names the files in the errors."""
+    units, queries = plan.tree.sizes[level], plan.queries
+    out = np.full((units, queries), np.nan)
     out[rows, cols] = answer
     if len(answer) != out.size or np.isnan(out).any():
-        raise ValueError(f"{where}: {len(answer):,} answers for {len(units):,} units x {len(labels):,} queries; a "
+        raise ValueError(f"{where}: {len(answer):,} answers for {units:,} units x {queries:,} queries; a "
                          "unit or query is missing or repeated (an incomplete or mixed release?)")
     return out
 
@@ -183,5 +193,5 @@ def read_answers(path: str | os.PathLike, plan: GeoPlan, level: str | int) -> np
                                 "directory of Parquet files)")
     tables = [pq.read_table(os.path.join(directory, f), columns=["code", "query", "answer"]) for f in files]
     table = pa.concat_tables(tables, promote_options="permissive")
-    return answers_of(plan, d, table.column("code"), table.column("query"), table.column("answer").to_numpy(),
-                      directory)
+    rows, cols = positions_of(table.column("code"), table.column("query"), level_index(plan, d), name)
+    return answers_at(plan, d, rows, cols, table.column("answer").to_numpy(), directory)

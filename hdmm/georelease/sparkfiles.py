@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from .files import answers_of, release_table
+from .files import answers_at, level_index, positions_of, release_table
 from .plan import GeoPlan
 
 __all__ = ["HadoopFiles", "SparkFiles", "SparkAnswers", "release_rows", "RELEASE_SCHEMA", "task_rows"]
@@ -178,14 +178,25 @@ class SparkFiles:
         return self.spark.read.schema(RELEASE_SCHEMA).parquet(self.path)
 
     def read(self, plan: GeoPlan, level: int) -> np.ndarray:
-        """The ``units x queries`` answers of ``level``, read back through Spark (:func:`~hdmm.georelease.files.answers_of`)."""
+        """The ``units x queries`` answers of ``level``, read back through Spark: each row's unit and query
+        positions found in the executors (only positions and answers reach the driver, 16 bytes a row)."""
+        import pyarrow as pa
         from pyspark.sql import functions as F
 
         name = plan.tree.levels[level]
-        table = self.frame().where(F.col("level") == name).select("code", "query", "answer").toArrow()
+        index = level_index(plan, level)
+
+        def positions(batches):
+            for batch in batches:
+                rows, cols = positions_of(batch.column("code"), batch.column("query"), index, name)
+                yield pa.RecordBatch.from_pydict({"row": rows.astype(np.int32), "col": cols.astype(np.int32),
+                                                  "answer": batch.column("answer")})
+
+        table = (self.frame().where(F.col("level") == name).select("code", "query", "answer")
+                 .mapInArrow(positions, "row int, col int, answer double").toArrow())
         if table.num_rows == 0:
             raise FileNotFoundError(f"{self.path}: no answers of level {name!r}")
-        return answers_of(plan, level, table.column("code"), table.column("query"),
+        return answers_at(plan, level, table.column("row").to_numpy(), table.column("col").to_numpy(),
                           table.column("answer").to_numpy(), self.path)
 
     def copy(self, path: str, meta: dict) -> None:
