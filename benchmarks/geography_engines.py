@@ -48,7 +48,7 @@ def _port() -> int:
 class Cluster:
     """A standalone master and two one-core workers (``memory`` each) on localhost, stopped on exit."""
 
-    def __init__(self, root: Path, memory: str = "7g") -> None:
+    def __init__(self, root: Path, memory: str = "9g") -> None:
         import pyspark
 
         self.home = os.path.dirname(pyspark.__file__)
@@ -93,7 +93,7 @@ class Cluster:
 
 
 def child(engine: str, states, levels: tuple[str, ...], output: str, scale: float = 1.0,
-          postprocess: str | None = None) -> dict:
+          postprocess: str | None = None, memory: str = "8g") -> dict:
     import hashlib
 
     import numpy as np
@@ -102,7 +102,8 @@ def child(engine: str, states, levels: tuple[str, ...], output: str, scale: floa
     from geography import PeakMemory
     from hdmm.georelease import geo_plan, release_geography
 
-    out: dict = {"engine": engine, "postprocess": postprocess or "least squares"}
+    out: dict = {"engine": engine if engine == "local" else f"{engine} ({memory} JVM heap)",
+                 "postprocess": postprocess or "least squares"}
     with PeakMemory() as memory:
         tree, source, W, strategy, privacy, _ = setting(states, levels)
         if scale != 1.0:  # the same tree and shares, with a fraction of the people
@@ -128,9 +129,9 @@ def child(engine: str, states, levels: tuple[str, ...], output: str, scale: floa
 
                 cluster = Cluster(root) if engine == "cluster" else None
                 master = cluster.__enter__() if cluster is not None else "local[2]"
-                if cluster is not None:  # each executor (one per worker) may use most of its worker's memory
-                    os.environ["PYSPARK_SUBMIT_ARGS"] = "--conf spark.executor.memory=6g pyspark-shell"
-                options["spark"] = spark_session(master)
+                if cluster is not None:  # each executor (one per worker) gets the heap the driver gets
+                    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--conf spark.executor.memory={memory} pyspark-shell"
+                options["spark"] = spark_session(master, memory=memory)
             out["start seconds"] = time.perf_counter() - start
             start = time.perf_counter()
             release = release_geography(plan, source, engine="local" if engine == "local" else "spark", seed=1,
@@ -183,6 +184,8 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0,
                         help="the share of the 2010 population drawn (default 1: every person)")
     parser.add_argument("--postprocess", default="none", choices=["none", "nonnegative", "integer"])
+    parser.add_argument("--spark-memory", default="8g",
+                        help="the JVM heap of Spark's driver (local mode: also the executors) and of each executor")
     parser.add_argument("--previous", help="a JSON file of earlier runs' results (this script's) to report first")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
@@ -191,13 +194,14 @@ def main() -> None:
     levels = tuple(args.levels.split(","))
     if args.child:
         postprocess = None if args.postprocess == "none" else args.postprocess
-        print(json.dumps(child(args.child, states, levels, args.output, args.scale, postprocess)))
+        print(json.dumps(child(args.child, states, levels, args.output, args.scale, postprocess, args.spark_memory)))
         return
     results = [] if args.previous is None else json.loads(Path(args.previous).read_text())
     for engine in args.engines.split(","):
         output = tempfile.mkdtemp(prefix="hdmm-engines-out-") + "/release"
         cmd = [sys.executable, __file__, "--child", engine, "--states", args.states, "--levels", args.levels,
-               "--output", output, "--scale", str(args.scale), "--postprocess", args.postprocess]
+               "--output", output, "--scale", str(args.scale), "--postprocess", args.postprocess,
+               "--spark-memory", args.spark_memory]
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         shutil.rmtree(os.path.dirname(output), ignore_errors=True)
         if done.returncode != 0:
