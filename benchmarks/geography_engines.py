@@ -93,7 +93,7 @@ class Cluster:
 
 
 def child(engine: str, states, levels: tuple[str, ...], output: str, scale: float = 1.0,
-          postprocess: str | None = None, memory: str = "8g") -> dict:
+          postprocess: str | None = None, heap: str = "8g") -> dict:
     import hashlib
 
     import numpy as np
@@ -102,7 +102,7 @@ def child(engine: str, states, levels: tuple[str, ...], output: str, scale: floa
     from geography import PeakMemory
     from hdmm.georelease import geo_plan, release_geography
 
-    out: dict = {"engine": engine if engine == "local" else f"{engine} ({memory} JVM heap)",
+    out: dict = {"engine": engine if engine == "local" else f"{engine} ({heap} JVM heap)",
                  "postprocess": postprocess or "least squares"}
     with PeakMemory() as memory:
         tree, source, W, strategy, privacy, _ = setting(states, levels)
@@ -130,8 +130,8 @@ def child(engine: str, states, levels: tuple[str, ...], output: str, scale: floa
                 cluster = Cluster(root) if engine == "cluster" else None
                 master = cluster.__enter__() if cluster is not None else "local[2]"
                 if cluster is not None:  # each executor (one per worker) gets the heap the driver gets
-                    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--conf spark.executor.memory={memory} pyspark-shell"
-                options["spark"] = spark_session(master, memory=memory)
+                    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--conf spark.executor.memory={heap} pyspark-shell"
+                options["spark"] = spark_session(master, memory=heap)
             out["start seconds"] = time.perf_counter() - start
             start = time.perf_counter()
             release = release_geography(plan, source, engine="local" if engine == "local" else "spark", seed=1,
