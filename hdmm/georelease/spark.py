@@ -506,7 +506,11 @@ class SparkEngine:
         return (result for _, (_, result) in results)
 
     def close(self) -> None:
-        """Let Spark free the steps' checkpoints (their blocks go when the JVM's cleaner collects them)."""
+        """Free the broadcasts on every executor, and let Spark free the steps' checkpoints (their blocks go when
+        the JVM's cleaner collects them, or with the session)."""
+        for _, handle in self._shared.values():
+            if hasattr(handle, "destroy"):  # a classic broadcast (Spark Connect ships values with the steps)
+                handle.destroy()
         self._state = None
         self._shared.clear()
 
