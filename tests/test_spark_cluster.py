@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -50,7 +51,7 @@ def _start(args: list[str], log: Path) -> subprocess.Popen:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """``spark://127.0.0.1:PORT``: a standalone master and two workers (one core, 1 GB each)."""
-    if not shutil_which("java"):
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Java is needed for a Spark cluster")
     root = tmp_path_factory.mktemp("cluster")
     port, ui = _free_port(), _free_port()
@@ -84,12 +85,6 @@ def cluster(tmp_path_factory):
                 pass
         for p in processes:
             p.wait(timeout=30)
-
-
-def shutil_which(name: str) -> str | None:
-    import shutil
-
-    return shutil.which(name) or (os.environ.get("JAVA_HOME") and os.path.join(os.environ["JAVA_HOME"], "bin", name))
 
 
 def test_the_cli_submitted_to_a_standalone_cluster_reads_and_writes_through_the_default_file_system(cluster,
