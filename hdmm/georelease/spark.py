@@ -398,9 +398,12 @@ class SparkEngine:
 
     def _ids(self, n: int):
         """A DataFrame of the ids ``0 .. n-1`` (column ``partition``), spread over the executors."""
-        ids = self.spark.createDataFrame(pd.DataFrame({"partition": np.arange(n, dtype=np.int64)}))
+        return self._spread(self.spark.createDataFrame(pd.DataFrame({"partition": np.arange(n, dtype=np.int64)})), n)
+
+    def _spread(self, df, n: int):
+        """``df``'s ``n`` rows (one per partition id) in up to four Spark partitions per core, by id."""
         parallel = self.sc.defaultParallelism if self.sc is not None else 2
-        return ids.repartition(min(n, max(2, parallel * 4)), "partition")
+        return df.repartition(min(n, max(2, parallel * 4)), "partition")
 
     def measure(self, fn, shared: tuple, partitions: int) -> Iterator:
         plan_b, schema = self._plan, _schema()
@@ -419,8 +422,7 @@ class SparkEngine:
                         lo = Partition.of(plan_b.value.tree, plan_b.value.partition_level, int(i)).leaves()[0]
                         yield _run(int(i), fn, *values, int(i), lambda a, b, H=H, lo=lo: H[a - lo:b - lo])
 
-            parallel = self.sc.defaultParallelism if self.sc is not None else 2
-            df = held.repartition(min(partitions, max(2, parallel * 4)), "partition").mapInPandas(run_held, schema)
+            df = self._spread(held, partitions).mapInPandas(run_held, schema)
         elif self.source is not None:  # a source that makes its histograms (small): broadcast
             source_b = self.share(self.source)
 
@@ -498,9 +500,7 @@ class SparkEngine:
             values = [h.value for h in shared]
             for pdf in batches:
                 for k in pdf["partition"].tolist():
-                    with task_rows() as answers:
-                        result = fn(*values, items_b.value[int(k)])
-                    yield _rows(int(k), None, result, answers)
+                    yield _run(int(k), lambda item: (None, fn(*values, item)), items_b.value[int(k)])
 
         _, results = self._persist(self._ids(len(items)).mapInPandas(run, _schema()))
         return (result for _, (_, result) in results)

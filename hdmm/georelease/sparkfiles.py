@@ -138,12 +138,7 @@ class SparkFiles:
         """Append answers held on the driver (``(level, units, answers)`` parts)."""
         import pyarrow as pa
 
-        tables = []
-        for d, units, answers in parts:
-            table = release_table(self.plan, d, units, answers, np.sqrt(self.plan.variances(d, units)), self.meta,
-                                  dictionary=False)
-            tables.append(table.add_column(0, "level", pa.array([self.plan.tree.levels[d]] * table.num_rows,
-                                                                  type=pa.string())))
+        tables = [_level_rows(self.plan, d, units, answers, self.meta) for d, units, answers in parts]
         self.write(self.spark.createDataFrame(pa.concat_tables(tables)))
 
     def write_units(self, rows, plan) -> None:
@@ -258,11 +253,17 @@ class SparkAnswers:
             self.rows += int(result)
 
 
+def _level_rows(plan: GeoPlan, d: int, units: np.ndarray, answers: np.ndarray, meta: dict):
+    """The release rows (:data:`RELEASE_SCHEMA`) of ``units`` of level ``d``, with their standard errors."""
+    import pyarrow as pa
+
+    table = release_table(plan, d, units, answers, np.sqrt(plan.variances(d, units)), meta, dictionary=False)
+    return table.add_column(0, "level", pa.array([plan.tree.levels[d]] * table.num_rows, type=pa.string()))
+
+
 def release_rows(plan: GeoPlan, meta: dict, batches: Iterator) -> Iterator:
     """Arrow batches of release rows (:data:`RELEASE_SCHEMA`) from batches of ``level, unit, values`` (a unit's
     answers): what Spark writes (``mapInArrow``)."""
-    import pyarrow as pa
-
     for batch in batches:
         if batch.num_rows == 0:
             continue
@@ -274,7 +275,4 @@ def release_rows(plan: GeoPlan, meta: dict, batches: Iterator) -> Iterator:
         for d in np.unique(levels).tolist():
             at = np.flatnonzero(levels == d)
             order = at[np.argsort(units[at], kind="stable")]
-            table = release_table(plan, d, units[order], answers[order],
-                                  np.sqrt(plan.variances(d, units[order])), meta, dictionary=False)
-            table = table.add_column(0, "level", pa.array([plan.tree.levels[d]] * table.num_rows, type=pa.string()))
-            yield from table.to_batches()
+            yield from _level_rows(plan, d, units[order], answers[order], meta).to_batches()
