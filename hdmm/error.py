@@ -21,6 +21,9 @@ Three exact routes, one per form of ``A`` (:func:`hdmm.structure.classify`), nev
   :math:`aI + bJ`): :math:`(A^TA)^+ = \sum_T E_T / \lambda_T`, so
   :math:`\mathrm{tr} = \sum_T \mathrm{tr}(E_T W^TW) / \lambda_T` over the subsets where the
   workload has weight (:mod:`hdmm.marginals`).
+* **Union strategy** whose factor Grams diagonalise together on every attribute (OPT_+'s
+  strategies, :mod:`hdmm.union_gram`): :math:`(A^TA)^+` from per-attribute congruences and a
+  grid of eigenvalues per workload term, at any domain size where the grids stay small.
 * Anything else on a small domain: dense pseudo-inverse.
 """
 
@@ -33,12 +36,13 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import gamma
 
-from .kron_union import KronUnion
+from .kron_union import KronUnion, kron_union
 from .marginals import trace_spectrum
 from .matrix import DENSE_LIMIT, DenseLimitError, Matrix
 from .privacy import Privacy
 from .structure import ZERO_RTOL, Structure, aligned_unions, classify
 from .traces import SUPPORT_TOL, factor_rows, factor_trace, gram_pinv, row_projections
+from .union_gram import term_variances, union_terms
 
 __all__ = [
     "ErrorResult",
@@ -280,6 +284,24 @@ def _dense_traces(W: Matrix, A: Matrix) -> tuple[_Traces, np.ndarray, np.ndarray
     return traces, Xp, bad_rows
 
 
+# ====================================================================== union strategies, jointly diagonal
+def _union_grids(W: Matrix, structure: Structure) -> list | None:
+    """The workload's terms under a union strategy whose Grams diagonalise together, or ``None`` (no such route)."""
+    if structure.form != "general" or structure.union is None:
+        return None
+    try:
+        return union_terms(W, structure.union)
+    except DenseLimitError:
+        return None
+
+
+def _union_traces(W: Matrix, grids: list) -> _Traces:
+    totals = [grid.total() for grid in grids]
+    t = np.array([value for value, _ in totals])
+    bad = np.array([not supported for _, supported in totals])
+    return _traces_result(kron_union(W), t, bad)
+
+
 def _kronecker_strategy(a_union: KronUnion) -> _KroneckerStrategy:
     return _KroneckerStrategy(*a_union.term(0))
 
@@ -301,6 +323,9 @@ def _traces(W: Matrix, A: Matrix, structure: Structure) -> _Traces:
         return _kronecker_traces(w_union, _kronecker_strategy(a_union))
     if route == "marginals":
         return _spectral_traces(w_union, a_union)[0]
+    grids = _union_grids(W, structure)
+    if grids is not None:
+        return _union_traces(W, grids)
     return _dense_traces(W, A)[0]
 
 
@@ -362,6 +387,9 @@ def unit_query_variances(W: Matrix, A: Matrix, structure: Structure) -> np.ndarr
         return _term_variances_kronecker(w_union, a_union)
     if route == "marginals":
         return _term_variances_spectral(w_union, a_union)
+    grids = _union_grids(W, structure)
+    if grids is not None:
+        return np.concatenate([term_variances(grid) for grid in grids])
     _, Xp, bad_rows = _dense_traces(W, A)
     return np.where(bad_rows, np.inf, W.quadratic_diag(Xp))
 
