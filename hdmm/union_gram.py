@@ -71,19 +71,44 @@ class JointDiagonal:
     diagonals: list[np.ndarray]
     union: KronUnion
 
+    def __post_init__(self) -> None:
+        # identical factor Grams (OPT_+ repeats one factor over many groups) share one diagonal
+        self._labels, self._unique = [], []
+        for d in self.diagonals:
+            unique, labels = np.unique(d, axis=0, return_inverse=True)
+            self._unique.append(unique)
+            self._labels.append(labels.ravel()[self.union.index[:, len(self._labels)]])
+        largest = [d.max(axis=1, initial=0.0) for d in self.diagonals]
+        self._scale = float(np.sum(self.union.weights ** 2 * self.union.products(largest)))
+
     def delta(self, cols: list[np.ndarray]) -> np.ndarray:
-        r""":math:`\delta` on the grid ``cols[0] x cols[1] x ...`` (index arrays), zero where it is rounding."""
-        u = self.union
-        shape = tuple(len(c) for c in cols)
-        out = np.zeros(shape)
-        for g in range(u.num_terms):
-            part = np.array(u.weights[g] ** 2)
-            for i, c in enumerate(cols):
-                part = np.multiply.outer(part, self.diagonals[i][u.index[g, i]][c])
-            out += part
-        scale = sum(u.weights[g] ** 2 * math.prod(float(self.diagonals[i][u.index[g, i]].max(initial=0.0))
-                                                  for i in range(u.dim)) for g in range(u.num_terms))
-        return np.where(out > ZERO_RTOL * scale, out, 0.0)
+        r""":math:`\delta` on the grid ``cols[0] x cols[1] x ...`` (index arrays), zero where it is rounding.
+
+        Strategy terms are summed by the diagonals they use on the grid's attributes of more than one
+        point (a total's attribute has one), so a grid costs one outer product per distinct pattern.
+        """
+        coefficient = self.union.weights ** 2
+        wide = []
+        for i, c in enumerate(cols):
+            if len(c) == 1:
+                coefficient = coefficient * self._unique[i][self._labels[i], c[0]]
+            else:
+                wide.append(i)
+        out = np.zeros(tuple(len(c) for c in cols))
+        if wide:
+            patterns, which = np.unique(np.stack([self._labels[i] for i in wide], axis=1), axis=0, return_inverse=True)
+            sums = np.bincount(which.ravel(), weights=coefficient, minlength=len(patterns))
+        else:
+            patterns, sums = np.zeros((1, 0), dtype=np.intp), np.array([coefficient.sum()])
+        flat = out.reshape([len(cols[i]) for i in wide] or [1])
+        for pattern, c0 in zip(patterns, sums):
+            if c0 == 0:
+                continue
+            part = np.array(c0)
+            for i, k in zip(wide, pattern):
+                part = np.multiply.outer(part, self._unique[i][k][cols[i]])
+            flat += part
+        return np.where(out > ZERO_RTOL * self._scale, out, 0.0)
 
 
 def _dense_gram(f: Matrix) -> np.ndarray:
@@ -199,18 +224,27 @@ def contract(core: np.ndarray, matrices: list[np.ndarray]) -> np.ndarray:
     return out
 
 
-def term_grid(diagonal: JointDiagonal, weight: float, factors: list[Matrix]) -> TermGrid:
-    """The contraction of one workload term ``weight * (x)_i factors[i]`` (raises if its grid is too large)."""
-    squares, cols = [], []
-    for T, f in zip(diagonal.transforms, factors):
-        m, n = f.shape
-        if m * n > FACTOR_DENSE_LIMIT:
-            raise DenseLimitError(f"a workload factor of {m:,} x {n:,} is too large for the exact union variances")
-        B = np.asarray(f @ T) ** 2
-        mass = B.max(axis=0)
-        keep = np.flatnonzero(mass > _MASS_RTOL * mass.max(initial=0.0))
-        squares.append(B[:, keep])
-        cols.append(keep)
+def _squares(f: Matrix, T: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    r""":math:`(fT)^{\circ 2}` on the columns where it has mass, and those columns."""
+    m, n = f.shape
+    if m * n > FACTOR_DENSE_LIMIT:
+        raise DenseLimitError(f"a workload factor of {m:,} x {n:,} is too large for the exact union variances")
+    B = np.asarray(f @ T) ** 2
+    mass = B.max(axis=0)
+    keep = np.flatnonzero(mass > _MASS_RTOL * mass.max(initial=0.0))
+    return B[:, keep], keep
+
+
+def term_grid(diagonal: JointDiagonal, weight: float, factors: list[Matrix],
+              squares: list[tuple[np.ndarray, np.ndarray]] | None = None) -> TermGrid:
+    """The contraction of one workload term ``weight * (x)_i factors[i]`` (raises if its grid is too large).
+
+    ``squares``: the factors' :func:`_squares`, when computed already.
+    """
+    if squares is None:
+        squares = [_squares(f, T) for T, f in zip(diagonal.transforms, factors)]
+    cols = [keep for _, keep in squares]
+    squares = [S for S, _ in squares]
     size = math.prod(len(c) for c in cols)
     if size > GRID_LIMIT:
         raise DenseLimitError(f"a workload term needs a grid of {size:,} strategy eigenvalues, above GRID_LIMIT")
@@ -251,4 +285,6 @@ def union_terms(W: Matrix, a_union: KronUnion | None) -> list[TermGrid] | None:
     a_union.memo["joint_diagonal"] = diagonal
     if diagonal is None:
         return None
-    return [term_grid(diagonal, *w_union.term(j)) for j in range(w_union.num_terms)]
+    per_factor = [[_squares(f, T) for f in fs] for T, fs in zip(diagonal.transforms, w_union.factors)]
+    return [term_grid(diagonal, *w_union.term(j), [per_factor[i][k] for i, k in enumerate(w_union.index[j])])
+            for j in range(w_union.num_terms)]
