@@ -1,4 +1,4 @@
-r"""Per-query variances at any size: the largest, per union term, and streamed in blocks (docs/math.md, section 3.6).
+r"""Per-query variances at any size: the largest, per union term, and streamed in blocks (docs/math.md, sections 2.8 and 2.9).
 
 :func:`hdmm.error.per_query_variance` returns one number per query, which a workload of 1e9
 queries cannot hold. The variances of a workload term :math:`c \bigotimes_i F_i` keep the term's

@@ -17,7 +17,7 @@ and a query :math:`w` is supported (:math:`w^T` in the range of :math:`X`) exact
 :math:`v = T \mathrm{diag}(\delta)^+ T^T w^T` is one). For a workload term
 :math:`c \bigotimes_i F_i` the coordinates factor too, :math:`u = c \bigotimes_i (F_i T_i)`, so
 the variances of the term's queries are the multilinear contraction of the grid
-:math:`1/\delta` with the matrices :math:`(F_i T_i)^{\circ 2}` (docs/math.md, section 3.6).
+:math:`1/\delta` with the matrices :math:`(F_i T_i)^{\circ 2}` (docs/math.md, section 2.8).
 
 Two positive semi-definite Grams always diagonalise together (whiten by their sum on its range,
 then take the eigenvectors of one of them); more do when their whitened forms commute, which is

@@ -29,8 +29,8 @@ def dense_unit_variances(W, A):
 
 def check(W, A, *, diagonalises=True):
     structure = classify(A)
-    if structure.form == "general":
-        assert (joint_diagonal(structure.union) is not None) == diagonalises
+    assert structure.form == "general"
+    assert (joint_diagonal(structure.union) is not None) == diagonalises
     got, want = unit_query_variances(W, A, structure), dense_unit_variances(W, A)
     np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
     finite = np.isfinite(want)
@@ -53,7 +53,7 @@ def readme_like(sizes=(2, 9, 4)):
 
 @pytest.mark.parametrize("privacy", [hdmm.PureDP(1.0), hdmm.ZCDP(0.5)])
 def test_opt_union_strategy_of_a_readme_like_workload(privacy):
-    W = readme_like()
+    W = readme_like((2, 20, 5))
     A = opt_union(W, privacy, groups=[[0], [1, 2, 3]], seed=0)
     check(W, A)
 
@@ -108,3 +108,21 @@ def test_a_workload_split_finer_than_the_strategy():
     A = VStack([Kronecker([Identity(6), Ones(1, 2)]), Kronecker([Explicit(np.tril(np.ones((6, 6)))), Identity(2)])])
     W = VStack([Kronecker([Identity(2), Ones(1, 3), Identity(2)]), Kronecker([Ones(1, 2), hdmm.Prefix(3), Ones(1, 2)])])
     check(W, A)
+
+
+def test_a_plan_of_a_union_strategy_is_exact_and_loads_with_progress(tmp_path):
+    W = readme_like((2, 20, 5))
+    A = opt_union(W, hdmm.PureDP(1.0), groups=[[0], [1, 2, 3]], seed=0)
+    assert classify(A).form == "general"
+    plan = hdmm.plan(W, A, hdmm.PureDP(1.0))
+    assert plan.variance_exact
+    queries = hdmm.workload.unweighted(W)[0]
+    want = dense_unit_variances(queries, plan.strategy) * plan.privacy.noise_variance(plan.sensitivity)
+    np.testing.assert_allclose(plan.variances, want, rtol=1e-8)
+    plan.save(tmp_path / "plan.npz")
+    lines = []
+    loaded = hdmm.planning.Plan.load(tmp_path / "plan.npz", progress=lines.append)
+    np.testing.assert_array_equal(loaded.variances, plan.variances)
+    assert any("variances" in line for line in lines) and any("checksum" in line for line in lines)
+    with pytest.raises(TypeError, match="progress"):
+        hdmm.planning.Plan.load(tmp_path / "plan.npz", progress="yes")
