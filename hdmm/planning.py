@@ -442,7 +442,8 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
         Seed of the optimizer's random starts (``strategy="auto"`` only): for reproducible
         research; a plan holds no noise, so the seed reveals nothing about the data.
     progress
-        Passed to :func:`hdmm.optimize`.
+        Passed to :func:`hdmm.optimize`; ``True`` or a callable also gets a line for each later step
+        (as :meth:`Plan.load`'s ``progress``).
 
     Returns
     -------
@@ -474,6 +475,8 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
     spacing, sensitivity = _noise_grid(_check_sensitivity(privacy.noise.sensitivity(A), A), A, privacy)
     resolved = reconstruction_method(A, method, structure=structure)
     queries, weights = unweighted(W)
+    say = _reporter(progress)
+    say(f"plan: per-query variances of {W.shape[0]:,} queries under a {structure.form} strategy")
     if W.shape[0] > MAX_QUERIES:  # too many to hold one variance each (a 1e100-cell Kronecker workload)
         unit, exact = None, False
     else:
