@@ -80,6 +80,20 @@ class _Outer:
         values = self._value(self.parts, self.shape)
         return np.where(self._value(self.bad, self.shape) > 0, np.inf, values) if self.bad else values
 
+    def leading(self, step: int) -> Iterator[np.ndarray]:
+        """The values in runs of ``step`` leading indices, each summand's trailing outer product formed once."""
+        def tails(parts: list) -> list:
+            return [(c, v[0], self._value([(1.0, v[1:])], self.shape[1:])) for c, v in parts]
+
+        parts, bad = tails(self.parts), tails(self.bad)
+        for a in range(0, self.shape[0], step):
+            b = min(a + step, self.shape[0])
+            values = sum(np.multiply.outer(c * v[a:b], tail) for c, v, tail in parts)
+            if bad:
+                flags = sum(np.multiply.outer(c * v[a:b], tail) for c, v, tail in bad)
+                values = np.where(flags > 0, np.inf, values)
+            yield np.asarray(values).ravel()
+
     def _any_bad(self) -> bool:
         return bool(self.bad) and math.fsum(c * math.prod(float(np.sum(v)) for v in vs) for c, vs in self.bad) > 0
 
@@ -228,6 +242,9 @@ def _blocks(term, limit: int) -> Iterator[np.ndarray]:
     inner = math.prod(shape[1:])
     if inner <= limit:
         step = max(1, limit // inner)
+        if isinstance(term, _Outer):
+            yield from term.leading(step)
+            return
         for a in range(0, shape[0], step):
             yield np.asarray(term.rows(a, min(a + step, shape[0])).dense()).ravel()
         return
