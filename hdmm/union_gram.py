@@ -25,6 +25,11 @@ checked numerically. An attribute whose Grams do not is reported by :func:`joint
 returning ``None``. A workload total on an attribute (the ones row) is diagonalised along with the
 strategy's Grams when it fits: then :math:`T_i^T \mathbf 1` has one non-zero, and the term's grid
 collapses on that attribute, which keeps the grid of a low-order marginal small on any domain.
+
+Values of :math:`\delta` below ``PINV_RCOND`` of its largest possible value count as zero, as the
+dense pseudo-inverse cuts eigenvalues (:data:`hdmm.traces.PINV_RCOND`). For a Gram whose condition
+number is beyond about 1e10 the two routes can then disagree on which queries are supported; where
+they do, this route's finite variances are the least-squares ones (``numpy.linalg.lstsq`` agrees).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import numpy as np
 
 from .kron_union import FactorMismatchError, KronUnion, kron_union
 from .matrix import DenseLimitError, Matrix
-from .traces import FACTOR_DENSE_LIMIT, SUPPORT_TOL
+from .traces import FACTOR_DENSE_LIMIT, PINV_RCOND, SUPPORT_TOL
 from .validation import ZERO_RTOL
 
 __all__ = ["JointDiagonal", "joint_diagonal", "TermGrid", "term_grid", "GRID_LIMIT", "DIAGONAL_RTOL",
@@ -108,7 +113,7 @@ class JointDiagonal:
             for i, k in zip(wide, pattern):
                 part = np.multiply.outer(part, self._unique[i][k][cols[i]])
             flat += part
-        return np.where(out > ZERO_RTOL * self._scale, out, 0.0)
+        return np.where(out > PINV_RCOND * self._scale, out, 0.0)
 
 
 def _dense_gram(f: Matrix) -> np.ndarray:

@@ -126,3 +126,32 @@ def test_a_plan_of_a_union_strategy_is_exact_and_loads_with_progress(tmp_path):
     assert any("variances" in line for line in lines) and any("checksum" in line for line in lines)
     with pytest.raises(TypeError, match="progress"):
         hdmm.planning.Plan.load(tmp_path / "plan.npz", progress="yes")
+
+
+def _random_factor(rng, n):
+    kind = rng.integers(0, 5)
+    if kind == 0:
+        return Identity(n)
+    if kind == 1:
+        return Ones(1, n)
+    if kind == 4:
+        return hdmm.Prefix(n)
+    return Explicit(rng.normal(size=(n + 1 if kind == 2 else max(1, n - 1), n)))  # full or deficient rank
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_unions_against_dense(seed):
+    """Unions of 2-3 Kronecker products drawing from 1-3 factors per attribute, some singular."""
+    rng = np.random.default_rng(seed)
+    sizes = [3, 4, 2]
+    pools = [[_random_factor(rng, n) for _ in range(rng.integers(1, 4))] for n in sizes]
+    A = VStack([Weighted(Kronecker([pool[rng.integers(len(pool))] for pool in pools]), float(rng.uniform(0.3, 2)))
+                for _ in range(rng.integers(2, 4))])
+    W = VStack([Kronecker([_random_factor(rng, n) for n in sizes]) for _ in range(3)])
+    structure = classify(A)
+    if structure.form != "general":
+        pytest.skip("the draw is not a general union")
+    got, want = unit_query_variances(W, A, structure), dense_unit_variances(W, A)
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-7)
