@@ -400,7 +400,8 @@ def per_query_variance(W: Matrix, A: Matrix, privacy: Privacy, *, structure: Str
 
     In the workload's row order; ``inf`` for queries the strategy does not support. Computed
     per Kronecker term from per-factor diagonals; ``W`` is never formed. ``structure`` and
-    ``sensitivity`` as in :func:`expected_error`.
+    ``sensitivity`` as in :func:`expected_error`. For the largest variance, per-term summaries or
+    workloads too large to hold one number per query, see :mod:`hdmm.query_variances`.
     """
     _check_inputs(W, A, privacy)
     structure, sensitivity = _resolve(A, privacy, structure, sensitivity)

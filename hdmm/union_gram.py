@@ -30,6 +30,16 @@ Values of :math:`\delta` below ``PINV_RCOND`` of its largest possible value coun
 dense pseudo-inverse cuts eigenvalues (:data:`hdmm.traces.PINV_RCOND`). For a Gram whose condition
 number is beyond about 1e10 the two routes can then disagree on which queries are supported; where
 they do, this route's finite variances are the least-squares ones (``numpy.linalg.lstsq`` agrees).
+
+>>> import numpy as np, hdmm
+>>> from hdmm.matrix import Kronecker, Ones, VStack
+>>> from hdmm.kron_union import kron_union
+>>> A = VStack([Kronecker([hdmm.Identity(3), Ones(1, 4)]), Kronecker([Ones(1, 3), hdmm.Prefix(4)])])
+>>> [len(t) for t in joint_diagonal(kron_union(A)).diagonals]   # two Grams per attribute
+[2, 2]
+>>> W = Kronecker([Ones(1, 3), Ones(1, 4)])                      # the total: measured by both terms
+>>> round(float(term_variances(union_terms(W, kron_union(A))[0])[0]), 12)  # 1 / (1/3 + 1/1)
+0.75
 """
 
 from __future__ import annotations
