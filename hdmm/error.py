@@ -21,6 +21,9 @@ Three exact routes, one per form of ``A`` (:func:`hdmm.structure.classify`), nev
   :math:`aI + bJ`): :math:`(A^TA)^+ = \sum_T E_T / \lambda_T`, so
   :math:`\mathrm{tr} = \sum_T \mathrm{tr}(E_T W^TW) / \lambda_T` over the subsets where the
   workload has weight (:mod:`hdmm.marginals`).
+* **Residual strategy with per-attribute bases** (:mod:`hdmm.residual_bases`):
+  :math:`(A^TA)^+ = \sum_T \kappa_T^{-1} \bigotimes_{i \in T} X_i^+ \bigotimes_{i \notin T} P_i`, so
+  the trace is a sum over subsets of products of per-attribute traces.
 * Anything else on a small domain: dense pseudo-inverse.
 """
 
@@ -35,6 +38,7 @@ from scipy.special import gamma
 
 from .kron_union import KronUnion
 from .marginals import trace_spectrum
+from .residual_bases import residual_form, residual_query_variances, residual_traces
 from .matrix import DENSE_LIMIT, DenseLimitError, Matrix
 from .privacy import Privacy
 from .structure import ZERO_RTOL, Structure, aligned_unions, classify
@@ -287,12 +291,13 @@ def _kronecker_strategy(a_union: KronUnion) -> _KroneckerStrategy:
 def exact_route(W: Matrix, A: Matrix, *, structure: Structure | None = None) -> str:
     """How :func:`expected_error` computes the error of ``A`` on ``W``.
 
-    ``"kronecker"`` or ``"spectral"`` (the marginals algebra): closed forms, at any domain size;
+    ``"kronecker"``, ``"spectral"`` (the marginals algebra) or ``"residual"`` (residual bases):
+    closed forms, at any domain size;
     ``"dense"``: a dense pseudo-inverse of ``A^TA``, for at most a few thousand cells.
     ``structure`` is ``A``'s (:func:`hdmm.structure.classify`) when known.
     """
     form = aligned_unions(W, classify(A) if structure is None else structure)[0]
-    return {"kronecker": "kronecker", "marginals": "spectral"}.get(form, "dense")
+    return {"kronecker": "kronecker", "marginals": "spectral", "residual": "residual"}.get(form, "dense")
 
 
 def _traces(W: Matrix, A: Matrix, structure: Structure) -> _Traces:
@@ -301,6 +306,8 @@ def _traces(W: Matrix, A: Matrix, structure: Structure) -> _Traces:
         return _kronecker_traces(w_union, _kronecker_strategy(a_union))
     if route == "marginals":
         return _spectral_traces(w_union, a_union)[0]
+    if route == "residual":
+        return _traces_result(w_union, *residual_traces(w_union, residual_form(a_union)))
     return _dense_traces(W, A)[0]
 
 
@@ -362,6 +369,8 @@ def unit_query_variances(W: Matrix, A: Matrix, structure: Structure) -> np.ndarr
         return _term_variances_kronecker(w_union, a_union)
     if route == "marginals":
         return _term_variances_spectral(w_union, a_union)
+    if route == "residual":
+        return residual_query_variances(w_union, residual_form(a_union))
     _, Xp, bad_rows = _dense_traces(W, A)
     return np.where(bad_rows, np.inf, W.quadratic_diag(Xp))
 

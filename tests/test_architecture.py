@@ -14,7 +14,8 @@ PACKAGES = ("hdmm", "census_workloads")
 LAYERS = [
     {"hdmm.version", "hdmm.validation", "hdmm.labels", "hdmm.spectral", "hdmm.slq", "hdmm.columns", "hdmm.records",
      "hdmm.domain", "hdmm.noise", "hdmm.files", "hdmm.distributions"},
-    {"hdmm.matrix", "hdmm.kron_union", "hdmm.marginals", "hdmm.workload", "hdmm.block_diagonal"},
+    {"hdmm.matrix", "hdmm.kron_union", "hdmm.marginals", "hdmm.residual_bases", "hdmm.workload",
+     "hdmm.block_diagonal"},
     {"hdmm.calibration", "hdmm.privacy", "hdmm.structure"},
     {"hdmm.budget", "hdmm.ledger"},
     {"hdmm.traces"},

@@ -1,0 +1,141 @@
+"""Residual measurements with per-attribute bases (hdmm.residual_bases) against dense numpy."""
+
+from __future__ import annotations
+
+import itertools
+from functools import reduce
+
+import numpy as np
+import pytest
+
+import hdmm
+from hdmm.error import expected_error, per_query_variance
+from hdmm.marginals import helmert
+from hdmm.matrix import Explicit, Kronecker, Ones, VStack, Weighted
+from hdmm.mechanism import least_squares, reconstruction_method
+from hdmm.residual_bases import ResidualBases, basis_from_gram
+from hdmm.structure import classify
+
+SIZES = (3, 4, 2)
+
+
+def _random_basis(n: int, rows: int, rng: np.random.Generator) -> np.ndarray:
+    B = rng.normal(size=(rows, n))
+    return B - B.mean(axis=1, keepdims=True)
+
+
+def _dense_strategy(sizes, subsets, weights, bases) -> np.ndarray:
+    blocks = []
+    for T, w in zip(subsets, weights):
+        factors = [bases[i] if i in T else np.ones((1, n)) / np.sqrt(n) for i, n in enumerate(sizes)]
+        blocks.append(w * reduce(np.kron, factors))
+    return np.vstack(blocks)
+
+
+def _strategy(rng, full_rank=True, subsets=None):
+    bases = [_random_basis(n, n - 1 if full_rank else max(n - 2, 1), rng) for n in SIZES]
+    if subsets is None:
+        subsets = [T for k in range(len(SIZES) + 1) for T in itertools.combinations(range(len(SIZES)), k)]
+    weights = rng.uniform(0.5, 2.0, size=len(subsets))
+    A = ResidualBases(SIZES, dict(zip(subsets, weights)), bases)
+    return A, _dense_strategy(SIZES, subsets, weights, bases)
+
+
+def test_matvecs_gram_norms_and_sensitivity_against_dense():
+    rng = np.random.default_rng(0)
+    A, D = _strategy(rng)
+    assert A.shape == D.shape
+    np.testing.assert_allclose(A.dense(), D, atol=1e-12)
+    x, y = rng.normal(size=D.shape[1]), rng.normal(size=D.shape[0])
+    np.testing.assert_allclose(A @ x, D @ x, atol=1e-12)
+    np.testing.assert_allclose(A.T @ y, D.T @ y, atol=1e-12)
+    np.testing.assert_allclose(A.gram().dense(), D.T @ D, atol=1e-11)
+    np.testing.assert_allclose(A.column_norm_powers(2).to_array(), np.sum(D**2, axis=0), atol=1e-12)
+    assert hdmm.ApproxDP(1.0, 1e-6).noise.sensitivity(A) == pytest.approx(np.sqrt(np.sum(D**2, axis=0).max()))
+    assert classify(A).form == "residual"
+
+
+def test_pseudo_inverse_reconstruction_is_exact():
+    rng = np.random.default_rng(1)
+    A, D = _strategy(rng)
+    y = rng.normal(size=D.shape[0])
+    structure = classify(A)
+    assert reconstruction_method(A, "auto", structure=structure) == "residual"
+    xhat = least_squares(A, y, "residual", structure, noise_std=1.0)
+    np.testing.assert_allclose(xhat, np.linalg.pinv(D) @ y, atol=1e-10)
+    # a strategy missing subsets, with rank-deficient bases: still the minimum-norm solution
+    A, D = _strategy(rng, full_rank=False, subsets=[(), (0,), (1, 2)])
+    y = rng.normal(size=D.shape[0])
+    xhat = least_squares(A, y, "residual", classify(A), noise_std=1.0)
+    np.testing.assert_allclose(xhat, np.linalg.pinv(D) @ y, atol=1e-10)
+
+
+def _workloads():
+    n0, n1, n2 = SIZES
+    T = [Ones(1, n) for n in SIZES]
+    W = [hdmm.Prefix(n0), hdmm.AllRange(n1), hdmm.Identity(n2)]
+    terms = []
+    for k in range(4):
+        for S in itertools.combinations(range(3), k):
+            terms.append(Kronecker([W[i] if i in S else T[i] for i in range(3)]))
+    yield VStack(terms)
+    yield Kronecker(W)
+    # other query matrices than the strategy was built for, weighted terms
+    yield VStack([Weighted(Kronecker([hdmm.Identity(n0), T[1], hdmm.Prefix(n2)]), 2.0),
+                  Kronecker([hdmm.Total(n0), hdmm.Prefix(n1), hdmm.Identity(n2)])])
+
+
+@pytest.mark.parametrize("k", range(3))
+def test_expected_error_and_variances_against_dense(k):
+    rng = np.random.default_rng(2 + k)
+    A, D = _strategy(rng)
+    W = list(_workloads())[k]
+    privacy = hdmm.ZCDP(0.5)
+    dense_A = Explicit(D)
+    exact = expected_error(W, A, privacy)
+    assert exact.structure.form == "residual"
+    assert float(exact) == pytest.approx(float(expected_error(W, dense_A, privacy)), rel=1e-9)
+    Xp = np.linalg.pinv(D.T @ D)
+    Wd = W.dense()
+    var = privacy.noise_variance(np.sqrt(np.sum(D**2, axis=0).max()))
+    assert float(exact) == pytest.approx(var * np.trace(Xp @ Wd.T @ Wd), rel=1e-6)
+    np.testing.assert_allclose(per_query_variance(W, A, privacy), var * np.einsum("ij,jk,ik->i", Wd, Xp, Wd),
+                               rtol=1e-6, atol=1e-12)
+
+
+def test_unsupported_workloads_are_infinite_both_ways():
+    rng = np.random.default_rng(7)
+    privacy = hdmm.ZCDP(0.5)
+    # rank-deficient bases: the identity is not answered
+    A, D = _strategy(rng, full_rank=False)
+    W = hdmm.Identity(int(np.prod(SIZES)))
+    W = Kronecker([hdmm.Identity(n) for n in SIZES])
+    assert np.isinf(expected_error(W, A, privacy))
+    assert np.isinf(expected_error(W, Explicit(D), privacy))
+    # a missing subset: the marginal on attribute 0 is not answered, the total is
+    A, D = _strategy(rng, subsets=[(), (1,), (2,), (1, 2)])
+    W = VStack([Kronecker([hdmm.Identity(SIZES[0]), Ones(1, SIZES[1]), Ones(1, SIZES[2])]),
+                Kronecker([Ones(1, n) for n in SIZES])])
+    v = per_query_variance(W, A, privacy)
+    dense = per_query_variance(W, Explicit(D), privacy)
+    np.testing.assert_array_equal(np.isinf(v), np.isinf(dense))
+    assert np.isinf(v[:SIZES[0]]).all() and np.isfinite(v[-1])
+    np.testing.assert_allclose(v[-1], dense[-1], rtol=1e-9)
+
+
+def test_helmert_bases_are_the_marginals_form_and_bad_bases_are_refused():
+    A = ResidualBases((3, 4), {(): 1.0, (0, 1): 2.0}, [helmert(3), None])
+    assert classify(A).form == "marginals"
+    with pytest.raises(ValueError, match="sum to zero"):
+        ResidualBases((3, 4), {(0,): 1.0}, [np.eye(3), None])
+    with pytest.raises(ValueError, match="one basis per attribute"):
+        ResidualBases((3, 4), {(0,): 1.0}, [None])
+
+
+def test_basis_from_gram():
+    Q = np.eye(5) - 1 / 5
+    X = Q @ hdmm.Prefix(5).gram().dense() @ Q
+    B = basis_from_gram(X)
+    assert B.shape == (4, 5)
+    np.testing.assert_allclose(B.T @ B, X, atol=1e-12)
+    np.testing.assert_allclose(B.sum(axis=1), 0, atol=1e-13)
