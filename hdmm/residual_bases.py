@@ -232,7 +232,7 @@ def _row_parts(f: Matrix, pinv: np.ndarray | None, proj: np.ndarray | None) -> t
     e = f.quadratic_diag(pinv)
     leak = q - f.quadratic_diag(proj)
     leak = np.where(leak <= 1e3 * ZERO_RTOL * np.maximum(q, 1e-300) + ZERO_RTOL * (p + q), 0.0, leak)
-    return p, np.maximum(e, 0.0), q, leak
+    return p, np.where(q > 0, np.maximum(e, 0.0), 0.0), q, leak
 
 
 def _factor_parts(w_union: KronUnion, form: ResidualForm) -> list[list[tuple[np.ndarray, ...]]]:

@@ -139,3 +139,78 @@ def test_basis_from_gram():
     assert B.shape == (4, 5)
     np.testing.assert_allclose(B.T @ B, X, atol=1e-12)
     np.testing.assert_allclose(B.sum(axis=1), 0, atol=1e-13)
+
+
+# ====================================================================== the optimizer
+def test_attribute_basis_solver_reproduces_helmert_on_the_identity():
+    from hdmm.optimizers.residual_bases import attribute_basis
+
+    for n in (3, 10, 40):
+        solved = attribute_basis(np.eye(n), closed_form=False)
+        assert solved.error == pytest.approx((n - 1) ** 2 / n, rel=1e-7)
+        assert solved.relative_gap <= 1e-6
+        closed = attribute_basis(np.eye(n))
+        assert closed.error == pytest.approx((n - 1) ** 2 / n, rel=1e-12)
+
+
+@pytest.mark.parametrize("n", [5, 30])
+def test_attribute_basis_on_prefix_is_certified_and_beats_helmert(n):
+    from hdmm.optimizers.residual_bases import attribute_basis
+
+    G = hdmm.Prefix(n).gram().dense()
+    solved = attribute_basis(G)
+    B = solved.basis
+    np.testing.assert_allclose(B.sum(axis=1), 0, atol=1e-12)
+    X = B.T @ B
+    assert np.max(np.diag(X)) == pytest.approx(1.0, rel=1e-9)
+    assert np.trace(np.linalg.pinv(X, hermitian=True) @ G) == pytest.approx(solved.error, rel=1e-7)
+    assert 0 <= solved.relative_gap <= 1e-6
+    Q = np.eye(n) - 1 / n
+    assert solved.error < np.trace(Q @ G) * (1 - 1 / n)  # Helmert's e * m
+
+
+def _prefix_marginals(sizes, prefix, k):
+    terms = []
+    for size in range(k + 1):
+        for S in itertools.combinations(range(len(sizes)), size):
+            terms.append(Kronecker([(hdmm.Prefix(n) if i in prefix else hdmm.Identity(n)) if i in S else Ones(1, n)
+                                    for i, n in enumerate(sizes)]))
+    return VStack(terms)
+
+
+def test_residual_bases_strategy_error_is_exact_and_beats_residual():
+    from hdmm.optimizers.marginals import residual_strategy
+    from hdmm.optimizers.residual_bases import residual_bases_strategy
+
+    W = _prefix_marginals((6, 5, 3), {0, 1}, 2)
+    A, error, solved = residual_bases_strategy(W)
+    privacy = hdmm.ZCDP(0.5)
+    unit = privacy.noise_variance(1.0)
+    assert hdmm.ApproxDP(1.0, 1e-6).noise.sensitivity(A) == pytest.approx(1.0, rel=1e-9)
+    exact = float(expected_error(W, A, privacy))
+    assert exact == pytest.approx(unit * error, rel=1e-9)
+    assert exact == pytest.approx(float(expected_error(W, Explicit(A.dense()), privacy)), rel=1e-8)
+    assert error < residual_strategy(W)[1]
+    assert solved[2] is not None and solved[2].error == pytest.approx(4 / 3)
+
+
+def test_residual_bases_does_not_apply_with_two_query_matrices_per_attribute():
+    from hdmm.optimizers.residual_bases import residual_bases_applies, residual_bases_strategy
+    from hdmm.kron_union import kron_union
+
+    W = VStack([Kronecker([hdmm.Prefix(4), Ones(1, 3)]), Kronecker([hdmm.Identity(4), hdmm.Prefix(3)])])
+    assert not residual_bases_applies(kron_union(W))
+    with pytest.raises(ValueError, match="one query matrix"):
+        residual_bases_strategy(W)
+
+
+def test_optimize_runs_residual_bases_and_keeps_the_best():
+    from hdmm.optimizers import optimize
+
+    W = _prefix_marginals((8, 6, 3), {0, 1}, 2)
+    result = optimize(W, hdmm.ZCDP(0.5), seed=0, optimizers=["residual", "residual_bases", "opt_kron"])
+    rows = result.report.set_index("optimizer")
+    assert "residual_bases" in rows.index
+    col = [c for c in rows.columns if "error" in c][0]
+    assert rows.loc["residual_bases", col] < rows.loc["residual", col]
+    assert float(result.error) == pytest.approx(float(rows[col].min()), rel=1e-12)
