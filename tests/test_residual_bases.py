@@ -214,3 +214,24 @@ def test_optimize_runs_residual_bases_and_keeps_the_best():
     col = [c for c in rows.columns if "error" in c][0]
     assert rows.loc["residual_bases", col] < rows.loc["residual", col]
     assert float(result.error) == pytest.approx(float(rows[col].min()), rel=1e-12)
+
+
+def test_save_load_and_plan_round_trip(tmp_path):
+    from hdmm.io import load_strategy, save_strategy
+    from hdmm.planning import Plan
+
+    rng = np.random.default_rng(11)
+    A, D = _strategy(rng)
+    A = ResidualBases.from_members(A.domain, A.members, A.weights, [A.bases[0], None, A.bases[2]])
+    save_strategy(A, tmp_path / "s.npz")
+    B, _ = load_strategy(tmp_path / "s.npz")
+    assert isinstance(B, ResidualBases)
+    np.testing.assert_array_equal(B.dense(), A.dense())
+    W = list(_workloads())[0]
+    privacy = hdmm.ZCDP(0.5)
+    p = hdmm.plan(W, A, privacy)
+    assert p.structure.form == "residual" and p.method == "residual"
+    np.testing.assert_allclose(p.variances, per_query_variance(W, Explicit(A.dense()), privacy), rtol=1e-8)
+    p.save(tmp_path / "p.hdmm")
+    q = Plan.load(tmp_path / "p.hdmm")
+    assert q.structure.form == "residual" and q.method == "residual"
