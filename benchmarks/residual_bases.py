@@ -8,8 +8,10 @@ abandons it against the ``residual_bases`` candidate, and after how many groups.
 
 Workloads: CPS prefix-marginals (income 50 and age 100 Prefix, marital 7, race 4, sex 2
 Identity; every marginal on 0-3 attributes); Adult prefix-marginals (the 14-attribute Adult
-domain, the first five Prefix; every 0-3-way marginal); Prefix(64) on each of 5 attributes as
-one Kronecker product; plain <= 3-way marginals of CPS and Adult.
+domain, the first five Prefix; every 0-3-way marginal); Loans prefix-marginals
+(ResidualPlanner+'s 12-attribute Loans domain, the first four Prefix; every 0-3-way marginal);
+the same three with AllRange in place of Prefix; Prefix(64) on each of 5 attributes as one
+Kronecker product; plain <= 3-way marginals of CPS and Adult.
 
 Run with one BLAS thread: ``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python benchmarks/residual_bases.py``.
 Writes ``benchmarks/results/residual_bases.csv``.
@@ -38,6 +40,9 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 PRIVACY = hdmm.ZCDP(0.5)
 CPS = hdmm.Domain.from_dict({"income": 50, "age": 100, "marital": 7, "race": 4, "sex": 2})
 ADULT = hdmm.Domain([f"a{i}" for i in range(14)], [100, 100, 100, 99, 85, 42, 16, 15, 9, 7, 6, 5, 2, 2])
+#: ResidualPlanner+'s Loans domain: loan amount, interest rate, annual income, installment (numeric), then
+#: term, grade, sub-grade, home ownership, state, settlement status, loan status, purpose.
+LOANS = hdmm.Domain([f"l{i}" for i in range(12)], [101, 101, 101, 101, 3, 8, 36, 6, 51, 4, 5, 15])
 
 
 def prefix_marginals(domain: hdmm.Domain, prefix: set[str], k: int = 3, block=hdmm.Prefix):
@@ -54,6 +59,10 @@ def workloads() -> dict:
     return {
         "CPS prefix-marginals": prefix_marginals(CPS, {"income", "age"}),
         "Adult prefix-marginals": prefix_marginals(ADULT, set(ADULT.names[:5])),
+        "Loans prefix-marginals": prefix_marginals(LOANS, set(LOANS.names[:4])),
+        "CPS range-marginals": prefix_marginals(CPS, {"income", "age"}, block=hdmm.AllRange),
+        "Adult range-marginals": prefix_marginals(ADULT, set(ADULT.names[:5]), block=hdmm.AllRange),
+        "Loans range-marginals": prefix_marginals(LOANS, set(LOANS.names[:4]), block=hdmm.AllRange),
         "Prefix(64)^5": Kronecker([hdmm.Prefix(64)] * 5),
         "CPS <=3-way marginals": hdmm.AllMarginals(CPS, 3),
         "Adult <=3-way marginals": hdmm.AllMarginals(ADULT, 3),
@@ -107,7 +116,7 @@ def main() -> None:
     for name, W in workloads().items():
         if only and name not in only:
             continue
-        row = run(name, W, kron=not name.startswith("Adult"))
+        row = run(name, W, kron=name.startswith(("CPS", "Prefix")))
         print(row, flush=True)
         rows.append(row)
     table = pd.DataFrame(rows)
