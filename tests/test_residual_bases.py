@@ -235,3 +235,23 @@ def test_save_load_and_plan_round_trip(tmp_path):
     p.save(tmp_path / "p.hdmm")
     q = Plan.load(tmp_path / "p.hdmm")
     assert q.structure.form == "residual" and q.method == "residual"
+
+
+def test_attribute_basis_on_a_low_rank_query_matrix_is_certified():
+    from hdmm.optimizers.residual_bases import attribute_basis
+    from hdmm.workload import Ranges
+
+    G = Ranges(20, [(0, 7), (5, 12)]).gram().dense()
+    solved = attribute_basis(G)
+    X = solved.basis.T @ solved.basis
+    np.testing.assert_allclose(X.sum(axis=1), 0, atol=1e-10)
+    assert np.trace(np.linalg.pinv(X, hermitian=True) @ G) * X.diagonal().max() == pytest.approx(solved.error, rel=1e-7)
+    assert 0 <= solved.relative_gap <= 1e-2  # a Q G Q of rank 2: a few 1e-4 (module docstring)
+
+
+def test_optimize_skips_residual_bases_on_a_large_attribute():
+    from hdmm.optimizers.registry import REGISTRY, Problem
+
+    problem = Problem(Kronecker([hdmm.Prefix(600), hdmm.Prefix(3)]), hdmm.ZCDP(0.5))
+    assert REGISTRY["residual_bases"].applies(problem)
+    assert "600 values" in REGISTRY["residual_bases"].skip(problem)

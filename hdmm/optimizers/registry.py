@@ -25,7 +25,8 @@ for a given seed; ``identity`` and ``residual`` draw none):
     optimal within the family, and its error is exact (the ``"residual"`` structure). When an
     attribute carries two different query matrices the family's optimum does not separate and
     it does not apply (``residual`` still does). Deterministic and fast, it runs before the
-    iterative optimizers, so its exact error is the mark OPT_+'s check abandons against.
+    iterative optimizers, so its exact error is the mark OPT_+'s check abandons against. Skipped
+    by default when an attribute needing a solve has more than ``SOLVE_MAX_N`` values.
 ``opt_kron``
     OPT_(x), one Kronecker strategy (:mod:`.kron`).
 ``opt_marginals``
@@ -80,7 +81,7 @@ from ..privacy import Privacy
 from ..structure import classify, in_marginal_algebra
 from .kron import opt_kron_union
 from .marginals import marginal_candidate_count, opt_marginals_strategy, residual_strategy
-from .residual_bases import residual_bases_applies, residual_bases_strategy
+from .residual_bases import SOLVE_MAX_N, residual_bases_applies, residual_bases_solve_size, residual_bases_strategy
 from .union import default_groups, opt_union_groups
 
 __all__ = ["Abandoned", "Candidate", "Problem", "Optimizer", "REGISTRY", "register", "UNION_EXACT_MAX_N",
@@ -345,6 +346,15 @@ def _residual_bases_applies(problem: Problem) -> bool:
             and residual_bases_applies(problem.union))
 
 
+def _residual_bases_skip(problem: Problem) -> str | None:
+    """Why ``residual_bases`` should not run by default: an attribute's convex solve beyond ``SOLVE_MAX_N`` values."""
+    n = residual_bases_solve_size(problem.union)
+    if n > SOLVE_MAX_N:
+        return (f"skipped: the convex solve for an attribute of {n:,} values would take minutes (limit "
+                f"{SOLVE_MAX_N:,}; name it in optimizers= to run it)")
+    return None
+
+
 def _marginals_skip(problem: Problem) -> str | None:
     """Why OPT_M should not run by default: more than ``MARGINALS_MAX_CANDIDATES`` candidates."""
     try:
@@ -388,7 +398,8 @@ register(Optimizer("identity", _identity, summary="the identity strategy (refere
 register(Optimizer("residual", _residual, applies=lambda problem: problem.privacy.noise.l2,
                    summary="the optimal residual strategy (Gaussian noise)"))
 register(Optimizer("residual_bases", _residual_bases, applies=_residual_bases_applies,
-                   summary="residual measurements with an optimized basis per attribute (Gaussian noise)"))
+                   summary="residual measurements with an optimized basis per attribute (Gaussian noise)",
+                   skip=_residual_bases_skip))
 register(Optimizer("opt_kron", _opt_kron, summary="OPT_(x): one Kronecker strategy"))
 register(Optimizer("opt_marginals", _opt_marginals, summary="OPT_M: weighted marginals", skip=_marginals_skip,
                    lower_bound=_marginals_lower_bound))
