@@ -225,7 +225,9 @@ def _row_parts(f: Matrix, pinv: np.ndarray | None, proj: np.ndarray | None) -> t
     n = f.shape[1]
     image = f @ np.ones(n)
     p = image**2 / n
-    q = f.T.column_norm_powers(2).to_array() - p
+    # squared row norms: through the factor's own quadratic form where it is small (ranges use prefix sums)
+    rows = f.quadratic_diag(np.eye(n)) if n <= RESIDUAL_DENSE_MAX else f.T.column_norm_powers(2).to_array()
+    q = rows - p
     q = np.where(q <= ZERO_RTOL * (p + q), 0.0, q)
     if pinv is None:
         return p, np.zeros_like(p), q, q
