@@ -10,7 +10,7 @@ per query :math:`\mathrm{Var}(z)\,\mathrm{diag}(W (A^TA)^+ W^T)`, and
 :math:`\mathrm{RMSE} = \sqrt{\mathrm{TSE}/m}`. It is finite only when ``A`` supports ``W``
 (:math:`W A^+ A = W`).
 
-Three exact routes, one per form of ``A`` (:func:`hdmm.structure.classify`), never forming an
+Four exact routes, one per form of ``A`` (:func:`hdmm.structure.classify`), never forming an
 ``N x N`` matrix:
 
 * **Kronecker strategy** :math:`A = \bigotimes_i A_i` (the identity included) and any union
