@@ -259,7 +259,8 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     """Run every registered optimizer that applies to ``W`` under ``privacy`` and keep the best strategy.
 
     The candidates (:data:`~hdmm.optimizers.registry.REGISTRY`, in this order): ``identity``
-    (reference), ``residual`` (Gaussian noise only), ``opt_kron`` (OPT_(x)), ``opt_marginals``
+    (reference), ``residual`` (Gaussian noise only), ``residual_bases`` (Gaussian noise, a basis
+    per attribute, outside the marginals algebra), ``opt_kron`` (OPT_(x)), ``opt_marginals``
     (OPT_M) and ``opt_union`` (OPT_+, when the workload has several Kronecker terms; its exact
     error up to :data:`~hdmm.optimizers.registry.UNION_EXACT_MAX_N` cells or when a closed form
     applies, else the upper bound of :mod:`.union`, marked ``exact=False`` in the report). Each
@@ -281,8 +282,8 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     skipped. **Certified skips**: an optimizer that states a lower bound on the error it can be
     judged by (:attr:`~hdmm.optimizers.registry.Optimizer.lower_bound`: OPT_M) is skipped when a
     candidate found already has no more error, with both figures in the report. An optimizer whose cost would explode on this workload (OPT_M over too many
-    candidate marginals, OPT_+ over too many groups;
-    :attr:`~hdmm.optimizers.registry.Optimizer.skip`) is skipped by default with the reason in
+    candidate marginals, OPT_+ over too many groups, ``residual_bases`` on an attribute too large
+    to solve; :attr:`~hdmm.optimizers.registry.Optimizer.skip`) is skipped by default with the reason in
     the report. Naming an optimizer in ``optimizers`` runs it despite both kinds of skip;
     ``exhaustive=True`` runs every chosen optimizer regardless. An optimizer may also abandon its
     own run once it can no longer win (OPT_+ on large domains, group by group;
