@@ -279,9 +279,10 @@ def _union_check(problem: Problem, groups: list[np.ndarray]) -> Callable[[list[M
     """A check for OPT_+ after each group: raise :class:`Abandoned` once it cannot beat the best candidate so far.
 
     Beyond ``UNION_EXACT_MAX_N`` cells OPT_+ is judged by its upper bound, unless its stacked
-    strategy has a closed-form error (it lies in the marginals algebra: every factor's Gram
-    ``aI + bJ``); once the stack of the groups found so far has none
-    (:func:`hdmm.error.exact_route`), neither will the whole. From then on the
+    strategy has a closed-form error (it lies in the marginals algebra, every factor's Gram
+    ``aI + bJ``, or has the residual form of :mod:`hdmm.residual_bases`); once the stack of the
+    groups found so far has none (:func:`hdmm.error.exact_route`), neither will the whole (a factor
+    outside those forms stays in the stack). From then on the
     bound, with the groups still to come at their SVD bounds (no OPT_(x) error is lower), is a
     floor under what OPT_+ can be judged by. ``None`` when no check applies.
     """
