@@ -166,11 +166,20 @@ def _pinv_and_projector(B: Matrix) -> tuple[np.ndarray, np.ndarray]:
     return (Uk / w[keep]) @ Uk.T, Uk @ Uk.T
 
 
+def _same_grams(factors: list[Matrix]) -> bool:
+    """Whether the factors have one Gram (a union built term by term may repeat equal factors)."""
+    if len(factors) == 1:
+        return True
+    first = factors[0].gram().dense()
+    atol = ZERO_RTOL * max(1.0, float(np.abs(first).max()))
+    return all(np.allclose(f.gram().dense(), first, rtol=1e-12, atol=atol) for f in factors[1:])
+
+
 def residual_form(union: KronUnion) -> ResidualForm | None:
     r"""The union as :math:`\sum_T \kappa_T K_T`, or ``None`` when it does not have that form.
 
     It has it when on every attribute each factor used is a total (Gram :math:`bJ`, rows
-    proportional to :math:`1^T`) or one and the same zero-sum factor (:math:`F1 = 0`; factors
+    proportional to :math:`1^T`) or zero-sum factors with one Gram (:math:`F1 = 0`; factors
     with no rows or a zero Gram are ignored) of at most ``RESIDUAL_DENSE_MAX`` values. Then term
     ``j`` with zero-sum factors on ``T`` has Gram :math:`c_j^2 \prod_{i \notin T} \mathrm{tr}(G_{ij})\,K_T`.
     Computed once per union.
@@ -189,17 +198,20 @@ def _residual_form(union: KronUnion) -> ResidualForm | None:
         return None
     index = union.index[live]
     residual_factor = np.full(union.dim, -1)
+    residual: dict[int, list[int]] = {}
     for i, ks in enumerate(kinds):
         used = np.unique(index[:, i])
         used_kinds = {ks[k][0] for k in used}
         if "other" in used_kinds:
             return None
         res = [int(k) for k in used if ks[k][0] == "residual"]
-        if len(res) > 1 or (res and union.sizes[i] > RESIDUAL_DENSE_MAX):
+        if res and (union.sizes[i] > RESIDUAL_DENSE_MAX or not _same_grams([union.factors[i][k] for k in res])):
             return None
         if res:
             residual_factor[i] = res[0]
-    members = index == residual_factor[None, :].astype(index.dtype)
+            residual[i] = res
+    members = np.column_stack([np.isin(index[:, i], residual.get(i, [])) for i in range(union.dim)]).reshape(
+        index.shape)
     outside = union.gather([np.array([t if k == "total" else 1.0 for k, t in ks]) for ks in kinds])[live]
     kappa = union.weights[live] ** 2 * np.prod(np.where(members, 1.0, outside), axis=1)
     keys = subset_keys(members)

@@ -14,7 +14,7 @@ depends on which of four forms it has:
     is read off one eigenvalue per attribute subset.
 ``"residual"``
     A union of Kronecker products whose factors on each attribute are totals (rows proportional
-    to :math:`1^T`) or one zero-sum factor :math:`B_i` (residual measurements with a basis per
+    to :math:`1^T`) or zero-sum factors :math:`B_i` with one Gram (residual measurements with a basis per
     attribute, :mod:`hdmm.residual_bases`): the Gram is :math:`\sum_T \kappa_T \bigotimes_{i \in T}
     B_i^TB_i \bigotimes_{i \notin T} P_i`, whose terms are mutually orthogonal, so its
     pseudo-inverse is one small pseudo-inverse per attribute and one scalar per subset.

@@ -255,3 +255,21 @@ def test_optimize_skips_residual_bases_on_a_large_attribute():
     problem = Problem(Kronecker([hdmm.Prefix(600), hdmm.Prefix(3)]), hdmm.ZCDP(0.5))
     assert REGISTRY["residual_bases"].applies(problem)
     assert "600 values" in REGISTRY["residual_bases"].skip(problem)
+
+
+def test_a_union_built_term_by_term_has_the_residual_form():
+    rng = np.random.default_rng(5)
+    B0, B1 = _random_basis(3, 2, rng), _random_basis(4, 3, rng)
+    # each term its own copy of the bases (equal Grams), one term with the bases rotated
+    rotation = np.linalg.qr(rng.normal(size=(2, 2)))[0]
+    A = VStack([Kronecker([Explicit(B0.copy()), Ones(1, 4)]), Kronecker([Explicit(rotation @ B0), Explicit(B1.copy())]),
+                Weighted(Kronecker([Ones(2, 3), Explicit(B1.copy())]), 0.5), Kronecker([Ones(1, 3), Ones(1, 4)])])
+    assert classify(A).form == "residual"
+    W = VStack([Kronecker([hdmm.Prefix(3), hdmm.Prefix(4)]), Kronecker([Ones(1, 3), hdmm.Identity(4)])])
+    privacy = hdmm.ZCDP(0.5)
+    D = Explicit(A.dense())
+    assert float(expected_error(W, A, privacy)) == pytest.approx(float(expected_error(W, D, privacy)), rel=1e-9)
+    np.testing.assert_allclose(per_query_variance(W, A, privacy), per_query_variance(W, D, privacy), rtol=1e-8)
+    y = rng.normal(size=A.shape[0])
+    np.testing.assert_allclose(least_squares(A, y, "residual", classify(A), noise_std=1.0),
+                               np.linalg.pinv(A.dense()) @ y, atol=1e-10)
