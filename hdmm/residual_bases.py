@@ -27,9 +27,10 @@ import numpy as np
 
 from .domain import Domain
 from .kron_union import KronUnion
-from .marginals import Helmert, SubsetProducts, TraceSpectrum, as_domain, expand_subsets, subset_keys
-from .matrix import Explicit, Matrix, Ones, Weighted
-from .validation import ZERO_RTOL
+from .marginals import (Helmert, SubsetProducts, TraceSpectrum, as_domain, expand_subsets, member_products,
+                        subset_keys)
+from .matrix import Explicit, Matrix, Ones, Weighted, norm_powers
+from .validation import ZERO_RTOL, check_norm
 
 __all__ = ["ResidualBases", "ResidualForm", "residual_form", "residual_traces", "residual_query_variances",
            "apply_residual_pinv", "basis_from_gram", "RESIDUAL_DENSE_MAX"]
@@ -109,6 +110,17 @@ class ResidualBases(SubsetProducts):
 
     def _factors_of(self, i, n):
         return Weighted(Ones(1, n), 1.0 / np.sqrt(n)), self.bases[i]
+
+    def sensitivity(self, p: int = 1) -> float:
+        r"""Exact :math:`\Delta_p`: column ``x`` has :math:`\sum_T w_T^p \prod_{i \in T} a_i(x_i) \prod_{i \notin T}
+        b_i` (``a_i``, ``b_i`` the column norm powers of the attribute's two factors, ``b_i`` constant),
+        every term non-decreasing in each :math:`a_i(x_i) \ge 0`: all are largest at each
+        attribute's largest :math:`a_i` at once."""
+        check_norm(p)
+        inside = np.array([fs[1].column_norm_powers(p).to_array().max(initial=0.0) for fs in self.factors])
+        outside = np.array([fs[0].column_norm_powers(p).to_array().max() for fs in self.factors])
+        total = float(norm_powers(self.weights, p) @ member_products(self.members, inside, outside))
+        return total ** (1.0 / p)
 
     def describe(self, row, name=None, values=None):
         k, r = self._subset_of_row(row)

@@ -273,3 +273,11 @@ def test_a_union_built_term_by_term_has_the_residual_form():
     y = rng.normal(size=A.shape[0])
     np.testing.assert_allclose(least_squares(A, y, "residual", classify(A), noise_std=1.0),
                                np.linalg.pinv(A.dense()) @ y, atol=1e-10)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_sensitivity_is_the_largest_dense_column_norm(p):
+    rng = np.random.default_rng(13)
+    A, D = _strategy(rng, subsets=[(), (0,), (1, 2), (0, 1, 2)])
+    assert A.sensitivity(p) == pytest.approx(np.max(np.sum(np.abs(D) ** p, axis=0)) ** (1 / p), rel=1e-12)
+    assert A.sensitivity(p) == pytest.approx(float(A.column_norm_powers(p).max()) ** (1 / p), rel=1e-12)
