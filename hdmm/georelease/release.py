@@ -29,6 +29,7 @@ import pandas as pd
 
 from ..budget import Budget, Charge
 from .files import finish_output, read_answers, start_output, write_units
+from .stores import copy_release
 from .nonneg import POSTPROCESS, check_nonnegative, integer_totals
 from .pipeline import Engine, LocalEngine, run_release
 from .plan import GeoPlan
@@ -136,7 +137,10 @@ class GeoRelease:
         Needs ``pyarrow`` (``hdmm[parquet]``)."""
         meta = self.provenance()
         if self.path is not None:
-            (ReleaseFiles if self._files is None else self._files).copy(path, meta)
+            if self._files is None:
+                copy_release(self.path, path)
+            else:
+                self._files.copy(path, meta)
             return
         partial = start_output(path)
         for d in self.plan.levels:
