@@ -38,6 +38,7 @@ from .steps import Progress, created_now, provenance
 from .stores import DiskStore, MemoryAnswers, MemoryStore, ReleaseFiles
 from .units import HistogramSource, check_source
 from .workers import check_workers
+from ..threads import one_blas_thread
 
 __all__ = ["GeoRelease", "release_geography", "ENGINES", "EngineKind", "Opened", "engine_kind"]
 
@@ -172,6 +173,7 @@ def _level_table(plan: GeoPlan, d: int, answers: np.ndarray, std_errors: np.ndar
     })
 
 
+@one_blas_thread
 def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "local", seed: int | None = None,
                       postprocess: str | None = None, budget: Budget | None = None, label: str | None = None,
                       progress: bool | Callable[[str], None] = False, about: dict | None = None, **engine_options):
