@@ -37,6 +37,7 @@ from .max_variance import MaxVarianceProblem, max_variance_residual
 from .reweight import reweighted_max_variance
 from .registry import BOUND_EXACT_LIMIT, REGISTRY, Abandoned, Problem, union_candidate
 from .union import check_groups, default_groups, opt_union_groups
+from ..threads import one_blas_thread
 
 __all__ = ["opt0", "opt_kron", "opt_union", "opt_marginals", "opt_residual", "optimize", "OptimizationResult"]
 
@@ -252,6 +253,7 @@ class OptimizationResult:
         return float(np.sqrt(self.error / self.error.queries))
 
 
+@one_blas_thread
 def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=None,
              optimizers: Sequence[str] | None = None, progress: bool | Callable[[str], None] = False,
              exhaustive: bool = False, objective: str = "total",
