@@ -412,7 +412,7 @@ def _max_variance_reweighted(W: Matrix, privacy: Privacy, problem: Problem, rest
     """The max-variance objective by reweighting the workload's terms (:mod:`.reweight`)."""
     bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False)
     # optimizers whose strategies have per-query variances in closed form, unless their cost would explode
-    names = [name for name in ("identity", "residual", "opt_kron", "opt_marginals")
+    names = [name for name in ("identity", "residual", "residual_bases", "opt_kron", "opt_marginals")
              if REGISTRY[name].applies(problem) and REGISTRY[name].skip(problem) is None]
     rng = _rng(seed)
 
