@@ -304,8 +304,8 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     convex program with a certified duality gap (:mod:`.max_variance`); the report compares it with
     the total-error residual strategy. Otherwise (Laplace noise, prefixes, ranges, any union of
     Kronecker products of at most :data:`~hdmm.optimizers.reweight.MAX_QUERIES` queries): the
-    total-error optimizers (identity, residual, OPT_(x), OPT_M) on the workload with its terms
-    reweighted round by round towards the terms of largest variance (:mod:`.reweight`); the
+    total-error optimizers (identity, residual, residual_bases, OPT_(x), OPT_M) on the workload with
+    its terms reweighted round by round towards the terms of largest variance (:mod:`.reweight`); the
     report has one row per round, the first being the total-error optimum. ``result.max_variance``
     is the strategy's largest variance, and ``result.bound`` the SVD bound, which divided by the
     number of queries bounds every strategy's mean, hence largest, variance (the report's last
