@@ -1,0 +1,558 @@
+"""Side by side with ResidualPlanner+ on its own benchmark workloads (issue 25).
+
+ResidualPlanner+ (RP+; github.com/cmla-psu/ResidualPlannerPlus, snapshot commit
+``82a9a8991ed4fe65dcfeda881b399db35913689d``) answers unions of marginals whose attributes are
+Prefix (``'P'``) or Identity (``'I'``) queries with a *residual* mechanism: per attribute ``i``
+of ``k`` values a ``(k-1) x k`` basis ``R_i`` of the space orthogonal to the ones vector (found
+by a strategy optimizer on the attribute's centred query matrix), and per subset ``T`` of
+attributes one Gaussian measurement ``y_T = (kron_{i in T} R_i kron_{j not in T} 1^T) x +
+sigma_T kron_{i in T} Gamma_i z``. Its sum-of-variances planner (``ResPlanSum``) uses
+``Gamma_i = I`` for Prefix and ``Gamma_i = R_i`` (the difference matrix) for Identity; its
+max-variance planner (``ResPlanMax``) uses ``Gamma_i = R_i`` for every attribute. Both choose
+``sigma_T^2`` by a closed form (sum) or a convex program (max) under a privacy cost of 1, where
+the cost of subset ``T`` is ``prod_{i in T} max diag(R_i^T (Gamma_i Gamma_i^T)^-1 R_i) /
+sigma_T^2``: unit noise variance per unit squared L2 sensitivity, which is hdmm's Gaussian
+noise at zCDP rho = 0.5 (``hdmm.ZCDP(0.5).noise_variance(1) == 1``).
+
+The workloads (RP+'s ``resplan/workload.py``, ``workload_large_dataset`` and
+``dataset_domains``, run by ``experiments/exp_large_dataset.py``): CPS (50, 100, 7, 4, 2; the
+first two Prefix), Adult (100, 100, 100, 99, 85, 42, 16, 15, 9, 7, 6, 5, 2, 2; the first five
+Prefix) and Loans (101, 101, 101, 101, 3, 8, 36, 6, 51, 4, 5, 15; the first four Prefix). For the
+RMSE tables (``choice="sumvar"``) every k-way marginal for k = 1, 2, 3, and every 0-3-way one
+("3D"); for the max-variance tables (``choice="maxvar"``) the same but only marginals of at most
+5,000 cells. Each marginal is the Kronecker product of its attributes' query matrices (Prefix:
+lower-triangular ones, ``resplan.utils.prefix_workload``; Identity) and a total elsewhere;
+unweighted. Besides: Prefix(64) on each of 5 attributes as one Kronecker product (RP+'s
+synthetic experiment, ``experiments/experiment.py`` / ``workload_allkway``, n = 64, its 5-way
+term), RMSE objective.
+
+RP+'s self-reported figures are its planners' objective values (RMSE = sqrt(objective / queries);
+max variance = objective). They are **re-evaluated exactly** here from the mechanism RP+ runs
+(its ``ResMech.measure``): per subset the whitened measurement ``M_T = kron_{i in T} (Gamma_i
+Gamma_i^T)^(-1/2) R_i kron 1^T`` at noise ``sigma_T``; the exact squared L2 sensitivity
+``Delta^2 = max_x sum_T sigma_T^-2 prod_{i in T} ||M_i[:, x_i]||^2`` equals ``sum_T sigma_T^-2
+prod_{i in T} max_c ||M_i[:, c]||^2`` (the sum is multilinear with non-negative coefficients in
+the per-attribute column norms, so its maximum is at each attribute's largest column), and the
+blocks are mutually orthogonal (each ``M_i`` annihilates the ones vector), so a query
+``kron_i w_i`` of marginal ``A`` has variance ``Delta^2 sum_{T subset A} sigma_T^2 prod_{i in T}
+||w_i M_i^+||^2 prod_{i in A \\ T} (w_i . 1 / k_i)^2`` (the least-squares estimate; it is the
+only unbiased one since ``M_i`` is a bijection from the ones-orthogonal space). Sums of the
+per-attribute vectors give each marginal's total error; Kronecker products of them each query's
+variance. ``check`` verifies this evaluator against dense numpy (generalised least squares with
+the correlated noise, and ``hdmm.per_query_variance`` on the whitened strategy) on small domains.
+For max variance RP+'s own formula uses ``diag(W R^+ R^+T W^T)``, the variance under noise ``z``
+rather than the ``R z`` its measurement adds, while its privacy cost is the one for ``R z``: for
+Prefix attributes (where ``R R^T`` is not a multiple of the identity) its self-report is wrong.
+The table also gives the mechanism its formula describes (noise ``z``, ``Gamma_i = I``) at its
+true sensitivity, column "RP+ exact (noise z)".
+
+hdmm's side: ``hdmm.optimize(W, hdmm.ZCDP(0.5), seed=0)`` and, for the max-variance workloads,
+``objective="max_variance"``, with the times, the candidates of ``result.report`` and the
+certified flags (``result.optimal``). ``--optimizers NAME ...`` also runs each named optimizer
+alone (``optimizers=[NAME]``) and reports its value; a name ``optimize`` does not know is
+reported as missing.
+
+How to run (one BLAS thread, ``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1``):
+
+1. Reference figures, once, in RP+'s own environment (not hdmm's)::
+
+       mkdir /tmp/rpp && git -C <clone of ResidualPlannerPlus> archive 82a9a89 | tar -x -C /tmp/rpp
+       python3 -m venv /tmp/rpp-venv
+       /tmp/rpp-venv/bin/pip install numpy scipy cvxpy pandas gurobipy tqdm
+       /tmp/rpp-venv/bin/python benchmarks/residualplanner.py reference --rpp /tmp/rpp [--only NAME ...]
+
+   (``gurobipy`` is only imported by RP+; its max-variance program runs on cvxpy's Clarabel.) Writes ``benchmarks/results/residualplanner_reference.npz``: per workload RP+'s
+   marginals, noise levels, self-reported value and seconds (best of ``--repeats``, building the
+   planner included, as its scripts time it), and its per-attribute bases.
+2. The comparison, in hdmm's environment::
+
+       python benchmarks/residualplanner.py compare [--only NAME ...] [--optimizers NAME ...]
+
+   Writes ``benchmarks/results/residualplanner.json`` and ``residualplanner.md`` (rows of
+   workloads not rerun are kept from the earlier JSON).
+3. ``python benchmarks/residualplanner.py check``: the exact evaluator against dense numpy and
+   hdmm, and each hdmm workload against RP+'s (its marginals, and the dense rows up to order on
+   a small domain, built from RP+'s own per-attribute matrices stored with the reference).
+
+``NAME`` is a workload name such as ``"CPS 0-3-way"`` or a prefix of names (``CPS``,
+``Adult max``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+REFERENCE = RESULTS / "residualplanner_reference.npz"
+SNAPSHOT = "82a9a8991ed4fe65dcfeda881b399db35913689d"
+
+#: RP+'s dataset domains and attribute kinds (resplan/workload.py, dataset_domains).
+DATASETS = {
+    "CPS": ([50, 100, 7, 4, 2], "PPIII"),
+    "Adult": ([100, 100, 100, 99, 85, 42, 16, 15, 9, 7, 6, 5, 2, 2], "P" * 5 + "I" * 9),
+    "Loans": ([101, 101, 101, 101, 3, 8, 36, 6, 51, 4, 5, 15], "P" * 4 + "I" * 8),
+}
+#: the k-way choices of exp_large_dataset.py: k = 1, 2, 3 and "3D" (every 0-3-way marginal)
+WAYS = {"1-way": (1, 2), "2-way": (2, 3), "3-way": (3, 4), "0-3-way": (0, 4)}
+#: the max-variance workloads keep marginals of at most this many cells (workload_large_dataset)
+MAXVAR_CELLS = 5000
+
+
+def cases() -> list[dict]:
+    """Every benchmark workload: name, domains, kinds (``'P'``/``'I'`` per attribute), objective, marginals."""
+    out = []
+    for objective in ("rmse", "max variance"):
+        for dataset, (domains, kinds) in DATASETS.items():
+            for way, (low, high) in WAYS.items():
+                marginals = [A for k in range(low, high) for A in itertools.combinations(range(len(domains)), k)]
+                if objective == "max variance":
+                    marginals = [A for A in marginals if 0 < math.prod(domains[i] for i in A) <= MAXVAR_CELLS]
+                suffix = "" if objective == "rmse" else " max"
+                out.append({"name": f"{dataset} {way}{suffix}", "domains": domains, "kinds": kinds,
+                            "objective": objective, "marginals": marginals, "system": ("dataset", dataset, way)})
+    out.append({"name": "Prefix(64)^5", "domains": [64] * 5, "kinds": "P" * 5, "objective": "rmse",
+                "marginals": [tuple(range(5))], "system": ("product",)})
+    return out
+
+
+def select(names: list[str] | None) -> list[dict]:
+    all_cases = cases()
+    if not names:
+        return all_cases
+    chosen = [c for c in all_cases if any(c["name"] == n or c["name"].startswith(n + " ") or c["name"].startswith(n)
+                                          for n in names)]
+    if not chosen:
+        raise SystemExit(f"no workload matches {names}; the names are: {[c['name'] for c in all_cases]}")
+    return chosen
+
+
+def _queries(case: dict) -> int:
+    return sum(math.prod(case["domains"][i] for i in A) for A in case["marginals"])
+
+
+# ---------------------------------------------------------------------------------------------
+# step 1: RP+'s figures, in its own environment
+
+
+def reference(rpp: str, names: list[str] | None, repeats: int) -> None:
+    """Run RP+ on each workload and store its figures and its mechanism (bases, noise levels)."""
+    sys.path.insert(0, rpp)
+    sys.argv = sys.argv[:1]  # RP+'s max-variance basis search parses the command line (resplan/softmax.py)
+    import cvxpy
+
+    # RP+'s max-variance program calls cvxpy's solve() without a solver; with gurobipy installed
+    # (RP+ imports it) cvxpy would pick Gurobi, whose size-limited licence fails here: Clarabel
+    solve = cvxpy.Problem.solve
+
+    def solve_with_clarabel(problem, *args, **kwargs):
+        kwargs.setdefault("solver", cvxpy.CLARABEL)
+        return solve(problem, *args, **kwargs)
+
+    cvxpy.Problem.solve = solve_with_clarabel
+    from resplan import ResPlanMax, ResPlanSum
+    from resplan.utils import prefix_workload, subtract_matrix
+    from resplan.workload import root_mean_squared_error, workload_large_dataset
+
+    store = dict(np.load(REFERENCE, allow_pickle=False)) if REFERENCE.exists() else {}
+    meta = json.loads(str(store.pop("meta"))) if "meta" in store else {}
+    for case in select(names):
+        mode = "sum" if case["objective"] == "rmse" else "max"
+        best = math.inf
+        for _ in range(repeats if mode == "sum" else 1):
+            start = time.perf_counter()
+            if case["system"][0] == "dataset":
+                k = {"1-way": 1, "2-way": 2, "3-way": 3, "0-3-way": "3D"}[case["system"][2]]
+                system, total = workload_large_dataset(case["system"][1], k, choice="sumvar" if mode == "sum" else "maxvar")
+            else:
+                system = ResPlanSum(case["domains"], list(case["kinds"]))
+                for A in case["marginals"]:
+                    system.input_mech(A)
+                total = _queries(case)
+            objective = system.get_noise_level()
+            best = min(best, time.perf_counter() - start)
+        assert isinstance(system, ResPlanSum if mode == "sum" else ResPlanMax)
+        marginals = sorted(tuple(A) for A in system.marg_dict)
+        if marginals != sorted(case["marginals"]) or int(total) != _queries(case):
+            raise SystemExit(f"{case['name']}: RP+ built other marginals than this script's workload")
+        self_value = root_mean_squared_error(objective, total, pcost=1) if mode == "sum" else float(objective)
+        gammas = []
+        for i, (k, kind) in enumerate(zip(case["domains"], case["kinds"])):
+            R = system.residual_matrix[k]
+            key = f"{mode}.R.{kind}.{k}"
+            if key in store and not np.array_equal(store[key], R):
+                raise SystemExit(f"{key}: RP+'s basis differs between runs")
+            store[key] = R
+            # the noise matrix its measurement uses (ResMech.get_core_matrix)
+            G = system.gamma_matrix[k] if mode == "sum" else R
+            gamma = ("identity" if G.shape == (k - 1, k - 1) and np.array_equal(G, np.eye(k - 1))
+                     else "residual" if np.array_equal(G, R) else None)
+            if gamma is None:
+                raise SystemExit(f"{case['name']}: unexpected noise matrix for attribute {i}")
+            if kind == "I" and mode == "sum" and not np.array_equal(R, subtract_matrix(k)):
+                raise SystemExit(f"{case['name']}: unexpected identity basis for attribute {i}")
+            gammas.append(gamma)
+            store[f"W.{kind}.{k}"] = prefix_workload(k) if kind == "P" else np.eye(k)
+        subsets = list(system.res_dict)
+        noise = np.array([system.res_dict[T].noise_level for T in subsets], dtype=float)
+        store[f"{case['name']}.noise"] = noise
+        meta[case["name"]] = {"subsets": [list(T) for T in subsets], "gammas": gammas, "self": float(self_value),
+                              "seconds": best, "queries": int(total), "mode": mode}
+        print(f"{case['name']}: {total:.0f} queries, RP+ self-reported {'RMSE' if mode == 'sum' else 'max variance'} "
+              f"{self_value:.6g} in {best:.3f} s", flush=True)
+        RESULTS.mkdir(exist_ok=True)
+        meta.setdefault("snapshot", SNAPSHOT)
+        np.savez_compressed(REFERENCE, meta=json.dumps(meta), **store)
+
+
+def load_reference() -> tuple[dict, dict]:
+    if not REFERENCE.exists():
+        raise SystemExit(f"{REFERENCE} is missing: run step 1 ('reference') first, see the module docstring")
+    store = dict(np.load(REFERENCE, allow_pickle=False))
+    return json.loads(str(store.pop("meta"))), store
+
+
+# ---------------------------------------------------------------------------------------------
+# the exact evaluator of a residual mechanism
+
+
+def whitened(R: np.ndarray, gamma: str) -> np.ndarray:
+    """``(Gamma Gamma^T)^(-1/2) R`` on the ones-orthogonal space (``Gamma`` = I or R)."""
+    if gamma == "residual":
+        vals, vecs = np.linalg.eigh(R @ R.T)
+        R = (vecs / np.sqrt(vals)) @ vecs.T @ R
+    elif gamma != "identity":
+        raise ValueError(f"unknown noise matrix {gamma!r}")
+    # RP+'s bases annihilate the ones vector up to its regularisation (about 1e-5); exactly here
+    return R - R.mean(axis=1, keepdims=True)
+
+
+class ResidualMechanism:
+    """A residual mechanism: whitened bases ``M_i`` and noise variances ``sigma_T^2`` per subset."""
+
+    def __init__(self, bases: list[np.ndarray], noise: dict[tuple, float]):
+        self.bases = bases
+        self.noise = noise
+        self.pinv = [np.linalg.pinv(M) for M in bases]
+        colmax = [float(np.max(np.sum(M * M, axis=0))) for M in bases]
+        #: exact squared L2 sensitivity at the given noise levels
+        self.sensitivity2 = sum(math.prod(colmax[i] for i in T) / s2 for T, s2 in noise.items())
+
+    def _factors(self, A: tuple, queries: dict[int, np.ndarray]):
+        """Per attribute of ``A``: the residual part ``||w M^+||^2`` and the total part ``(w . 1 / k)^2`` per row."""
+        res, tot = {}, {}
+        for i in A:
+            W = queries[i]
+            res[i] = np.sum((W @ self.pinv[i]) ** 2, axis=1)
+            tot[i] = (W.sum(axis=1) / W.shape[1]) ** 2
+        return res, tot
+
+    def _subsets(self, A: tuple):
+        for k in range(len(A) + 1):
+            for T in itertools.combinations(A, k):
+                if T not in self.noise:
+                    raise ValueError(f"the mechanism measures no residual for {T}, needed by marginal {A}")
+                yield T
+
+    def total_error(self, A: tuple, queries: dict[int, np.ndarray]) -> float:
+        """Total variance of marginal ``A``'s queries (``queries[i]``: attribute ``i``'s query matrix)."""
+        res, tot = self._factors(A, queries)
+        return self.sensitivity2 * sum(self.noise[T] * math.prod(res[i].sum() if i in T else tot[i].sum() for i in A)
+                                       for T in self._subsets(A))
+
+    def variances(self, A: tuple, queries: dict[int, np.ndarray]) -> np.ndarray:
+        """Each query's variance, in Kronecker (row-major) order over ``A``'s attributes."""
+        res, tot = self._factors(A, queries)
+        out = 0.0
+        for T in self._subsets(A):
+            vec = np.ones(1)
+            for i in A:
+                vec = np.kron(vec, res[i] if i in T else tot[i])
+            out = out + self.noise[T] * vec
+        return self.sensitivity2 * np.asarray(out, dtype=float).reshape(-1)
+
+
+def rp_mechanism(case: dict, meta: dict, store: dict, gammas: list[str] | None = None) -> ResidualMechanism:
+    info = meta[case["name"]]
+    gammas = info["gammas"] if gammas is None else gammas
+    bases = [whitened(store[f"{info['mode']}.R.{kind}.{k}"], g)
+             for k, kind, g in zip(case["domains"], case["kinds"], gammas)]
+    noise = dict(zip((tuple(T) for T in info["subsets"]), store[f"{case['name']}.noise"]))
+    return ResidualMechanism(bases, noise)
+
+
+def per_attribute_queries(case: dict) -> dict[int, np.ndarray]:
+    import hdmm
+    return {i: (hdmm.Prefix(k) if kind == "P" else hdmm.Identity(k)).dense()
+            for i, (k, kind) in enumerate(zip(case["domains"], case["kinds"]))}
+
+
+def evaluate(mech: ResidualMechanism, case: dict, with_max: bool) -> dict:
+    queries = per_attribute_queries(case)
+    total = sum(mech.total_error(A, queries) for A in case["marginals"])
+    out = {"rmse": math.sqrt(total / _queries(case))}
+    if with_max:
+        out["max variance"] = max(float(mech.variances(A, queries).max()) for A in case["marginals"])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# hdmm's side
+
+
+def hdmm_workload(case: dict):
+    import hdmm
+    dom = hdmm.Domain([f"a{i}" for i in range(len(case["domains"]))], case["domains"])
+    blocks = {"P": hdmm.Prefix, "I": hdmm.Identity}
+    parts = [hdmm.product(dom, {f"a{i}": blocks[case["kinds"][i]](case["domains"][i]) for i in A})
+             for A in case["marginals"]]
+    return parts[0] if len(parts) == 1 else hdmm.union(parts)
+
+
+def _candidates(result, column: str) -> str:
+    rows = []
+    for _, r in result.report.iterrows():
+        note = str(r.get("note", "") or "")
+        if note.startswith("skipped") or note.startswith("abandoned"):
+            rows.append(f"{r['optimizer']} {note.split(':')[0]}")
+        else:
+            rows.append(f"{r['optimizer']} {r[column]:.6g}{'' if r.get('exact', True) else ' (bound)'} "
+                        f"({r['seconds']:.2f} s)")
+    return "; ".join(rows)
+
+
+def run_hdmm(case: dict, objective: str, optimizers: list[str] | None = None) -> dict:
+    import hdmm
+    W = hdmm_workload(case)
+    privacy = hdmm.ZCDP(0.5)
+    kwargs = {} if optimizers is None else {"optimizers": optimizers}
+    start = time.perf_counter()
+    if objective == "rmse":
+        result = hdmm.optimize(W, privacy, seed=0, **kwargs)
+        value, column = result.rmse, "rmse"
+    else:
+        result = hdmm.optimize(W, privacy, seed=0, objective="max_variance", **kwargs)
+        value, column = result.max_variance, "max variance"
+    seconds = time.perf_counter() - start
+    exact = True
+    if objective == "rmse":
+        best = result.report[result.report["optimizer"] == result.optimizer]
+        exact = bool(best["exact"].iloc[0]) if "exact" in best and len(best) else True
+    return {"value": float(value), "seconds": seconds, "optimizer": result.optimizer, "certified": bool(result.optimal),
+            "exact": exact, "candidates": _candidates(result, column)}
+
+
+def compare(names: list[str] | None, optimizers: list[str]) -> None:
+    meta, store = load_reference()
+    out_json = RESULTS / "residualplanner.json"
+    rows = {r["workload"]: r for r in json.loads(out_json.read_text())["rows"]} if out_json.exists() else {}
+    for case in select(names):
+        if case["name"] not in meta:
+            print(f"{case['name']}: no reference figures, skipped (run step 1 for it)", flush=True)
+            continue
+        info = meta[case["name"]]
+        objective = case["objective"]
+        start = time.perf_counter()
+        exact = evaluate(rp_mechanism(case, meta, store), case, with_max=objective != "rmse")
+        row = {"workload": case["name"], "objective": objective, "queries": _queries(case),
+               "RP+ self-reported": info["self"], "RP+ exact": exact["rmse" if objective == "rmse" else "max variance"],
+               "RP+ seconds": info["seconds"], "evaluation seconds": time.perf_counter() - start}
+        if objective != "rmse":
+            modelled = evaluate(rp_mechanism(case, meta, store, ["identity"] * len(case["domains"])), case, True)
+            row["RP+ exact (noise z)"] = modelled["max variance"]
+            row["RP+ exact RMSE"] = exact["rmse"]
+        ours = run_hdmm(case, objective)
+        row.update({"hdmm": ours["value"], "hdmm seconds": ours["seconds"], "hdmm optimizer": ours["optimizer"],
+                    "hdmm certified": ours["certified"], "hdmm exact": ours["exact"],
+                    "hdmm / RP+ exact": ours["value"] / row["RP+ exact"], "hdmm candidates": ours["candidates"]})
+        for name in optimizers:
+            try:
+                named = run_hdmm(case, objective, [name])
+                row[f"{name}"] = named["value"]
+                row[f"{name} seconds"] = named["seconds"]
+            except (ValueError, KeyError, TypeError) as err:
+                row[f"{name}"] = None
+                row[f"{name} seconds"] = None
+                print(f"  {name}: not run ({err})", flush=True)
+        print({k: v for k, v in row.items() if k != "hdmm candidates"}, flush=True)
+        rows[case["name"]] = row
+        write(rows)
+
+
+def write(rows: dict) -> None:
+    order = [c["name"] for c in cases()]
+    ordered = [rows[n] for n in order if n in rows] + [r for n, r in rows.items() if n not in order]
+    RESULTS.mkdir(exist_ok=True)
+    threads = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    (RESULTS / "residualplanner.json").write_text(json.dumps({"snapshot": SNAPSHOT, "threads": threads,
+                                                              "rows": ordered}, indent=1))
+    lines = ["# hdmm against ResidualPlanner+ on its benchmark workloads", "",
+             f"ResidualPlanner+ (RP+) snapshot {SNAPSHOT[:7]}; Gaussian noise, zCDP rho = 0.5 (unit noise variance per "
+             "unit squared L2 sensitivity in both tools). RP+ exact: its mechanism re-evaluated exactly (see "
+             "`benchmarks/residualplanner.py`). Seconds at one BLAS thread; RP+'s include building its planner "
+             "(its per-attribute basis optimization), as its scripts time it.", ""]
+    for objective, title, unit in (("rmse", "RMSE per query", "RMSE"), ("max variance", "Largest per-query variance",
+                                                                          "max variance")):
+        chosen = [r for r in ordered if r["objective"] == objective]
+        if not chosen:
+            continue
+        lines += [f"## {title}", ""]
+        extra = [k for r in chosen for k in r if k not in _BASE_KEYS and not k.endswith(" seconds")]
+        extra = list(dict.fromkeys(extra))
+        head = ["workload", "queries", f"RP+ self-reported {unit}", "RP+ exact", "RP+ s", "hdmm", "hdmm s",
+                "hdmm / RP+ exact", "hdmm optimizer", "certified"] + extra
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in chosen:
+            cells = [r["workload"], f"{r['queries']:,}", _fmt(r["RP+ self-reported"]), _fmt(r["RP+ exact"]),
+                     _fmt(r["RP+ seconds"], 3), _fmt(r["hdmm"]) + ("" if r.get("hdmm exact", True) else " (bound)"),
+                     _fmt(r["hdmm seconds"], 3), f"{r['hdmm / RP+ exact']:.4f}", r["hdmm optimizer"],
+                     "yes" if r["hdmm certified"] else "no"] + [_fmt(r.get(k)) for k in extra]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", "hdmm's candidates:", ""]
+        lines += [f"- {r['workload']}: {r['hdmm candidates']}" for r in chosen]
+        lines.append("")
+    (RESULTS / "residualplanner.md").write_text("\n".join(lines))
+
+
+_BASE_KEYS = {"workload", "objective", "queries", "RP+ self-reported", "RP+ exact", "RP+ seconds", "evaluation seconds",
+              "hdmm", "hdmm seconds", "hdmm optimizer", "hdmm certified", "hdmm exact", "hdmm / RP+ exact",
+              "hdmm candidates"}
+
+
+def _fmt(x, digits: int = 5) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    return f"{x:.{digits}g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# step 3: checks
+
+
+def _dense_kron(mats: list[np.ndarray]) -> np.ndarray:
+    out = np.ones((1, 1))
+    for M in mats:
+        out = np.kron(out, M)
+    return out
+
+
+def check_evaluator(seed: int = 0, off: float = 0.0) -> float:
+    """The evaluator against generalised least squares in dense numpy and hdmm.per_query_variance.
+
+    ``off``: size of a random part of the bases along the ones vector (RP+'s bases have one of
+    about 1e-5 from its regularisation; the evaluator projects it away)."""
+    import hdmm
+    from hdmm.error import per_query_variance
+    from hdmm.matrix import Explicit
+
+    rng = np.random.default_rng(seed)
+    domains, kinds = [4, 5, 3], "PPI"
+    marginals = [(), (0,), (1, 2), (0, 1, 2), (0, 2)]
+    worst = 0.0
+    for gamma_kind in ("identity", "residual"):
+        Rs, Gs = [], []
+        for k in domains:
+            R = rng.standard_normal((k - 1, k))
+            R = R - R.mean(axis=1, keepdims=True) + off * rng.standard_normal((k - 1, 1))
+            Rs.append(R)
+            Gs.append(np.eye(k - 1) if gamma_kind == "identity" else R)
+        closure = sorted({T for A in marginals for k in range(len(A) + 1) for T in itertools.combinations(A, k)})
+        noise = {T: float(rng.uniform(0.5, 2.0)) for T in closure}
+        # dense: measurement blocks B_T with noise covariance sigma_T^2 kron(Gamma Gamma^T); whitened S
+        blocks = []
+        for T in closure:
+            B = _dense_kron([Rs[i] if i in T else np.ones((1, k)) for i, k in enumerate(domains)])
+            C = _dense_kron([Gs[i] @ Gs[i].T if i in T else np.ones((1, 1)) for i in range(len(domains))])
+            vals, vecs = np.linalg.eigh(noise[T] * C)
+            blocks.append((vecs / np.sqrt(vals)) @ vecs.T @ B)
+        S = np.vstack(blocks)
+        delta2 = float(np.max(np.sum(S * S, axis=0)))
+        queries = {i: (hdmm.Prefix(k) if kinds[i] == "P" else hdmm.Identity(k)).dense() for i, k in enumerate(domains)}
+        W = np.vstack([_dense_kron([queries[i] if i in A else np.ones((1, k)) for i, k in enumerate(domains)])
+                       for A in marginals])
+        dense = delta2 * np.einsum("ij,jk,ik->i", W, np.linalg.pinv(S.T @ S), W)
+        mech = ResidualMechanism([whitened(R, gamma_kind) for R in Rs], noise)
+        ours = np.concatenate([mech.variances(A, queries) for A in marginals])
+        totals = np.array([mech.total_error(A, queries) for A in marginals])
+        sizes = [math.prod(domains[i] for i in A) for A in marginals]
+        split = np.split(dense, np.cumsum(sizes)[:-1])
+        case = {"domains": domains, "kinds": kinds, "marginals": marginals}
+        via_hdmm = per_query_variance(hdmm_workload(case), Explicit(S), hdmm.ZCDP(0.5))
+        worst = max(worst, float(np.max(np.abs(ours - dense) / dense)),
+                    float(np.max(np.abs(totals - [s.sum() for s in split]) / totals)),
+                    float(np.max(np.abs(via_hdmm - dense) / dense)))
+    print(f"exact evaluator against dense numpy and hdmm.per_query_variance (bases off the ones-orthogonal space by "
+          f"{off:g}): largest relative difference {worst:.2e}")
+    if worst > (1e-9 if off == 0 else 100 * off):
+        raise SystemExit("the exact evaluator disagrees with dense numpy")
+    return worst
+
+
+def check_workloads() -> None:
+    """Each hdmm workload against RP+'s: its marginals (checked in step 1), its per-attribute matrices
+    (RP+'s own, stored with the reference), and the dense rows up to order on a small domain."""
+    meta, store = load_reference()
+    for case in cases():
+        if case["name"] not in meta:
+            continue
+        queries = per_attribute_queries(case)
+        for i, (k, kind) in enumerate(zip(case["domains"], case["kinds"])):
+            if not np.array_equal(queries[i], store[f"W.{kind}.{k}"]):
+                raise SystemExit(f"{case['name']}: attribute {i}'s queries differ from RP+'s")
+        if [tuple(T) for T in meta[case["name"]]["subsets"]] and _queries(case) != meta[case["name"]]["queries"]:
+            raise SystemExit(f"{case['name']}: query count differs from RP+'s")
+        # dense rows up to order on a small domain: each attribute shrunk to at most 3 values
+        small = dict(case, domains=[min(k, 3) for k in case["domains"]])
+        if len(small["domains"]) > 8:
+            small["domains"] = small["domains"][:8]
+            small["kinds"] = small["kinds"][:8]
+            small["marginals"] = [A for A in case["marginals"] if max(A, default=-1) < 8]
+        ours = hdmm_workload(small).dense()
+        theirs = np.vstack([_dense_kron([_rp_matrix(store, small["kinds"][i], k) if i in A else np.ones((1, k))
+                                         for i, k in enumerate(small["domains"])]) for A in small["marginals"]])
+        if ours.shape != theirs.shape or not np.array_equal(ours[np.lexsort(ours.T)], theirs[np.lexsort(theirs.T)]):
+            raise SystemExit(f"{case['name']}: hdmm's workload differs from RP+'s on a small domain")
+    print(f"workloads: {len([c for c in cases() if c['name'] in meta])} hdmm workloads equal RP+'s")
+
+
+def _rp_matrix(store: dict, kind: str, k: int) -> np.ndarray:
+    """RP+'s per-attribute query matrix on ``k`` values: the leading block of one it built (its
+    ``prefix_workload``, row i ones on 0..i, or the identity), which is its matrix on ``k`` values."""
+    built = [v for key, v in store.items() if key.startswith(f"W.{kind}.") and v.shape[0] >= k]
+    return built[0][:k, :k]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("step", choices=["reference", "compare", "check", "table"])
+    parser.add_argument("--only", nargs="+", help="workload names (or their prefixes) to run")
+    parser.add_argument("--rpp", default="/tmp/rpp", help="reference: the unpacked ResidualPlanner+ snapshot")
+    parser.add_argument("--repeats", type=int, default=3, help="reference: best of this many runs (sum planner)")
+    parser.add_argument("--optimizers", nargs="*", default=[],
+                        help="compare: also run each of these hdmm optimizers alone (missing names are reported)")
+    args = parser.parse_args()
+    if args.step == "reference":
+        reference(args.rpp, args.only, args.repeats)
+    elif args.step == "compare":
+        compare(args.only, args.optimizers)
+    elif args.step == "check":
+        check_evaluator()
+        check_evaluator(off=1e-5)
+        check_workloads()
+    else:
+        out_json = RESULTS / "residualplanner.json"
+        write({r["workload"]: r for r in json.loads(out_json.read_text())["rows"]})
+
+
+if __name__ == "__main__":
+    main()
