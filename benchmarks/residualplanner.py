@@ -27,30 +27,36 @@ synthetic experiment, ``experiments/experiment.py`` / ``workload_allkway``, n = 
 term), RMSE objective.
 
 RP+'s self-reported figures are its planners' objective values (RMSE = sqrt(objective / queries);
-max variance = objective). They are **re-evaluated exactly** here from the mechanism RP+ runs
-(its ``ResMech.measure``): per subset the whitened measurement ``M_T = kron_{i in T} (Gamma_i
-Gamma_i^T)^(-1/2) R_i kron 1^T`` at noise ``sigma_T``; the exact squared L2 sensitivity
-``Delta^2 = max_x sum_T sigma_T^-2 prod_{i in T} ||M_i[:, x_i]||^2`` equals ``sum_T sigma_T^-2
-prod_{i in T} max_c ||M_i[:, c]||^2`` (the sum is multilinear with non-negative coefficients in
-the per-attribute column norms, so its maximum is at each attribute's largest column), and the
-blocks are mutually orthogonal (each ``M_i`` annihilates the ones vector), so a query
-``kron_i w_i`` of marginal ``A`` has variance ``Delta^2 sum_{T subset A} sigma_T^2 prod_{i in T}
-||w_i M_i^+||^2 prod_{i in A \\ T} (w_i . 1 / k_i)^2`` (the least-squares estimate; it is the
-only unbiased one since ``M_i`` is a bijection from the ones-orthogonal space). Sums of the
-per-attribute vectors give each marginal's total error; Kronecker products of them each query's
-variance. ``check`` verifies this evaluator against dense numpy (generalised least squares with
-the correlated noise, and ``hdmm.per_query_variance`` on the whitened strategy) on small domains.
-For max variance RP+'s own formula uses ``diag(W R^+ R^+T W^T)``, the variance under noise ``z``
-rather than the ``R z`` its measurement adds, while its privacy cost is the one for ``R z``: for
-Prefix attributes (where ``R R^T`` is not a multiple of the identity) its self-report is wrong.
-The table also gives the mechanism its formula describes (noise ``z``, ``Gamma_i = I``) at its
-true sensitivity, column "RP+ exact (noise z)".
+max variance = objective). They are **re-evaluated exactly** here: per subset ``T`` the whitened
+measurement ``M_T = kron_{i in T} M_i kron_{j not in T} 1^T`` at noise ``sigma_T``, with ``M_i =
+(Gamma_i Gamma_i^T)^(-1/2) R_i``; the exact squared L2 sensitivity ``Delta^2 = max_x sum_T
+sigma_T^-2 prod_{i in T} ||M_i[:, x_i]||^2`` equals ``sum_T sigma_T^-2 prod_{i in T} max_c
+||M_i[:, c]||^2`` (the sum is multilinear with non-negative coefficients in the per-attribute
+column norms, so its maximum is at each attribute's largest column), and the blocks are mutually
+orthogonal (each ``M_i`` annihilates the ones vector), so a query ``kron_i w_i`` of marginal ``A``
+has variance ``Delta^2 sum_{T subset A} sigma_T^2 prod_{i in T} ||w_i M_i^+||^2 prod_{i in A \\ T}
+(w_i . 1 / k_i)^2`` (the least-squares estimate; it is the only unbiased one since ``M_i`` is a
+bijection from the ones-orthogonal space). Sums of the per-attribute vectors give each marginal's
+total error; Kronecker products of them each query's variance. ``check`` verifies this evaluator
+against dense numpy (generalised least squares with the correlated noise, and
+``hdmm.error.per_query_variance`` on the whitened strategy) on small domains.
+
+RMSE: RP+'s sum planner is consistent (``Gamma_i`` in its measurement, cost and variance alike);
+its bases and noise levels are evaluated as they are, and its self-report is exact. Max variance:
+its variance formula, ``diag(W R^+ R^+T W^T)``, is that of the strategy ``R x + z`` (``Gamma_i =
+I``), but its privacy cost, ``prod max diag(R^T (R R^T)^-1 R)``, and its measurement step are those
+of ``R x + R z`` (``Gamma_i = R_i``), so its self-report is the variance of neither when ``R R^T`` is
+not a multiple of the identity (its optimized Prefix bases). Column "RP+ exact": the strategy its
+formula describes (bases ``R_i``, white noise, its noise levels) at its true sensitivity; column
+"RP+ as run": the measurement its code runs (far worse: its noise levels were chosen for the other
+variance).
 
 hdmm's side: ``hdmm.optimize(W, hdmm.ZCDP(0.5), seed=0)`` and, for the max-variance workloads,
 ``objective="max_variance"``, with the times, the candidates of ``result.report`` and the
 certified flags (``result.optimal``). ``--optimizers NAME ...`` also runs each named optimizer
 alone (``optimizers=[NAME]``) and reports its value; a name ``optimize`` does not know is
-reported as missing.
+reported as missing ("-"). By default ``residual_bases`` (the residual family with optimized
+per-attribute bases, being added to ``optimize`` for issue 25).
 
 How to run (one BLAS thread, ``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1``):
 
@@ -379,14 +385,19 @@ def compare(names: list[str] | None, optimizers: list[str], repeats: int = 3) ->
         info = meta[case["name"]]
         objective = case["objective"]
         start = time.perf_counter()
-        exact = evaluate(rp_mechanism(case, meta, store), case, with_max=objective != "rmse")
+        if objective == "rmse":
+            exact = evaluate(rp_mechanism(case, meta, store), case, with_max=False)["rmse"]
+        else:
+            # its strategy (bases R_i, noise z), which its variance formula describes; and as its measurement runs
+            strategy = evaluate(rp_mechanism(case, meta, store, ["identity"] * len(case["domains"])), case, True)
+            as_run = evaluate(rp_mechanism(case, meta, store), case, True)
+            exact = strategy["max variance"]
         row = {"workload": case["name"], "objective": objective, "queries": _queries(case),
-               "RP+ self-reported": info["self"], "RP+ exact": exact["rmse" if objective == "rmse" else "max variance"],
-               "RP+ seconds": info["seconds"], "evaluation seconds": time.perf_counter() - start}
+               "RP+ self-reported": info["self"], "RP+ exact": exact, "RP+ seconds": info["seconds"],
+               "evaluation seconds": time.perf_counter() - start}
         if objective != "rmse":
-            modelled = evaluate(rp_mechanism(case, meta, store, ["identity"] * len(case["domains"])), case, True)
-            row["RP+ exact (noise z)"] = modelled["max variance"]
-            row["RP+ exact RMSE"] = exact["rmse"]
+            row.update({"RP+ exact RMSE": strategy["rmse"], "RP+ as run": as_run["max variance"],
+                        "RP+ as run RMSE": as_run["rmse"]})
         ours = run_hdmm(case, objective, repeats=repeats)
         row.update({"hdmm": ours["value"], "hdmm seconds": ours["seconds"], "hdmm optimizer": ours["optimizer"],
                     "hdmm certified": ours["certified"], "hdmm exact": ours["exact"],
@@ -422,15 +433,18 @@ def write(rows: dict) -> None:
              "of 3 runs when one takes under 5 s); RP+'s include building its planner (its per-attribute basis "
              "search), as its scripts time it. A value marked (bound) is an upper bound on hdmm's error (OPT_+ "
              "beyond its exact-error size).", "",
-             "RP+ exact: RP+'s mechanism re-evaluated exactly (its bases, noise matrices and noise levels; exact "
-             "sensitivity; least-squares reconstruction). For max variance two figures: **as run**, the mechanism "
-             "its measurement step runs (noise `R z` per attribute, which its privacy cost assumes), and **noise z**, "
-             "the mechanism its variance formula describes (noise `z`), at that mechanism's true sensitivity. Its "
-             "self-report mixes the two (cost of the first, variance of the second), so it is not the variance of "
-             "either when an attribute's basis `R` has `R R^T` other than a multiple of the identity (its optimized "
-             "Prefix bases). RMSE rows: RP+'s sum planner is consistent, and its self-report is exact.", ""]
+             "RP+ exact: RP+'s strategy re-evaluated exactly: per subset T of attributes, the Kronecker product of "
+             "its per-attribute bases on T and a total row off T, scaled by its noise level for T; the exact L2 "
+             "sensitivity of the union; least-squares reconstruction. RMSE rows: its sum planner's bases, noise "
+             "matrices and noise levels (its planner is consistent there, and its self-report is exact). Largest "
+             "variance: its max planner's variance formula is that of this strategy (bases `R` with white noise), "
+             "but its privacy cost is that of the measurement its code runs (noise `R z` added to `R x`, i.e. the "
+             "strategy with each basis whitened to an orthonormal one), and its self-report mixes the two: it is "
+             "not the variance of either when `R R^T` is not a multiple of the identity (its optimized Prefix "
+             "bases). RP+ exact is the strategy at its true sensitivity; RP+ as run is the measurement its code "
+             "runs (much worse: its noise levels were chosen for the other variance).", ""]
     named = list(dict.fromkeys(k for r in ordered for k in r if k not in _BASE_KEYS and not k.endswith(" seconds")
-                               and k not in ("RP+ exact (noise z)", "RP+ exact RMSE")))
+                               and k not in ("RP+ exact RMSE", "RP+ as run", "RP+ as run RMSE")))
     for objective in ("rmse", "max variance"):
         chosen = [r for r in ordered if r["objective"] == objective]
         if not chosen:
@@ -441,9 +455,9 @@ def write(rows: dict) -> None:
                     "hdmm / RP+ exact", "hdmm optimizer", "certified"]
         else:
             lines += ["## Largest per-query variance", ""]
-            head = ["workload", "queries", "RP+ self-reported", "RP+ exact, as run", "RP+ exact, noise z", "RP+ s",
-                    "hdmm", "hdmm s", "hdmm / RP+ as run", "hdmm / RP+ noise z", "hdmm optimizer", "certified",
-                    "RP+ as run: RMSE"]
+            head = ["workload", "queries", "RP+ self-reported", "RP+ exact", "RP+ s", "hdmm", "hdmm s",
+                    "hdmm / RP+ exact", "hdmm optimizer", "certified", "RP+ exact: RMSE", "RP+ as run",
+                    "hdmm / RP+ as run"]
         head += named
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in chosen:
@@ -452,11 +466,10 @@ def write(rows: dict) -> None:
             if objective == "rmse":
                 cells += [_fmt(r["RP+ seconds"], 3), hd, _fmt(r["hdmm seconds"], 3), f"{r['hdmm'] / r['RP+ exact']:.4f}"]
             else:
-                cells += [_fmt(r["RP+ exact (noise z)"]), _fmt(r["RP+ seconds"], 3), hd, _fmt(r["hdmm seconds"], 3),
-                          f"{r['hdmm'] / r['RP+ exact']:.4f}", f"{r['hdmm'] / r['RP+ exact (noise z)']:.4f}"]
+                cells += [_fmt(r["RP+ seconds"], 3), hd, _fmt(r["hdmm seconds"], 3), f"{r['hdmm'] / r['RP+ exact']:.4f}"]
             cells += [r["hdmm optimizer"], "yes" if r["hdmm certified"] else "no"]
             if objective != "rmse":
-                cells.append(_fmt(r["RP+ exact RMSE"]))
+                cells += [_fmt(r["RP+ exact RMSE"]), _fmt(r["RP+ as run"]), f"{r['hdmm'] / r['RP+ as run']:.4f}"]
             cells += [_fmt(r.get(k)) for k in named]
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", "hdmm's candidates:", ""]
@@ -545,6 +558,7 @@ def check_workloads() -> None:
     """Each hdmm workload against RP+'s: its marginals (checked in step 1), its per-attribute matrices
     (RP+'s own, stored with the reference), and the dense rows up to order on a small domain."""
     meta, store = load_reference()
+    compared = 0
     for case in cases():
         if case["name"] not in meta:
             continue
@@ -560,12 +574,16 @@ def check_workloads() -> None:
             small["domains"] = small["domains"][:8]
             small["kinds"] = small["kinds"][:8]
             small["marginals"] = [A for A in case["marginals"] if max(A, default=-1) < 8]
+            if not small["marginals"]:
+                continue
         ours = hdmm_workload(small).dense()
         theirs = np.vstack([_dense_kron([_rp_matrix(store, small["kinds"][i], k) if i in A else np.ones((1, k))
                                          for i, k in enumerate(small["domains"])]) for A in small["marginals"]])
         if ours.shape != theirs.shape or not np.array_equal(ours[np.lexsort(ours.T)], theirs[np.lexsort(theirs.T)]):
             raise SystemExit(f"{case['name']}: hdmm's workload differs from RP+'s on a small domain")
-    print(f"workloads: {len([c for c in cases() if c['name'] in meta])} hdmm workloads equal RP+'s")
+        compared += 1
+    print(f"workloads: all {len([c for c in cases() if c['name'] in meta])} have RP+'s marginals, query counts and "
+          f"per-attribute matrices; {compared} compared densely (rows up to order) on a small domain")
 
 
 def _rp_matrix(store: dict, kind: str, k: int) -> np.ndarray:
@@ -582,8 +600,9 @@ def main() -> None:
     parser.add_argument("--rpp", default="/tmp/rpp", help="reference: the unpacked ResidualPlanner+ snapshot")
     parser.add_argument("--repeats", type=int, default=3,
                         help="reference: best of this many runs (sum planner); compare: of hdmm's runs under 5 s")
-    parser.add_argument("--optimizers", nargs="*", default=[],
-                        help="compare: also run each of these hdmm optimizers alone (missing names are reported)")
+    parser.add_argument("--optimizers", nargs="*", default=["residual_bases"],
+                        help="compare: also run each of these hdmm optimizers alone (missing names are reported as '-'; "
+                             "default: residual_bases, the residual family with optimized per-attribute bases)")
     args = parser.parse_args()
     if args.step == "reference":
         reference(args.rpp, args.only, args.repeats)
