@@ -411,6 +411,7 @@ def compare(names: list[str] | None, optimizers: list[str], repeats: int = 3) ->
                 row[f"{name}"] = None
                 row[f"{name} seconds"] = None
                 print(f"  {name}: not run ({err})", flush=True)
+        row["load average"] = os.getloadavg()[0]  # of the machine over the last minute, at the end of the row
         print({k: v for k, v in row.items() if k != "hdmm candidates"}, flush=True)
         # merged into the rows on file just before writing, so that runs of other workloads may overlap
         out_json = RESULTS / "residualplanner.json"
@@ -443,6 +444,10 @@ def write(rows: dict) -> None:
              "not the variance of either when `R R^T` is not a multiple of the identity (its optimized Prefix "
              "bases). RP+ exact is the strategy at its true sensitivity; RP+ as run is the measurement its code "
              "runs (much worse: its noise levels were chosen for the other variance).", ""]
+    loads = [r["load average"] for r in ordered if "load average" in r]
+    if loads:
+        lines[2] += (f" One-minute load average of the machine at the end of each row: {min(loads):.1f} to "
+                     f"{max(loads):.1f} (in the JSON); on a busy machine the seconds are longer than on an idle one.")
     named = list(dict.fromkeys(k for r in ordered for k in r if k not in _BASE_KEYS and not k.endswith(" seconds")
                                and k not in ("RP+ exact RMSE", "RP+ as run", "RP+ as run RMSE")))
     for objective in ("rmse", "max variance"):
@@ -480,7 +485,7 @@ def write(rows: dict) -> None:
 
 _BASE_KEYS = {"workload", "objective", "queries", "RP+ self-reported", "RP+ exact", "RP+ seconds", "evaluation seconds",
               "hdmm", "hdmm seconds", "hdmm optimizer", "hdmm certified", "hdmm exact", "hdmm / RP+ exact",
-              "hdmm candidates"}
+              "hdmm candidates", "load average"}
 
 
 def _fmt(x, digits: int = 5) -> str:
