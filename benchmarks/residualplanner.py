@@ -376,7 +376,7 @@ def run_hdmm(case: dict, objective: str, optimizers: list[str] | None = None, re
             "certified": bool(result.optimal), "exact": exact, "candidates": _candidates(result, column)}
 
 
-def compare(names: list[str] | None, optimizers: list[str], repeats: int = 3) -> None:
+def compare(names: list[str] | None, optimizers: list[str], repeats: int = 3, out: str = "residualplanner") -> None:
     meta, store = load_reference()
     for case in select(names):
         if case["name"] not in meta:
@@ -414,18 +414,18 @@ def compare(names: list[str] | None, optimizers: list[str], repeats: int = 3) ->
         row["load average"] = os.getloadavg()[0]  # of the machine over the last minute, at the end of the row
         print({k: v for k, v in row.items() if k != "hdmm candidates"}, flush=True)
         # merged into the rows on file just before writing, so that runs of other workloads may overlap
-        out_json = RESULTS / "residualplanner.json"
+        out_json = RESULTS / f"{out}.json"
         rows = {r["workload"]: r for r in json.loads(out_json.read_text())["rows"]} if out_json.exists() else {}
         rows[case["name"]] = row
-        write(rows)
+        write(rows, out)
 
 
-def write(rows: dict) -> None:
+def write(rows: dict, out: str = "residualplanner") -> None:
     order = [c["name"] for c in cases()]
     ordered = [rows[n] for n in order if n in rows] + [r for n, r in rows.items() if n not in order]
     RESULTS.mkdir(exist_ok=True)
     threads = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-    (RESULTS / "residualplanner.json").write_text(json.dumps({"snapshot": SNAPSHOT, "threads": threads,
+    (RESULTS / f"{out}.json").write_text(json.dumps({"snapshot": SNAPSHOT, "threads": threads,
                                                               "rows": ordered}, indent=1))
     lines = ["# hdmm against ResidualPlanner+ on its benchmark workloads", "",
              f"ResidualPlanner+ (RP+) snapshot {SNAPSHOT[:7]}; Gaussian noise, zCDP rho = 0.5 (unit noise variance per "
@@ -480,7 +480,7 @@ def write(rows: dict) -> None:
         lines += ["", "hdmm's candidates:", ""]
         lines += [f"- {r['workload']}: {r['hdmm candidates']}" for r in chosen]
         lines.append("")
-    (RESULTS / "residualplanner.md").write_text("\n".join(lines))
+    (RESULTS / f"{out}.md").write_text("\n".join(lines))
 
 
 _BASE_KEYS = {"workload", "objective", "queries", "RP+ self-reported", "RP+ exact", "RP+ seconds", "evaluation seconds",
@@ -608,18 +608,20 @@ def main() -> None:
     parser.add_argument("--optimizers", nargs="*", default=["residual_bases"],
                         help="compare: also run each of these hdmm optimizers alone (missing names are reported as '-'; "
                              "default: residual_bases, the residual family with optimized per-attribute bases)")
+    parser.add_argument("--out", default="residualplanner",
+                        help="compare, table: name of the results files under benchmarks/results/ (.json, .md)")
     args = parser.parse_args()
     if args.step == "reference":
         reference(args.rpp, args.only, args.repeats)
     elif args.step == "compare":
-        compare(args.only, args.optimizers, args.repeats)
+        compare(args.only, args.optimizers, args.repeats, args.out)
     elif args.step == "check":
         check_evaluator()
         check_evaluator(off=1e-5)
         check_workloads()
     else:
-        out_json = RESULTS / "residualplanner.json"
-        write({r["workload"]: r for r in json.loads(out_json.read_text())["rows"]})
+        out_json = RESULTS / f"{args.out}.json"
+        write({r["workload"]: r for r in json.loads(out_json.read_text())["rows"]}, args.out)
 
 
 if __name__ == "__main__":
