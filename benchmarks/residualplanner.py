@@ -504,7 +504,10 @@ def write(rows: dict, out: str = "residualplanner") -> None:
                 cells += [_fmt(r["RP+ exact RMSE"]), _fmt(r["RP+ as run"]), f"{r['hdmm'] / r['RP+ as run']:.4f}"]
             cells += ([_fmt(r.get("hdmm recheck"))] if recheck else []) + [_fmt(r.get(k)) for k in named]
             lines.append("| " + " | ".join(cells) + " |")
-        lines += ["", "hdmm's candidates:", ""]
+        wins = sum(r["hdmm"] <= r["RP+ exact"] for r in chosen)
+        lines += ["", f"hdmm at or below RP+ exact on {wins} of {len(chosen)} workloads"
+                      + (f"; below RP+ as run on {sum(r['hdmm'] <= r['RP+ as run'] for r in chosen)}."
+                         if objective != "rmse" else "."), "", "hdmm's candidates:", ""]
         lines += [f"- {r['workload']}: {r['hdmm candidates']}" for r in chosen]
         lines.append("")
     (RESULTS / f"{out}.md").write_text("\n".join(lines))
