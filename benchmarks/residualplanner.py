@@ -69,15 +69,22 @@ How to run (one BLAS thread, ``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_
        /tmp/rpp-venv/bin/pip install numpy scipy cvxpy pandas gurobipy tqdm
        /tmp/rpp-venv/bin/python benchmarks/residualplanner.py reference --rpp /tmp/rpp [--only NAME ...]
 
-   (``gurobipy`` is only imported by RP+; its max-variance program runs on cvxpy's Clarabel.) Writes ``benchmarks/results/residualplanner_reference.npz``: per workload RP+'s
-   marginals, noise levels, self-reported value and seconds (best of ``--repeats``, building the
-   planner included, as its scripts time it), and its per-attribute bases.
+   (``gurobipy`` is only imported by RP+; its max-variance program runs on cvxpy's Clarabel.)
+   Writes ``benchmarks/results/residualplanner_reference.npz``: per workload RP+'s marginals,
+   noise levels, self-reported value and seconds (best of ``--repeats``, building the planner
+   included, as its scripts time it), and its per-attribute bases and query matrices. The sum
+   planner's workloads take under a second each; each max-variance one one to two minutes (its
+   basis search for attributes of about 100 values).
 2. The comparison, in hdmm's environment::
 
        python benchmarks/residualplanner.py compare [--only NAME ...] [--optimizers NAME ...]
 
    Writes ``benchmarks/results/residualplanner.json`` and ``residualplanner.md`` (rows of
-   workloads not rerun are kept from the earlier JSON).
+   workloads not rerun are kept from the earlier JSON; ``--out NAME`` writes ``NAME.json`` and
+   ``NAME.md`` instead; ``table`` rebuilds the Markdown from the JSON). CPS and the 1- and
+   2-way workloads take seconds to a minute each; with hdmm before the residual family with
+   optimized bases, the 3-way and 0-3-way ones of Adult and Loans take minutes each (OPT_+),
+   so rerun parts with ``--only`` to stay within a few minutes.
 3. ``python benchmarks/residualplanner.py check``: the exact evaluator against dense numpy and
    hdmm, and each hdmm workload against RP+'s (its marginals, and the dense rows up to order on
    a small domain, built from RP+'s own per-attribute matrices stored with the reference).
