@@ -233,7 +233,7 @@ def reference(rpp: str, names: list[str] | None, repeats: int) -> None:
         RESULTS.mkdir(exist_ok=True)
         # merged into what is on file just before writing, so that runs of other workloads may overlap
         stored, stored_meta = _stored()
-        stored.update({key: v for key, v in store.items() if key.endswith(".noise") and key.startswith(case["name"])
+        stored.update({key: v for key, v in store.items() if key == f"{case['name']}.noise"
                        or not key.endswith(".noise")})
         stored_meta[case["name"]] = meta[case["name"]]
         stored_meta.setdefault("snapshot", SNAPSHOT)
