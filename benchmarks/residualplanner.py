@@ -479,8 +479,9 @@ def write(rows: dict, out: str = "residualplanner") -> None:
              "runs (much worse: its noise levels were chosen for the other variance).", ""]
     loads = [r["load average"] for r in ordered if "load average" in r]
     if loads:
-        lines[2] += (f" One-minute load average of the machine at the end of each row: {min(loads):.1f} to "
-                     f"{max(loads):.1f} (in the JSON); on a busy machine the seconds are longer than on an idle one.")
+        lines[2] += (f" One-minute load average of the machine (2 cores) at the end of the {len(loads)} of "
+                     f"{len(ordered)} rows that record it (in the JSON): {min(loads):.1f} to {max(loads):.1f}; on a "
+                     "busy machine the seconds are longer than on an idle one.")
     named = list(dict.fromkeys(k for r in ordered for k in r if k not in _BASE_KEYS and not k.endswith(" seconds")
                                and k not in ("RP+ exact RMSE", "RP+ as run", "RP+ as run RMSE")))
     for objective in ("rmse", "max variance"):
