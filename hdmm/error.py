@@ -10,7 +10,7 @@ per query :math:`\mathrm{Var}(z)\,\mathrm{diag}(W (A^TA)^+ W^T)`, and
 :math:`\mathrm{RMSE} = \sqrt{\mathrm{TSE}/m}`. It is finite only when ``A`` supports ``W``
 (:math:`W A^+ A = W`).
 
-Three exact routes, one per form of ``A`` (:func:`hdmm.structure.classify`), never forming an
+Five exact routes, one per form of ``A`` (:func:`hdmm.structure.classify`), never forming an
 ``N x N`` matrix:
 
 * **Kronecker strategy** :math:`A = \bigotimes_i A_i` (the identity included) and any union
@@ -21,6 +21,9 @@ Three exact routes, one per form of ``A`` (:func:`hdmm.structure.classify`), nev
   :math:`aI + bJ`): :math:`(A^TA)^+ = \sum_T E_T / \lambda_T`, so
   :math:`\mathrm{tr} = \sum_T \mathrm{tr}(E_T W^TW) / \lambda_T` over the subsets where the
   workload has weight (:mod:`hdmm.marginals`).
+* **Residual strategy with per-attribute bases** (:mod:`hdmm.residual_bases`):
+  :math:`(A^TA)^+ = \sum_T \kappa_T^{-1} \bigotimes_{i \in T} X_i^+ \bigotimes_{i \notin T} P_i`, so
+  the trace is a sum over subsets of products of per-attribute traces.
 * **Union strategy** whose factor Grams diagonalise together on every attribute (OPT_+'s
   strategies, :mod:`hdmm.union_gram`): :math:`(A^TA)^+` from per-attribute congruences and a
   grid of eigenvalues per workload term, at any domain size where the grids stay small.
@@ -38,6 +41,7 @@ from scipy.special import gamma
 
 from .kron_union import KronUnion, kron_union
 from .marginals import trace_spectrum
+from .residual_bases import residual_form, residual_query_variances, residual_traces
 from .matrix import DENSE_LIMIT, DenseLimitError, Matrix
 from .privacy import Privacy
 from .structure import ZERO_RTOL, Structure, aligned_unions, classify
@@ -309,12 +313,13 @@ def _kronecker_strategy(a_union: KronUnion) -> _KroneckerStrategy:
 def exact_route(W: Matrix, A: Matrix, *, structure: Structure | None = None) -> str:
     """How :func:`expected_error` computes the error of ``A`` on ``W``.
 
-    ``"kronecker"`` or ``"spectral"`` (the marginals algebra): closed forms, at any domain size;
+    ``"kronecker"``, ``"spectral"`` (the marginals algebra) or ``"residual"`` (residual bases):
+    closed forms, at any domain size;
     ``"dense"``: a dense pseudo-inverse of ``A^TA``, for at most a few thousand cells.
     ``structure`` is ``A``'s (:func:`hdmm.structure.classify`) when known.
     """
     form = aligned_unions(W, classify(A) if structure is None else structure)[0]
-    return {"kronecker": "kronecker", "marginals": "spectral"}.get(form, "dense")
+    return {"kronecker": "kronecker", "marginals": "spectral", "residual": "residual"}.get(form, "dense")
 
 
 def _traces(W: Matrix, A: Matrix, structure: Structure) -> _Traces:
@@ -323,6 +328,8 @@ def _traces(W: Matrix, A: Matrix, structure: Structure) -> _Traces:
         return _kronecker_traces(w_union, _kronecker_strategy(a_union))
     if route == "marginals":
         return _spectral_traces(w_union, a_union)[0]
+    if route == "residual":
+        return _traces_result(w_union, *residual_traces(w_union, residual_form(a_union)))
     grids = _union_grids(W, structure)
     if grids is not None:
         return _union_traces(W, grids)
@@ -387,6 +394,8 @@ def unit_query_variances(W: Matrix, A: Matrix, structure: Structure) -> np.ndarr
         return _term_variances_kronecker(w_union, a_union)
     if route == "marginals":
         return _term_variances_spectral(w_union, a_union)
+    if route == "residual":
+        return residual_query_variances(w_union, residual_form(a_union))
     grids = _union_grids(W, structure)
     if grids is not None:
         return np.concatenate([term_variances(grid) for grid in grids])

@@ -50,6 +50,7 @@ from .privacy import Privacy
 from .structure import Structure, classify
 from .version import HDMM_VERSION
 from .workload import unweighted
+from .threads import one_blas_thread
 
 __all__ = ["Plan", "plan", "check_inputs", "strategy_plan", "union_variance_bound", "unit_variances_or_bounds", "plan_to_json", "plan_from_json",
            "SENSITIVITY_MARGIN", "ROUNDOFF_ALLOWANCE"]
@@ -200,6 +201,7 @@ class Plan:
         write_archive(path, with_checksum(header, arrays), arrays)
 
     @staticmethod
+    @one_blas_thread
     def load(path, *, max_bytes: int = MAX_BYTES, progress: bool | Callable[[str], None] = False) -> Plan:
         """Read a plan written by :meth:`save`, validating it against its own strategy.
 
@@ -417,6 +419,7 @@ def check_inputs(W: Matrix, privacy: Privacy, method: str = "auto") -> None:
         raise ValueError(f"unknown reconstruction method {method!r}; choose one of {list(RECONSTRUCTION_METHODS)}")
 
 
+@one_blas_thread
 def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privacy, *, method: str = "auto",
          origin: str | None = None, seed=None, progress: bool | Callable[[str], None] = False) -> Plan:
     r"""Make the data-independent plan for releasing workload ``W`` under ``privacy``.

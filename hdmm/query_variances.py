@@ -12,6 +12,8 @@ Kronecker structure, so they are summarised and streamed from the factors:
   is found by streaming).
 * **Union strategy** whose Grams diagonalise together (:mod:`hdmm.union_gram`): a contraction of
   a small grid of eigenvalues with per-attribute matrices; the mean is one contraction with vectors.
+* **Residual strategy with per-attribute bases** (:mod:`hdmm.residual_bases`): its closed form for
+  every query at once (up to ``FLAT_LIMIT`` queries), summarised per term.
 * **Any other union strategy** too large for a dense pseudo-inverse: per query, the smallest of
   the variances each strategy term alone gives (an upper bound by Gauss-Markov, as
   :func:`hdmm.planning.union_variance_bound`), flagged ``exact=False``.
@@ -45,10 +47,14 @@ from .structure import ZERO_RTOL, Structure, aligned_unions, classify
 from .traces import factor_rows, row_projections
 from .union_gram import TermGrid, joint_diagonal, term_grid, term_variances
 
-__all__ = ["BLOCK_ROWS", "TermVariances", "VarianceSummary", "variance_summary", "query_variance_blocks"]
+__all__ = ["BLOCK_ROWS", "FLAT_LIMIT", "TermVariances", "VarianceSummary", "variance_summary", "query_variance_blocks"]
 
 #: Default number of variances a block holds (8 MiB of floats).
 BLOCK_ROWS = 2**20
+
+#: Most queries whose variances are computed at once where no factored form is kept (a residual strategy's
+#: closed form): 1 GiB of floats.
+FLAT_LIMIT = 2**27
 
 
 # ====================================================================== one term's variances, factored
@@ -331,6 +337,16 @@ def _union_terms(W: Matrix, a_union: KronUnion) -> tuple[list, list[bool]] | Non
     return terms, exact
 
 
+def _flat_terms(W: Matrix, values: np.ndarray) -> tuple[list, list[bool]]:
+    """Exact variances computed at once, split by the workload's union terms."""
+    try:
+        cuts = np.cumsum(kron_union(W).term_rows().astype(np.int64))[:-1]
+    except FactorMismatchError:
+        cuts = []
+    parts = np.split(values, cuts)
+    return [_Flat(v) for v in parts], [True] * len(parts)
+
+
 def _factored(W: Matrix, A: Matrix, structure: Structure) -> tuple[list, list[bool]]:
     """Each workload term's unit variances, factored, and whether each is exact (else an upper bound)."""
     route, w_union, a_union = aligned_unions(W, structure)
@@ -340,17 +356,17 @@ def _factored(W: Matrix, A: Matrix, structure: Structure) -> tuple[list, list[bo
     if route == "marginals":
         terms = _marginals_terms(w_union, a_union)
         return terms, [True] * len(terms)
+    if route == "residual":  # closed form for every query at once (hdmm.residual_bases)
+        if W.shape[0] > FLAT_LIMIT:
+            raise DenseLimitError(
+                f"the variances of a residual strategy are computed for all {W.shape[0]:,} queries at once, above "
+                f"FLAT_LIMIT ({FLAT_LIMIT:,}): summarise a smaller workload, or its union terms one at a time")
+        return _flat_terms(W, unit_query_variances(W, A, structure))
     found = None if structure.union is None else _union_terms(W, structure.union)
     if found is not None and all(found[1]):
         return found
-    if A.shape[1] ** 2 <= DENSE_LIMIT and W.shape[0] <= DENSE_LIMIT:  # exact on a small domain, split by term
-        values = unit_query_variances(W, A, structure)
-        try:
-            cuts = np.cumsum(kron_union(W).term_rows().astype(np.int64))[:-1]
-        except FactorMismatchError:
-            cuts = []
-        parts = np.split(values, cuts)
-        return [_Flat(v) for v in parts], [True] * len(parts)
+    if A.shape[1] ** 2 <= DENSE_LIMIT and W.shape[0] <= DENSE_LIMIT:  # exact on a small domain
+        return _flat_terms(W, unit_query_variances(W, A, structure))
     if found is not None:
         return found
     raise DenseLimitError(

@@ -13,6 +13,7 @@ from hdmm.marginals import DimKMarginals, Marginals
 from hdmm.matrix import Explicit, Identity, Kronecker, Ones, VStack, Weighted
 from hdmm.optimizers import opt_union
 from hdmm.planning import union_variance_bound
+from hdmm.residual_bases import ResidualBases
 from hdmm.structure import classify
 from test_union_gram import dense_unit_variances
 
@@ -43,7 +44,11 @@ def _cases():
     union = opt_union(W, PRIVACY, groups=[[0], list(range(1, kron_union(W).num_terms))], seed=0)
     mixed = VStack([Kronecker([_explicit(4, 4, s), Identity(3), Identity(5)]) for s in range(2)]
                    + [Kronecker([_explicit(4, 4, 9), Ones(1, 3), Identity(5)])])
+    zero_sum = np.diff(np.eye(4), axis=0) * [[1.0], [2.0], [0.5]]  # rows summing to zero, not Helmert's
+    residual = ResidualBases([4, 3, 5], {(): 1.0, (0,): 2.0, (1,): 1.0, (2,): 1.5, (0, 2): 0.7, (1, 2): 0.4},
+                             [zero_sum, None, None])
     return {"kronecker": (W, kron), "marginals": (W, marg), "union": (W, union), "dense": (W, mixed),
+            "residual": (W, residual),
             "unsupported kronecker": (W, Kronecker([_with_total(2, 4, 1), Identity(3), Identity(5)])),
             "unsupported marginals": (DimKMarginals([4, 3, 5], 2), Marginals([4, 3, 5], {(0,): 1.0, (1, 2): 1.0})),
             "unsupported union": (W, VStack([Kronecker([_explicit(3, 4, 0, 2), Identity(3), Identity(5)]),
