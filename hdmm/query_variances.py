@@ -44,6 +44,7 @@ from .marginals import trace_spectrum
 from .matrix import DENSE_LIMIT, DenseLimitError, Matrix
 from .privacy import Privacy
 from .structure import ZERO_RTOL, Structure, aligned_unions, classify
+from .threads import one_blas_thread
 from .traces import factor_rows, row_projections
 from .union_gram import TermGrid, joint_diagonal, term_grid, term_variances
 
@@ -488,13 +489,15 @@ def query_variance_blocks(W: Matrix, A: Matrix, privacy: Privacy, *, block_rows:
             at += values.size
 
 
+@one_blas_thread
 def variance_summary(W: Matrix, A: Matrix, privacy: Privacy, *, structure: Structure | None = None,
                      sensitivity: float | None = None, block_rows: int = BLOCK_ROWS) -> VarianceSummary:
     r"""The largest and mean variance of ``W``'s answers under ``A``, overall and per union term.
 
     From the factors without streaming where a closed form gives them (a Kronecker strategy: the
     product of the per-attribute maxima and means); otherwise the term's queries are streamed
-    in blocks of ``block_rows`` (:func:`query_variance_blocks`), in bounded memory.
+    in blocks of ``block_rows`` (:func:`query_variance_blocks`), in bounded memory. Runs with one
+    BLAS thread (:func:`hdmm.threads.one_blas_thread`).
 
     >>> import hdmm
     >>> from hdmm.matrix import Kronecker, Ones
