@@ -43,7 +43,7 @@ from ..marginals import Residuals, trace_spectrum, workload_domain
 from ..matrix import Matrix
 from ..traces import row_projections
 
-__all__ = ["MaxVarianceProblem", "MaxVarianceSolution", "max_variance_residual"]
+__all__ = ["MaxVarianceProblem", "MaxVarianceSolution", "max_variance_residual", "solve_allocation"]
 
 #: Relative duality gap at which the multiplicative iteration stops.
 GAP_RTOL = 1e-9
@@ -197,11 +197,31 @@ def max_variance_residual(W: Matrix, union: KronUnion | None = None, tol: float 
     """
     union = kron_union(W) if union is None else union
     problem = MaxVarianceProblem(union) if problem is None else problem
-    A = problem.A[problem.terms]
-    t = problem.t
+    x, y, classes, iterations = solve_allocation(problem.A[problem.terms], problem.t, tol, max_iterations)
+    y_full = np.zeros(union.num_terms)
+    y_full[problem.terms] = y
+    value, bound = problem.objective(x), problem.dual(y_full)
+    lam = 1.0 / x
+    lam /= float(lam @ problem.t)  # sum_T lambda_T tr(E_T) = 1: L2 sensitivity 1
+    N = float(np.prod(np.array(union.sizes, dtype=float)))
+    members = problem.spectrum.members[problem.subsets]
+    strategy = Residuals.from_members(workload_domain(W, union.sizes), members, np.sqrt(lam * N))
+    return MaxVarianceSolution(strategy, value, min(bound, value), classes, iterations)
+
+
+def solve_allocation(A: sp.csr_array, t: np.ndarray, tol: float = GAP_RTOL, max_iterations: int = MAX_ITERATIONS
+                     ) -> tuple[np.ndarray, np.ndarray, tuple[int, int], int]:
+    r"""Minimise :math:`\max_j (Ax)_j \sum_T t_T/x_T` over :math:`x > 0` (module docstring), after symmetry reduction.
+
+    ``A`` (rows x subsets, non-negative, every row and column with a positive entry) and
+    ``t > 0``. Returns ``(x, y, (row classes, subset classes), iterations)``: the primal point
+    and a dual point ``y`` on the simplex over the rows, so that :math:`h(y)^2 =
+    (\sum_T\sqrt{t_T(A^Ty)_T})^2` bounds the optimum from below (whatever the reduction did).
+    """
+    A = sp.csr_array(A)
     tkey = np.unique(np.round(np.log(t), 10), return_inverse=True)[1].reshape(-1)
     rows, cols = _refine(A, np.zeros(A.shape[0], dtype=np.intp), tkey)
-    # reduced problem: one variable per subset class, one variance per term class
+    # reduced problem: one variable per subset class, one variance per row class
     first_row = np.unique(rows, return_index=True)[1]
     R = sp.csr_array((A.data, (np.repeat(np.arange(A.shape[0]), np.diff(A.indptr)), cols[A.indices])),
                      shape=(A.shape[0], cols.max() + 1))[first_row].toarray()
@@ -209,15 +229,5 @@ def max_variance_residual(W: Matrix, union: KronUnion | None = None, tol: float 
     t_class = np.zeros(sizes.size)
     t_class[cols] = t
     x_class, y_class, iterations = _solve(R, sizes * t_class, tol, max_iterations)
-    x = x_class[cols]
     term_counts = np.bincount(rows).astype(float)
-    y_full = np.zeros(union.num_terms)
-    y_full[problem.terms] = (y_class / term_counts)[rows]
-    value, bound = problem.objective(x), problem.dual(y_full)
-    lam = 1.0 / x
-    lam /= float(lam @ t)  # sum_T lambda_T tr(E_T) = 1: L2 sensitivity 1
-    N = float(np.prod(np.array(union.sizes, dtype=float)))
-    members = problem.spectrum.members[problem.subsets]
-    strategy = Residuals.from_members(workload_domain(W, union.sizes), members, np.sqrt(lam * N))
-    return MaxVarianceSolution(strategy, value, min(bound, value), (int(rows.max()) + 1, int(cols.max()) + 1),
-                               iterations)
+    return x_class[cols], (y_class / term_counts)[rows], (int(rows.max()) + 1, int(cols.max()) + 1), iterations
