@@ -187,6 +187,9 @@ class MaxVarianceBasesSolution:
     classes : tuple of int
         Row and subset classes of the reduced program.
     iterations : int
+    total_value : float
+        The largest variance of the total-error optimal allocation over the same bases (``nan``
+        when the bases were given).
     """
 
     strategy: ResidualBases
@@ -196,6 +199,7 @@ class MaxVarianceBasesSolution:
     rows: int
     classes: tuple[int, int]
     iterations: int
+    total_value: float = np.nan
 
     @property
     def gap(self) -> float:
@@ -226,11 +230,13 @@ def max_variance_bases(W: Matrix, union: KronUnion | None = None, tol: float = G
     (True, 1.0)
     """
     union = kron_union(W) if union is None else union
+    total = None
     if bases is None:
         if not residual_bases_applies(union):
             raise ValueError("the max-variance program over residual bases needs one query matrix (or totals) per "
                              "attribute; this workload has several on some attribute")
-        bases = residual_bases_strategy(W, union)[0].bases
+        total = residual_bases_strategy(W, union)[0]
+        bases = total.bases
     else:
         bases = ResidualBases.from_members(union.sizes, np.zeros((1, union.dim), dtype=bool), np.ones(1), bases).bases
     problem = allocation_problem(union, list(bases))
@@ -242,5 +248,11 @@ def max_variance_bases(W: Matrix, union: KronUnion | None = None, tol: float = G
     checked = np.nan
     if check and W.shape[0] <= CHECK_MAX_QUERIES:
         checked = float(residual_query_variances(union, residual_form(kron_union(strategy))).max())
+    total_value = np.nan
+    if total is not None:  # the total-error allocation on the program's subsets (zero weight: infinite variance)
+        kappas = {tuple(row): w**2 for row, w in zip(total.members, total.weights)}
+        k_total = np.array([kappas.get(tuple(row), 0.0) for row in problem.members])
+        k_total /= float(k_total @ problem.s)
+        total_value = problem.objective(1.0 / k_total) if np.all(k_total > 0) else np.inf
     return MaxVarianceBasesSolution(strategy, value, min(bound, value), checked, int(problem.A.shape[0]), classes,
-                                    iterations)
+                                    iterations, total_value)
