@@ -214,3 +214,16 @@ def test_gaussian_prefix_marginals_take_the_certified_program_over_residual_base
     report = result.report.set_index("optimizer")
     assert "bases fixed" in report.loc["max_variance_bases", "note"]
     assert report.loc["max_variance_bases", "max variance"] <= report.loc["residual_bases (total)", "max variance"]
+
+
+def test_exhaustive_also_runs_the_reweighting_and_keeps_the_lower():
+    dom = hdmm.Domain(["a", "b"], [6, 4])
+    W = hdmm.union([hdmm.product(dom, {"a": hdmm.Prefix(6)}), hdmm.product(dom, {"b": hdmm.Identity(4)}),
+                    hdmm.product(dom, {"a": hdmm.Prefix(6), "b": hdmm.Identity(4)})])
+    certified = hdmm.optimize(W, GAUSS, objective="max_variance")
+    both = hdmm.optimize(W, GAUSS, objective="max_variance", exhaustive=True, seed=0)
+    names = list(both.report["optimizer"])
+    assert "max_variance_bases" in names and "reweighted, round 1" in names
+    assert both.max_variance == pytest.approx(both.report["max variance"].min(), rel=1e-12)
+    assert both.max_variance <= certified.max_variance * (1 + 1e-12)
+    assert both.max_variance == pytest.approx(_dense_variances(W, both.strategy, GAUSS).max(), rel=1e-8)

@@ -15,6 +15,7 @@ for ``hdmm.PureDP(...)`` / a Gaussian privacy definition; it warns with a
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -304,8 +305,14 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     per-table targets. Under Gaussian noise, for workloads whose queries within each Kronecker term
     share their variance (marginals, identities, totals): the best residual strategy, from a small
     convex program with a certified duality gap (:mod:`.max_variance`); the report compares it with
-    the total-error residual strategy. Otherwise (Laplace noise, prefixes, ranges, any union of
-    Kronecker products of at most :data:`~hdmm.optimizers.reweight.MAX_QUERIES` queries): the
+    the total-error residual strategy. Under Gaussian noise, for other unions whose factors on each
+    attribute are one query matrix or totals (prefix and range marginals): the residual strategy
+    with the total-error optimal per-attribute bases and the noise allocation minimising the largest
+    variance, certified (duality gap in the report) over the allocation *with those bases fixed*,
+    not over other bases or strategies (:mod:`.max_variance_bases`); ``exhaustive=True`` also runs
+    the reweighting below and keeps the lower. Otherwise (Laplace noise, an attribute with several
+    query matrices, any union of Kronecker products of at most
+    :data:`~hdmm.optimizers.reweight.MAX_QUERIES` queries), uncertified: the
     total-error optimizers (identity, residual, residual_bases, OPT_(x), OPT_M) on the workload with
     its terms reweighted round by round towards the terms of largest variance (:mod:`.reweight`); the
     report has one row per round, the first being the total-error optimum. ``result.max_variance``
@@ -326,7 +333,7 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
         if optimizers is not None:
             raise ValueError("objective='max_variance' chooses its own optimizers; optimizers= does not apply")
         say = (lambda line: tqdm.write(line)) if progress is True else (progress or None)
-        return _optimize_max_variance(W, privacy, restarts, seed, say, deadline)
+        return _optimize_max_variance(W, privacy, restarts, seed, say, deadline, exhaustive)
     if objective != "total":
         raise ValueError(f"objective must be 'total' or 'max_variance', got {objective!r}")
     bar = None
@@ -396,8 +403,9 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
 
 def _optimize_max_variance(W: Matrix, privacy: Privacy, restarts: int | None = None, seed=None,
                            progress: Callable[[str], None] | None = None,
-                           deadline: float | None = None) -> OptimizationResult:
-    """``optimize(..., objective="max_variance")``: the exact residual program where it applies, else reweighting."""
+                           deadline: float | None = None, exhaustive: bool = False) -> OptimizationResult:
+    """``optimize(..., objective="max_variance")``: the exact residual programs where they apply, else reweighting
+    (``exhaustive``: the reweighting too after the residual-bases program, keeping the lower)."""
     problem = Problem(W, privacy)
     if privacy.noise.l2:
         try:
@@ -407,7 +415,14 @@ def _optimize_max_variance(W: Matrix, privacy: Privacy, restarts: int | None = N
         else:
             return _max_variance_residual(W, privacy, problem, exact)
         if residual_bases_applies(problem.union) and residual_bases_solve_size(problem.union) <= SOLVE_MAX_N:
-            return _max_variance_residual_bases(W, privacy, problem)
+            certified = _max_variance_residual_bases(W, privacy, problem)
+            if not exhaustive:
+                return certified
+            searched = _max_variance_reweighted(W, privacy, problem, restarts, seed, progress, deadline)
+            report = pd.concat([certified.report, searched.report.drop(columns=["total-error optimizer"])],
+                               ignore_index=True)
+            best = certified if certified.max_variance <= searched.max_variance else searched
+            return dataclasses.replace(best, report=report)
     return _max_variance_reweighted(W, privacy, problem, restarts, seed, progress, deadline)
 
 

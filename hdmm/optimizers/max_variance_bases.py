@@ -39,7 +39,7 @@ from ..matrix import Matrix
 from ..residual_bases import ResidualBases, residual_form, residual_query_variances
 from ..validation import ZERO_RTOL
 from .max_variance import GAP_RTOL, MAX_ITERATIONS, solve_allocation
-from .residual_bases import residual_bases_applies, residual_bases_strategy
+from .residual_bases import attribute_basis, residual_bases_applies, residual_bases_strategy
 
 __all__ = ["MaxVarianceBasesSolution", "AllocationProblem", "max_variance_bases", "factor_pairs", "pareto_front",
            "MAX_ENTRIES", "CHECK_MAX_QUERIES"]
@@ -49,6 +49,12 @@ MAX_ENTRIES = 20_000_000
 
 #: The largest variance over every query is recomputed from the factors up to this many queries.
 CHECK_MAX_QUERIES = 10_000_000
+
+#: Weight of the query Gram mixed into the dual-weighted one (every query stays in the basis' range).
+IMPROVE_MIX = 100.0
+
+#: A round of basis improvement is kept only when it lowers the largest variance by this much, relatively.
+IMPROVE_RTOL = 1e-6
 
 #: Relative tolerance of the support check (the part of a row outside the basis' range).
 SUPPORT_RTOL = 1e-8
@@ -81,12 +87,18 @@ def factor_pairs(f: Matrix, pinv: np.ndarray, projector: np.ndarray, i: int = 0)
     return e, p
 
 
+def pareto_indices(e: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Indices of the pairs not dominated by another pair (at least as large in both, larger in one);
+    of equal pairs the first in sort order only."""
+    order = np.lexsort((-p, -e))  # e descending, then p descending
+    sorted_p = p[order]
+    before = np.maximum.accumulate(np.concatenate([[-np.inf], sorted_p[:-1]]))
+    return order[sorted_p > before]
+
+
 def pareto_front(e: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The pairs not dominated by another pair (at least as large in both, larger in one); duplicates once."""
-    order = np.lexsort((-p, -e))  # e descending, then p descending
-    e, p = e[order], p[order]
-    before = np.maximum.accumulate(np.concatenate([[-np.inf], p[:-1]]))
-    keep = p > before
+    keep = pareto_indices(e, p)
     return e[keep], p[keep]
 
 
@@ -102,12 +114,19 @@ class AllocationProblem:
         Boolean ``(subsets, d)``: the subsets ``T``.
     row_terms : numpy.ndarray
         The workload term of each row.
+    blocks : list
+        Per term with rows: ``(term, query attributes, first row, frontier sizes)``; rows run over
+        the product of the frontiers in Kronecker order.
+    fronts : list
+        Per attribute and factor: ``(e, p, indices)``, every row's pair and the frontier's rows.
     """
 
     A: sp.csr_array
     s: np.ndarray
     members: np.ndarray
     row_terms: np.ndarray
+    blocks: list
+    fronts: list
 
     def objective(self, x: np.ndarray) -> float:
         """The largest unit-noise variance at L2 sensitivity 1 for ``kappa = 1/x``."""
@@ -124,7 +143,10 @@ def allocation_problem(union: KronUnion, bases: list[Matrix]) -> AllocationProbl
     aux = [_pinv_projector(B) for B in bases]
     m = np.array([a[2] for a in aux])
     sizes = np.array(union.sizes, dtype=float)
-    fronts = [[pareto_front(*factor_pairs(f, aux[i][0], aux[i][1], i)) for f in fs] for i, fs in enumerate(union.factors)]
+    pairs = [[factor_pairs(f, aux[i][0], aux[i][1], i) for f in fs] for i, fs in enumerate(union.factors)]
+    fronts_all = [[(e, p, pareto_indices(e, p)) for e, p in fs] for fs in pairs]
+    fronts = [[(e[k], p[k]) for e, p, k in fs] for fs in fronts_all]
+    blocks = []
     columns: dict[tuple[int, ...], int] = {}
     data, rows, cols, row_terms = [], [], [], []
     offset, entries = 0, 0
@@ -154,16 +176,17 @@ def allocation_problem(union: KronUnion, bases: list[Matrix]) -> AllocationProbl
                 rows.append(offset + nz)
                 cols.append(np.full(nz.size, col))
         row_terms.append(np.full(count, j))
+        blocks.append((j, inside, offset, [parts[i][0].size for i in inside]))
         offset += count
     if not columns:
         raise ValueError("every query of the workload is zero: there is no variance to minimise")
     A = sp.csr_array((np.concatenate(data), (np.concatenate(rows), np.concatenate(cols))), shape=(offset, len(columns)))
-    live = np.diff(A.indptr) > 0  # rows of zero variance under every allocation
     members = np.zeros((len(columns), d), dtype=bool)
     for T, col in columns.items():
         members[col, list(T)] = True
     s = np.prod(np.where(members, m, 1.0 / sizes), axis=1)
-    return AllocationProblem(A[live], s, members, np.concatenate(row_terms)[live])
+    # rows of zero variance under every allocation stay (the blocks index them); they never bind
+    return AllocationProblem(A, s, members, np.concatenate(row_terms), blocks, fronts_all)
 
 
 @dataclass(frozen=True)
@@ -188,8 +211,10 @@ class MaxVarianceBasesSolution:
         Row and subset classes of the reduced program.
     iterations : int
     total_value : float
-        The largest variance of the total-error optimal allocation over the same bases (``nan``
+        The largest variance of the total-error optimal allocation over the starting bases (``nan``
         when the bases were given).
+    improved : int
+        Rounds of basis improvement kept (the certificate is for the final bases).
     """
 
     strategy: ResidualBases
@@ -200,6 +225,7 @@ class MaxVarianceBasesSolution:
     classes: tuple[int, int]
     iterations: int
     total_value: float = np.nan
+    improved: int = 0
 
     @property
     def gap(self) -> float:
@@ -212,12 +238,14 @@ class MaxVarianceBasesSolution:
 
 def max_variance_bases(W: Matrix, union: KronUnion | None = None, tol: float = GAP_RTOL,
                        max_iterations: int = MAX_ITERATIONS, *, bases: list | None = None,
-                       check: bool = True) -> MaxVarianceBasesSolution:
+                       check: bool = True, improve: int = 0) -> MaxVarianceBasesSolution:
     """The residual strategy with per-attribute bases minimising the largest per-query variance (Gaussian noise).
 
     ``bases`` (one hdmm matrix per attribute, rows summing to zero) defaults to the total-error
     optimal bases of :func:`~.residual_bases.residual_bases_strategy`. ``check`` recomputes the
-    largest variance over every query from the factors. Raises ``ValueError`` outside the family's
+    largest variance over every query from the factors. ``improve`` rounds of basis improvement
+    (:func:`_dual_weighted_bases`, kept while they lower the largest variance; the result is then
+    certified for its own bases). Raises ``ValueError`` outside the family's
     domain (an attribute with several query matrices).
 
     Examples
@@ -240,19 +268,86 @@ def max_variance_bases(W: Matrix, union: KronUnion | None = None, tol: float = G
     else:
         bases = ResidualBases.from_members(union.sizes, np.zeros((1, union.dim), dtype=bool), np.ones(1), bases).bases
     problem = allocation_problem(union, list(bases))
-    x, y, classes, iterations = solve_allocation(problem.A, problem.s, tol, max_iterations)
-    value, bound = problem.objective(x), problem.dual(y)
-    kappa = 1.0 / x
-    kappa /= float(kappa @ problem.s)  # L2 sensitivity 1
-    strategy = ResidualBases.from_members(workload_domain(W, union.sizes), problem.members, np.sqrt(kappa), bases)
-    checked = np.nan
-    if check and W.shape[0] <= CHECK_MAX_QUERIES:
-        checked = float(residual_query_variances(union, residual_form(kron_union(strategy))).max())
+    x, y, value, bound, classes, iterations = _solve(problem, tol, max_iterations)
     total_value = np.nan
     if total is not None:  # the total-error allocation on the program's subsets (zero weight: infinite variance)
         kappas = {tuple(row): w**2 for row, w in zip(total.members, total.weights)}
         k_total = np.array([kappas.get(tuple(row), 0.0) for row in problem.members])
         k_total /= float(k_total @ problem.s)
         total_value = problem.objective(1.0 / k_total) if np.all(k_total > 0) else np.inf
-    return MaxVarianceBasesSolution(strategy, value, min(bound, value), checked, int(problem.A.shape[0]), classes,
-                                    iterations, total_value)
+    rounds = 0
+    for _ in range(improve):
+        try:
+            trial_bases = _dual_weighted_bases(union, problem, x, y, bases)
+            trial = allocation_problem(union, trial_bases)
+        except ValueError:  # a basis no longer spans some query: keep the last bases
+            break
+        tx, ty, tvalue, tbound, tclasses, titer = _solve(trial, tol, max_iterations)
+        if tvalue >= value * (1.0 - IMPROVE_RTOL):
+            break
+        problem, bases, x, y, value, bound, classes, iterations = (trial, trial_bases, tx, ty, tvalue, tbound, tclasses,
+                                                                   iterations + titer)
+        rounds += 1
+    kappa = 1.0 / x
+    kappa /= float(kappa @ problem.s)  # L2 sensitivity 1
+    strategy = ResidualBases.from_members(workload_domain(W, union.sizes), problem.members, np.sqrt(kappa), bases)
+    checked = np.nan
+    if check and W.shape[0] <= CHECK_MAX_QUERIES:
+        checked = float(residual_query_variances(union, residual_form(kron_union(strategy))).max())
+    rows = int(np.count_nonzero(np.diff(problem.A.indptr)))
+    return MaxVarianceBasesSolution(strategy, value, min(bound, value), checked, rows, classes, iterations,
+                                    total_value, rounds)
+
+
+def _solve(problem: AllocationProblem, tol: float, max_iterations: int):
+    """``(x, y, value, bound, classes, iterations)`` of the program, ``y`` over all the problem's rows."""
+    live = np.flatnonzero(np.diff(problem.A.indptr) > 0)  # rows of zero variance never bind
+    x, y_live, classes, iterations = solve_allocation(problem.A[live], problem.s, tol, max_iterations)
+    y = np.zeros(problem.A.shape[0])
+    y[live] = y_live
+    return x, y, problem.objective(x), problem.dual(y), classes, iterations
+
+
+def _dual_weighted_bases(union: KronUnion, problem: AllocationProblem, x: np.ndarray, y: np.ndarray,
+                         bases: list) -> list:
+    r"""New bases from the dual weights (a heuristic; each result is certified on its own).
+
+    Row ``r``'s variance is linear in the :math:`e_i` of its attribute-``i`` factor row ``k``, with
+    coefficient :math:`g_r = \sum_{T \ni i} x_Ta_{rT}/e_{ik}`; the dual weights make
+    :math:`\sum_r y_rg_r\,f_kX_i^+f_k^T = \mathrm{tr}(X_i^+G_i(y))` with
+    :math:`G_i(y) = \sum_k w_kf_k^Tf_k`, and each attribute takes the basis minimising
+    :math:`\mathrm{tr}(X^+G)\max_jX_{jj}` (section 4.9) for :math:`G` a mix of :math:`G_i(y)` and its
+    query Gram (``IMPROVE_MIX``: every query stays in range). Rows whose pairs equal a frontier
+    row's share its weight."""
+    out = list(bases)
+    for i, fs in enumerate(union.factors):
+        grams, plain = [], []
+        through = problem.A @ (x * problem.members[:, i])  # sum_{T containing i} x_T a_rT, per row
+        weights = [np.zeros(f.shape[0]) for f in fs]
+        for j, inside, offset, shape in problem.blocks:
+            if i not in inside:
+                continue
+            k = union.index[j, i]
+            e, _, front = problem.fronts[i][k]
+            count = int(np.prod(shape))
+            position = np.unravel_index(np.arange(count), shape)[inside.index(i)]
+            rows = front[position]
+            share = y[offset:offset + count] * through[offset:offset + count]
+            np.add.at(weights[k], rows, np.where(e[rows] > 0, share / np.where(e[rows] > 0, e[rows], 1.0), 0.0))
+        for k, f in enumerate(fs):
+            if not weights[k].any():
+                continue
+            e, p, front = problem.fronts[i][k]
+            w = weights[k]
+            for r in front:  # equal pairs share the frontier row's weight
+                same = np.flatnonzero((e == e[r]) & (p == p[r]))
+                w[same] = w[r] / same.size
+            F = f.dense()
+            grams.append((F.T * w) @ F)
+            plain.append(F.T @ F)
+        if not grams:
+            continue
+        G, G0 = sum(grams), sum(plain)
+        G = G / np.trace(G) + IMPROVE_MIX * G0 / np.trace(G0)
+        out[i] = attribute_basis(G).basis
+    return ResidualBases.from_members(union.sizes, np.zeros((1, union.dim), dtype=bool), np.ones(1), out).bases
