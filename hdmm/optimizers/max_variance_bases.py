@@ -69,14 +69,20 @@ def _pinv_projector(B: Matrix) -> tuple[np.ndarray, np.ndarray, float]:
     return (Uk / w[keep]) @ Uk.T, Uk @ Uk.T, float(np.max(np.diag(X)))
 
 
-def factor_pairs(f: Matrix, pinv: np.ndarray, projector: np.ndarray, i: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def factor_pairs(f: Matrix, pinv: np.ndarray | None, projector: np.ndarray | None, i: int = 0
+                 ) -> tuple[np.ndarray, np.ndarray]:
     r"""Per row of factor ``f``: :math:`(e, p) = (f_rX^+f_r^T, (f_r\cdot 1)^2/n)`.
 
-    Rows proportional to :math:`1^T` get ``e = 0`` exactly. Raises ``ValueError`` when a row's
-    zero-sum part leaves the basis' range (the strategy would not answer it)."""
+    Rows proportional to :math:`1^T` get ``e = 0`` exactly; a factor of such rows only needs no
+    ``pinv`` (``None``: nothing dense is formed). Raises ``ValueError`` when a row's zero-sum part
+    leaves the basis' range (the strategy would not answer it)."""
     n = f.shape[1]
     image = f @ np.ones(n)
     p = image**2 / n
+    if _is_total(f, image):
+        return np.zeros_like(p), p
+    if pinv is None:
+        raise ValueError(f"attribute {i}: a query factor needs the basis' pseudo-inverse")
     norms = f.quadratic_diag(np.eye(n))
     q = np.where(norms - p <= ZERO_RTOL * norms, 0.0, norms - p)
     leak = q - f.quadratic_diag(projector)
@@ -85,6 +91,12 @@ def factor_pairs(f: Matrix, pinv: np.ndarray, projector: np.ndarray, i: int = 0)
                          "the residual family with these bases cannot answer them")
     e = np.where(q > 0, np.maximum(f.quadratic_diag(pinv), 0.0), 0.0)
     return e, p
+
+
+def _is_total(f: Matrix, image: np.ndarray) -> bool:
+    """Whether every row of ``f`` is a multiple of the ones vector (its Frobenius norm is all in ``f 1``)."""
+    frob = float(f.column_norm_powers(2).sum())
+    return frob - float(image @ image) / f.shape[1] <= ZERO_RTOL * frob
 
 
 def pareto_indices(e: np.ndarray, p: np.ndarray) -> np.ndarray:
@@ -140,7 +152,9 @@ class AllocationProblem:
 def allocation_problem(union: KronUnion, bases: list[Matrix]) -> AllocationProblem:
     """The program's matrix for the union's queries under fixed bases (one zero-sum basis per attribute)."""
     d = union.dim
-    aux = [_pinv_projector(B) for B in bases]
+    # the basis' pseudo-inverse only where a factor has zero-sum parts (an attribute of totals may be huge)
+    aux = [_pinv_projector(B) if not all(_is_total(f, f @ np.ones(f.shape[1])) for f in fs) else (None, None, 1.0)
+           for B, fs in zip(bases, union.factors)]
     m = np.array([a[2] for a in aux])
     sizes = np.array(union.sizes, dtype=float)
     pairs = [[factor_pairs(f, aux[i][0], aux[i][1], i) for f in fs] for i, fs in enumerate(union.factors)]
@@ -155,6 +169,8 @@ def allocation_problem(union: KronUnion, bases: list[Matrix]) -> AllocationProbl
         if c2 == 0:
             continue
         parts = [fronts[i][k] for i, k in enumerate(union.index[j])]
+        if any(e.size == 0 for e, _ in parts):  # a factor without rows: the term has no queries
+            continue
         inside = [i for i, (e, _) in enumerate(parts) if np.any(e > 0)]
         count = int(np.prod([parts[i][0].size for i in inside], dtype=np.int64))
         entries += count * 2 ** len(inside)
