@@ -105,3 +105,34 @@ def test_basis_improvement_never_raises_the_largest_variance_and_stays_certified
     assert sensitivity == pytest.approx(1.0, rel=1e-9)
     assert improved.value == pytest.approx(dense.max(), rel=1e-9)
     assert improved.dual_bound <= improved.value and improved.gap < 1e-6
+
+
+@pytest.mark.parametrize("updates", [0, 50, 2000])
+def test_solve_allocation_by_the_barrier_matches_a_general_convex_solver(monkeypatch, updates):
+    import scipy.sparse as sp
+    from scipy.optimize import minimize
+
+    import hdmm.optimizers.max_variance as mv
+    monkeypatch.setattr(mv, "MULTIPLICATIVE_ITERATIONS", updates)  # 0: the barrier method alone
+    rng = np.random.default_rng(updates)
+    A = rng.random((12, 5)) * (rng.random((12, 5)) < 0.6)
+    A[np.arange(5), np.arange(5)] += 0.5  # every subset in some row
+    A[A.sum(axis=1) == 0, 0] = 1.0
+    t = rng.uniform(0.5, 2.0, 5)
+    x, y, _, _ = mv.solve_allocation(sp.csr_array(A), t)
+    value = float((A @ x).max() * np.sum(t / x))
+    bound = float(np.sum(np.sqrt(t * (A.T @ y))) ** 2)
+    assert y.min() >= 0 and y.sum() == pytest.approx(1.0)
+    assert bound <= value and value - bound < 1e-8 * value
+    # min over x of sum t/x subject to A x <= 1, by SLSQP in log x
+    found = minimize(lambda z: np.sum(t * np.exp(-z)), np.zeros(5), method="SLSQP",
+                     constraints=[{"type": "ineq", "fun": lambda z: 1.0 - A @ np.exp(z)}],
+                     options={"maxiter": 1000, "ftol": 1e-14})
+    assert value == pytest.approx(found.fun, rel=1e-6)
+
+
+def test_too_large_programs_are_refused(monkeypatch):
+    import hdmm.optimizers.max_variance_bases as M
+    monkeypatch.setattr(M, "MAX_ENTRIES", 10)
+    with pytest.raises(ValueError, match="more than 10 entries"):
+        max_variance_bases(_mixed())

@@ -170,7 +170,7 @@ def _solve(A: np.ndarray, t: np.ndarray, tol: float, max_iterations: int) -> tup
     then, short of the gap ``tol``, by the barrier method (:func:`_barrier`); returns ``(x, y, iterations)``."""
     y = np.full(A.shape[0], 1.0 / A.shape[0])
     best = (np.inf, None, None, 0.0)
-    for it in range(1, min(max_iterations, MULTIPLICATIVE_ITERATIONS) + 1):
+    for it in range(1, max(1, min(max_iterations, MULTIPLICATIVE_ITERATIONS)) + 1):  # one at least: a start
         b = A.T @ y
         x = np.sqrt(t / b)
         V = A @ x
