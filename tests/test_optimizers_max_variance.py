@@ -224,6 +224,8 @@ def test_exhaustive_also_runs_the_reweighting_and_keeps_the_lower():
     both = hdmm.optimize(W, GAUSS, objective="max_variance", exhaustive=True, seed=0)
     names = list(both.report["optimizer"])
     assert "max_variance_bases" in names and "reweighted, round 1" in names
+    searched = both.report[both.report["optimizer"].str.startswith("reweighted")]
+    assert "residual_bases" not in set(searched["total-error optimizer"])  # it cannot beat the certified program
     assert both.max_variance == pytest.approx(both.report["max variance"].min(), rel=1e-12)
     assert both.max_variance <= certified.max_variance * (1 + 1e-12)
     assert both.max_variance == pytest.approx(_dense_variances(W, both.strategy, GAUSS).max(), rel=1e-8)

@@ -310,7 +310,8 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     with the total-error optimal per-attribute bases and the noise allocation minimising the largest
     variance, certified (duality gap in the report) over the allocation *with those bases fixed*,
     not over other bases or strategies (:mod:`.max_variance_bases`); ``exhaustive=True`` also runs
-    the reweighting below and keeps the lower. Otherwise (Laplace noise, an attribute with several
+    the reweighting below (without ``residual_bases``, which cannot beat the program) and keeps the
+    lower. Otherwise (Laplace noise, an attribute with several
     query matrices, any union of Kronecker products of at most
     :data:`~hdmm.optimizers.reweight.MAX_QUERIES` queries), uncertified: the
     total-error optimizers (identity, residual, residual_bases, OPT_(x), OPT_M) on the workload with
@@ -418,9 +419,11 @@ def _optimize_max_variance(W: Matrix, privacy: Privacy, restarts: int | None = N
             certified = _max_variance_residual_bases(W, privacy, problem)
             if not exhaustive:
                 return certified
-            searched = _max_variance_reweighted(W, privacy, problem, restarts, seed, progress, deadline)
-            report = pd.concat([certified.report, searched.report.drop(columns=["total-error optimizer"])],
-                               ignore_index=True)
+            # reweighting residual_bases cannot win: its bases do not depend on the term weights, so every round is
+            # an allocation over the bases the certified program already optimised over
+            searched = _max_variance_reweighted(W, privacy, problem, restarts, seed, progress, deadline,
+                                                exclude=("residual_bases",))
+            report = pd.concat([certified.report, searched.report], ignore_index=True)
             best = certified if certified.max_variance <= searched.max_variance else searched
             return dataclasses.replace(best, report=report)
     return _max_variance_reweighted(W, privacy, problem, restarts, seed, progress, deadline)
@@ -452,12 +455,14 @@ def _max_variance_residual_bases(W: Matrix, privacy: Privacy, problem: Problem) 
 
 
 def _max_variance_reweighted(W: Matrix, privacy: Privacy, problem: Problem, restarts: int | None, seed,
-                             progress: Callable[[str], None] | None, deadline: float | None) -> OptimizationResult:
-    """The max-variance objective by reweighting the workload's terms (:mod:`.reweight`)."""
+                             progress: Callable[[str], None] | None, deadline: float | None,
+                             exclude: tuple[str, ...] = ()) -> OptimizationResult:
+    """The max-variance objective by reweighting the workload's terms (:mod:`.reweight`), without the
+    total-error optimizers named in ``exclude``."""
     bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False)
     # optimizers whose strategies have per-query variances in closed form, unless their cost would explode
     names = [name for name in ("identity", "residual", "residual_bases", "opt_kron", "opt_marginals")
-             if REGISTRY[name].applies(problem) and REGISTRY[name].skip(problem) is None]
+             if name not in exclude and REGISTRY[name].applies(problem) and REGISTRY[name].skip(problem) is None]
     rng = _rng(seed)
 
     def total(weighted: Matrix) -> tuple[Matrix, str]:
