@@ -229,3 +229,13 @@ def test_exhaustive_also_runs_the_reweighting_and_keeps_the_lower():
     assert both.max_variance == pytest.approx(both.report["max variance"].min(), rel=1e-12)
     assert both.max_variance <= certified.max_variance * (1 + 1e-12)
     assert both.max_variance == pytest.approx(_dense_variances(W, both.strategy, GAUSS).max(), rel=1e-8)
+
+
+def test_a_residual_bases_program_too_large_falls_back_to_the_reweighting(monkeypatch):
+    import hdmm.optimizers.max_variance_bases as M
+    monkeypatch.setattr(M, "MAX_ENTRIES", 3)
+    dom = hdmm.Domain(["a", "b"], [6, 4])
+    W = hdmm.union([hdmm.product(dom, {"a": hdmm.Prefix(6)}), hdmm.product(dom, {"b": hdmm.Identity(4)})])
+    said = []
+    result = hdmm.optimize(W, GAUSS, objective="max_variance", seed=0, progress=said.append)
+    assert result.optimizer == "reweighted" and any("more than 3 entries" in line for line in said)

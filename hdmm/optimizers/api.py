@@ -416,7 +416,12 @@ def _optimize_max_variance(W: Matrix, privacy: Privacy, restarts: int | None = N
         else:
             return _max_variance_residual(W, privacy, problem, exact)
         if residual_bases_applies(problem.union) and residual_bases_solve_size(problem.union) <= SOLVE_MAX_N:
-            certified = _max_variance_residual_bases(W, privacy, problem)
+            try:
+                certified = _max_variance_residual_bases(W, privacy, problem)
+            except ValueError as why:  # a program too large, or a basis that misses some query
+                if progress:
+                    progress(f"max_variance_bases: {why}; reweighting instead")
+                return _max_variance_reweighted(W, privacy, problem, restarts, seed, progress, deadline)
             if not exhaustive:
                 return certified
             # reweighting residual_bases cannot win: its bases do not depend on the term weights, so every round is

@@ -177,7 +177,7 @@ def allocation_problem(union: KronUnion, bases: list[Matrix]) -> AllocationProbl
         if entries > MAX_ENTRIES:
             raise ValueError(f"the max-variance program over these bases would have more than {MAX_ENTRIES:,} entries "
                              f"(term {j} alone has {count:,} frontier rows over {2 ** len(inside)} subsets); "
-                             "use optimize(..., objective='max_variance') on a smaller workload or the total error")
+                             "split the workload, or optimize the total error (objective='total')")
         constant = c2 * float(np.prod([parts[i][1].max() for i in range(d) if i not in inside]))
         for size in range(len(inside) + 1):
             for T in itertools.combinations(inside, size):
