@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import pathlib
 import sys
 import time
@@ -37,7 +38,7 @@ from hdmm.optimizers.max_variance_bases import max_variance_bases
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 PRIVACY = hdmm.ZCDP(0.5)
-REPEATS = int(__import__("os").environ.get("REPEATS", 3))
+REPEATS = int(os.environ.get("REPEATS", 3))
 CELLS = 5000
 #: Workloads also run with ``optimize(..., exhaustive=True)`` (the reweighting after the program; seconds to minutes).
 EXHAUSTIVE = ("CPS 1-way max", "CPS 2-way max", "CPS 3-way max", "CPS 0-3-way max", "Adult total + 1-way")
@@ -152,6 +153,8 @@ def main() -> None:
               f"{max(r['gap'] for r in rows):.1e}; the program's seconds at most {max(r['seconds'] for r in rows):.2f}. "
               "The optimize column adds the SVD bound `optimize` reports beside the result (most of its time on "
               "Adult and Loans)."]
+    lines += ["", f"Load average at the end of the run: {', '.join(f'{x:.1f}' for x in os.getloadavg())} on "
+              f"{os.cpu_count()} cores (seconds on a loaded machine are longer than on an idle one)."]
     (RESULTS / "max-variance-certified.md").write_text("\n".join(lines) + "\n")
 
 
