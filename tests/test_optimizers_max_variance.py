@@ -108,12 +108,15 @@ def test_unsupported_objectives_and_workloads_say_why(monkeypatch):
 
 @pytest.mark.parametrize("privacy", [hdmm.PureDP(1.0), GAUSS], ids=["laplace", "gaussian"])
 def test_reweighting_lowers_the_largest_variance_of_any_workload_and_reports_it_exactly(privacy):
-    # prefixes (unequal variances within the term) with a total held to a quarter of their RMSE
-    W = hdmm.union([hdmm.Prefix(16), hdmm.Total(16)], weights=[1.0, 4.0])
+    # prefixes (unequal variances within the term) with a total held to a quarter of their RMSE; under
+    # Gaussian noise a second query matrix on the attribute (outside the residual-bases program)
+    parts = [hdmm.Prefix(16), hdmm.Total(16)] + ([hdmm.AllRange(16)] if privacy.noise.l2 else [])
+    W = hdmm.union(parts, weights=[1.0, 4.0, 1.0][:len(parts)])
     result = hdmm.optimize(W, privacy, objective="max_variance", seed=0)
     report = result.report
     assert result.optimizer == "reweighted" and result.objective == "max_variance"
     assert report["optimizer"].iloc[0] == "reweighted, round 1" and "total-error optimum" in report["note"].iloc[0]
+    assert "uncertified" in report.loc[report["max variance"].idxmin(), "note"]
     assert result.max_variance == pytest.approx(report["max variance"].min(), rel=1e-12)
     assert result.max_variance < report["max variance"].iloc[0]  # below the total-error optimum's
     assert result.max_variance == pytest.approx(_dense_variances(W, result.strategy, privacy).max(), rel=1e-8)
@@ -197,3 +200,42 @@ def test_the_step_stays_halved_after_an_overshoot_even_when_a_later_round_wins(m
     np.testing.assert_allclose(seen[2], third, rtol=1e-12)
     np.testing.assert_allclose(seen[3], moved(third, (10.0, 5.0), R.STEP / 2), rtol=1e-12)  # still half
     assert solution.max_variance == 9.0 and list(solution.history["max variance"]) == [16.0, 40.0, 10.0, 9.0]
+
+
+def test_gaussian_prefix_marginals_take_the_certified_program_over_residual_bases():
+    dom = hdmm.Domain(["a", "b", "c"], [6, 4, 3])
+    W = hdmm.union([hdmm.product(dom, {}), hdmm.product(dom, {"a": hdmm.Prefix(6)}),
+                    hdmm.product(dom, {"a": hdmm.Prefix(6), "b": hdmm.Identity(4)}),
+                    hdmm.product(dom, {"c": hdmm.Identity(3)})], weights=[4.0, 1.0, 1.0, 2.0])
+    result = hdmm.optimize(W, GAUSS, objective="max_variance")
+    assert result.optimizer == "max_variance_bases"
+    assert result.max_variance == pytest.approx(_dense_variances(W, result.strategy, GAUSS).max(), rel=1e-9)
+    assert float(result.error) == pytest.approx(_dense_variances(W, result.strategy, GAUSS).sum(), rel=1e-9)
+    report = result.report.set_index("optimizer")
+    assert "bases fixed" in report.loc["max_variance_bases", "note"]
+    assert report.loc["max_variance_bases", "max variance"] <= report.loc["residual_bases (total)", "max variance"]
+
+
+def test_exhaustive_also_runs_the_reweighting_and_keeps_the_lower():
+    dom = hdmm.Domain(["a", "b"], [6, 4])
+    W = hdmm.union([hdmm.product(dom, {"a": hdmm.Prefix(6)}), hdmm.product(dom, {"b": hdmm.Identity(4)}),
+                    hdmm.product(dom, {"a": hdmm.Prefix(6), "b": hdmm.Identity(4)})])
+    certified = hdmm.optimize(W, GAUSS, objective="max_variance")
+    both = hdmm.optimize(W, GAUSS, objective="max_variance", exhaustive=True, seed=0)
+    names = list(both.report["optimizer"])
+    assert "max_variance_bases" in names and "reweighted, round 1" in names
+    searched = both.report[both.report["optimizer"].str.startswith("reweighted")]
+    assert "residual_bases" not in set(searched["total-error optimizer"])  # it cannot beat the certified program
+    assert both.max_variance == pytest.approx(both.report["max variance"].min(), rel=1e-12)
+    assert both.max_variance <= certified.max_variance * (1 + 1e-12)
+    assert both.max_variance == pytest.approx(_dense_variances(W, both.strategy, GAUSS).max(), rel=1e-8)
+
+
+def test_a_residual_bases_program_too_large_falls_back_to_the_reweighting(monkeypatch):
+    import hdmm.optimizers.max_variance_bases as M
+    monkeypatch.setattr(M, "MAX_ENTRIES", 3)
+    dom = hdmm.Domain(["a", "b"], [6, 4])
+    W = hdmm.union([hdmm.product(dom, {"a": hdmm.Prefix(6)}), hdmm.product(dom, {"b": hdmm.Identity(4)})])
+    said = []
+    result = hdmm.optimize(W, GAUSS, objective="max_variance", seed=0, progress=said.append)
+    assert result.optimizer == "reweighted" and any("more than 3 entries" in line for line in said)

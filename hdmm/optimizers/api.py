@@ -15,6 +15,7 @@ for ``hdmm.PureDP(...)`` / a Gaussian privacy definition; it warns with a
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from ..privacy import ZCDP, Privacy, PureDP
 from .kron import opt_kron_union
 from .marginals import opt_marginals_strategy, residual_strategy
 from .max_variance import MaxVarianceProblem, max_variance_residual
+from .max_variance_bases import max_variance_bases
+from .residual_bases import SOLVE_MAX_N, residual_bases_applies, residual_bases_solve_size
 from .reweight import reweighted_max_variance
 from .registry import BOUND_EXACT_LIMIT, REGISTRY, Abandoned, Problem, union_candidate
 from .union import check_groups, default_groups, opt_union_groups
@@ -302,8 +305,15 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     per-table targets. Under Gaussian noise, for workloads whose queries within each Kronecker term
     share their variance (marginals, identities, totals): the best residual strategy, from a small
     convex program with a certified duality gap (:mod:`.max_variance`); the report compares it with
-    the total-error residual strategy. Otherwise (Laplace noise, prefixes, ranges, any union of
-    Kronecker products of at most :data:`~hdmm.optimizers.reweight.MAX_QUERIES` queries): the
+    the total-error residual strategy. Under Gaussian noise, for other unions whose factors on each
+    attribute are one query matrix or totals (prefix and range marginals): the residual strategy
+    with the total-error optimal per-attribute bases and the noise allocation minimising the largest
+    variance, certified (duality gap in the report) over the allocation *with those bases fixed*,
+    not over other bases or strategies (:mod:`.max_variance_bases`); ``exhaustive=True`` also runs
+    the reweighting below (without ``residual_bases``, which cannot beat the program) and keeps the
+    lower. Otherwise (Laplace noise, an attribute with several
+    query matrices, any union of Kronecker products of at most
+    :data:`~hdmm.optimizers.reweight.MAX_QUERIES` queries), uncertified: the
     total-error optimizers (identity, residual, residual_bases, OPT_(x), OPT_M) on the workload with
     its terms reweighted round by round towards the terms of largest variance (:mod:`.reweight`); the
     report has one row per round, the first being the total-error optimum. ``result.max_variance``
@@ -324,7 +334,7 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
         if optimizers is not None:
             raise ValueError("objective='max_variance' chooses its own optimizers; optimizers= does not apply")
         say = (lambda line: tqdm.write(line)) if progress is True else (progress or None)
-        return _optimize_max_variance(W, privacy, restarts, seed, say, deadline)
+        return _optimize_max_variance(W, privacy, restarts, seed, say, deadline, exhaustive)
     if objective != "total":
         raise ValueError(f"objective must be 'total' or 'max_variance', got {objective!r}")
     bar = None
@@ -394,8 +404,9 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
 
 def _optimize_max_variance(W: Matrix, privacy: Privacy, restarts: int | None = None, seed=None,
                            progress: Callable[[str], None] | None = None,
-                           deadline: float | None = None) -> OptimizationResult:
-    """``optimize(..., objective="max_variance")``: the exact residual program where it applies, else reweighting."""
+                           deadline: float | None = None, exhaustive: bool = False) -> OptimizationResult:
+    """``optimize(..., objective="max_variance")``: the exact residual programs where they apply, else reweighting
+    (``exhaustive``: the reweighting too after the residual-bases program, keeping the lower)."""
     problem = Problem(W, privacy)
     if privacy.noise.l2:
         try:
@@ -404,16 +415,59 @@ def _optimize_max_variance(W: Matrix, privacy: Privacy, restarts: int | None = N
             pass
         else:
             return _max_variance_residual(W, privacy, problem, exact)
+        if residual_bases_applies(problem.union) and residual_bases_solve_size(problem.union) <= SOLVE_MAX_N:
+            try:
+                certified = _max_variance_residual_bases(W, privacy, problem)
+            except ValueError as why:  # a program too large, or a basis that misses some query
+                if progress:
+                    progress(f"max_variance_bases: {why}; reweighting instead")
+                return _max_variance_reweighted(W, privacy, problem, restarts, seed, progress, deadline)
+            if not exhaustive:
+                return certified
+            # reweighting residual_bases cannot win: its bases do not depend on the term weights, so every round is
+            # an allocation over the bases the certified program already optimised over
+            searched = _max_variance_reweighted(W, privacy, problem, restarts, seed, progress, deadline,
+                                                exclude=("residual_bases",))
+            report = pd.concat([certified.report, searched.report], ignore_index=True)
+            best = certified if certified.max_variance <= searched.max_variance else searched
+            return dataclasses.replace(best, report=report)
     return _max_variance_reweighted(W, privacy, problem, restarts, seed, progress, deadline)
 
 
+def _max_variance_residual_bases(W: Matrix, privacy: Privacy, problem: Problem) -> OptimizationResult:
+    """The allocation over the total-error optimal residual bases minimising the largest variance (Gaussian
+    noise, one query matrix or totals per attribute), certified over the allocation with the bases fixed."""
+    unit = problem.unit_variance
+    bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False)
+    start = time.perf_counter()
+    solution = max_variance_bases(W, problem.union)
+    seconds = time.perf_counter() - start
+    error = problem.expected_error(solution.strategy)
+    rows = [{"optimizer": "residual_bases (total)", "max variance": unit * solution.total_value,
+             "total squared error": np.nan, "seconds": np.nan, "note": "the total-error optimum over these bases"},
+            {"optimizer": "max_variance_bases", "max variance": unit * solution.value,
+             "total squared error": float(error), "seconds": seconds,
+             "note": f"certified over the noise allocation with the per-attribute bases fixed (relative duality gap "
+                     f"{solution.gap:.1e}); not over other bases"}]
+    report = pd.DataFrame(rows)
+    report["rmse"] = np.sqrt(report["total squared error"] / W.shape[0])
+    mean_bound = bound.value / W.shape[0]
+    report["max variance / SVD mean-variance bound"] = report["max variance"] / mean_bound if mean_bound > 0 else np.inf
+    report = report[["optimizer", "max variance", "total squared error", "seconds", "rmse",
+                     "max variance / SVD mean-variance bound", "note"]]
+    return OptimizationResult(solution.strategy, "max_variance_bases", error, privacy, bound, report, False,
+                              "max_variance", unit * solution.value)
+
+
 def _max_variance_reweighted(W: Matrix, privacy: Privacy, problem: Problem, restarts: int | None, seed,
-                             progress: Callable[[str], None] | None, deadline: float | None) -> OptimizationResult:
-    """The max-variance objective by reweighting the workload's terms (:mod:`.reweight`)."""
+                             progress: Callable[[str], None] | None, deadline: float | None,
+                             exclude: tuple[str, ...] = ()) -> OptimizationResult:
+    """The max-variance objective by reweighting the workload's terms (:mod:`.reweight`), without the
+    total-error optimizers named in ``exclude``."""
     bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False)
     # optimizers whose strategies have per-query variances in closed form, unless their cost would explode
     names = [name for name in ("identity", "residual", "residual_bases", "opt_kron", "opt_marginals")
-             if REGISTRY[name].applies(problem) and REGISTRY[name].skip(problem) is None]
+             if name not in exclude and REGISTRY[name].applies(problem) and REGISTRY[name].skip(problem) is None]
     rng = _rng(seed)
 
     def total(weighted: Matrix) -> tuple[Matrix, str]:
@@ -428,7 +482,8 @@ def _max_variance_reweighted(W: Matrix, privacy: Privacy, problem: Problem, rest
     mean_bound = bound.value / W.shape[0]
     report["max variance / SVD mean-variance bound"] = report["max variance"] / mean_bound if mean_bound > 0 else np.inf
     report["note"] = ["the total-error optimum" if i == 0 else "" for i in range(len(report))]
-    report.loc[best, "note"] = (report.loc[best, "note"] + "; " if report.loc[best, "note"] else "") + "best"
+    report.loc[best, "note"] = ((report.loc[best, "note"] + "; " if report.loc[best, "note"] else "")
+                                + "best (uncertified: a heuristic search)")
     report = report[["optimizer", "max variance", "total squared error", "seconds", "rmse",
                      "max variance / SVD mean-variance bound", "total-error optimizer", "note"]]
     error = problem.expected_error(solution.strategy)
