@@ -337,15 +337,25 @@ class _Eigen:
         self._values: dict[tuple, np.ndarray] = {}
         self._pairs: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._ops: dict[tuple, Matrix] = {}
+        self._seen: dict[int, tuple[np.ndarray, tuple]] = {}  # id -> (the array, kept alive; its key)
 
     def register(self, G: np.ndarray, op: Matrix) -> None:
         """Remember that ``G`` is the dense form of ``op``: its eigenvalues may have a cheap route."""
         self._ops.setdefault(self._key(G), op)
 
     @staticmethod
-    def _key(G: np.ndarray) -> tuple:
+    def content(G: np.ndarray) -> tuple:
+        """A key equal for arrays of equal shape and content."""
         G = np.ascontiguousarray(G)
         return G.shape, hashlib.blake2b(memoryview(G).cast("B"), digest_size=16).digest()
+
+    def _key(self, G: np.ndarray) -> tuple:
+        # the same array is looked up once per block it appears in: hash it once (the arrays are
+        # never written to after they are made)
+        seen = self._seen.get(id(G))
+        if seen is None or seen[0] is not G:
+            seen = self._seen[id(G)] = (G, self.content(G))
+        return seen[1]
 
     def values(self, G: np.ndarray) -> np.ndarray:
         key = self._key(G)
@@ -380,13 +390,25 @@ def _compressed(G: np.ndarray, eig: _Eigen) -> np.ndarray:
     return (vecs[:, keep] * np.sqrt(vals[keep])).T
 
 
+def _kron(scale: float, factors: list[np.ndarray]) -> np.ndarray:
+    """``scale`` times the Kronecker product of ``factors``, the ``1 x 1`` ones multiplied in as scalars."""
+    out = None
+    for f in factors:
+        if f.shape == (1, 1):
+            scale *= float(f[0, 0])
+        else:
+            out = f if out is None else np.kron(out, f)
+    return np.full((1, 1), scale) if out is None else scale * out
+
+
 def _block_norm(w2: np.ndarray, index: np.ndarray, parts: list[_AttributeSplit], exact_limit: int,
                 probes: int, steps: int, rng: np.random.Generator, eig: _Eigen, estimate: bool = True) -> _Norm:
     """The trace of ``(sum_j w2_j (x)_i parts[i].rest[index[j, i]])^(1/2)`` (or, for a block beyond
     ``exact_limit`` when ``estimate`` is false, the lower bound from its Kronecker row blocks)."""
     grams = [part.rest for part in parts]
     live = w2 > 0
-    w2, index = w2[live], index[live]
+    index, merged = np.unique(index[live], axis=0, return_inverse=True)  # equal terms of the block are one
+    w2 = np.bincount(merged.ravel(), weights=w2[live], minlength=len(index))
     if w2.size == 1:  # one Kronecker product: the product of its factors' norms
         value = math.sqrt(float(w2[0])) * math.prod(_sqrt_sum(eig.values(grams[i][k])) for i, k in enumerate(index[0]))
         return _Norm(value, 0.0, "Kronecker product of factor norms")
@@ -406,7 +428,7 @@ def _block_norm(w2: np.ndarray, index: np.ndarray, parts: list[_AttributeSplit],
         factors = [[_compressed(G, eig) for G in gs] for gs in grams]
         cross = [[[Ra @ Rb.T for Rb in Rs] for Ra in Rs] for Rs in factors]
         blocks = [
-            [math.sqrt(wa * wb) * reduce(np.kron, [cross[i][a][b] for i, (a, b) in enumerate(zip(ia, ib))])
+            [_kron(math.sqrt(wa * wb), [cross[i][a][b] for i, (a, b) in enumerate(zip(ia, ib))])
              for wb, ib in zip(w2, index)]
             for wa, ia in zip(w2, index)
         ]
@@ -446,6 +468,35 @@ def _scalar_blocks(w2: np.ndarray, index: np.ndarray, splits: list[_AttributeSpl
     return total
 
 
+def _distinct(grams: list[list[np.ndarray]], ops: list[list[Matrix]], index: np.ndarray,
+              w2: np.ndarray) -> tuple[list[list[np.ndarray]], list[list[Matrix]], np.ndarray, np.ndarray]:
+    r"""The union's Gram with equal factor Grams kept once per attribute and equal terms merged.
+
+    A union's factors are distinct as objects, not always as matrices (``Prefix(100)`` built
+    once per marginal): equal Grams are found by content, and terms that then use the same
+    Grams on every attribute are one term whose squared weight is the sum of theirs (the
+    Gram :math:`\sum_j w_j^2 \bigotimes_i G_i^{(j)}` is unchanged).
+    """
+    new_grams, new_ops, remap = [], [], []
+    for gs, os in zip(grams, ops):
+        seen: dict[tuple, int] = {}
+        lookup = np.empty(len(gs), dtype=np.intp)
+        kept_g, kept_o = [], []
+        for k, (G, op) in enumerate(zip(gs, os)):
+            key = _Eigen.content(G)
+            if key not in seen:
+                seen[key] = len(kept_g)
+                kept_g.append(G)
+                kept_o.append(op)
+            lookup[k] = seen[key]
+        new_grams.append(kept_g)
+        new_ops.append(kept_o)
+        remap.append(lookup)
+    index = np.stack([lookup[index[:, i]] for i, lookup in enumerate(remap)], axis=1) if remap else index
+    terms, inverse = np.unique(index, axis=0, return_inverse=True)
+    return new_grams, new_ops, terms, np.bincount(inverse.ravel(), weights=w2, minlength=len(terms))
+
+
 def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: int = 30, steps: int = 480,
                  seed: int | None = None, estimate: bool = True) -> _Norm:
     r""":math:`\|W\|_*` of a union of Kronecker products (see the module docstring, route 3).
@@ -461,6 +512,7 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
     rng = np.random.default_rng(seed)
     ops = [[f.gram() for f in fs] for fs in union.factors]
     grams = [[G.dense(max_entries=FACTOR_LIMIT**2) for G in gs] for gs in ops]
+    grams, ops, index, w2 = _distinct(grams, ops, union.index, union.weights**2)
     eig = _Eigen()
     for gs, os in zip(grams, ops):
         for G, op in zip(gs, os):
@@ -482,36 +534,46 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
     def too_much() -> bool:
         classes = sorted(s.mult.size for s in splits)
         solves = math.prod(s.options for s in splits) - math.prod(classes)
-        scalar_work = math.prod(classes) * union.num_terms
-        tail = math.prod(classes[:-1]) * union.num_terms  # memory of _scalar_blocks
+        scalar_work = math.prod(classes) * w2.size
+        tail = math.prod(classes[:-1]) * w2.size  # memory of _scalar_blocks
         return solves > BLOCK_LIMIT or scalar_work > SCALAR_WORK_LIMIT or tail > SCALAR_TAIL_LIMIT
 
     # keep the work bounded: attributes with the most classes stay whole first
     while too_much():
         i = max(range(union.dim), key=lambda k: splits[k].options)
         splits[i] = whole[i]
-    w2 = union.weights**2
     total, var, methods, lower = 0.0, 0.0, set(), False
     if all(s.mult.size for s in splits):
-        total += _scalar_blocks(w2, union.index, splits)
+        total += _scalar_blocks(w2, index, splits)
         methods.add("closed form")
     split_rest = [i for i, s in enumerate(splits) if s.rest[0].size]
+    # blocks whose term weights are proportional are one block scaled: solved once, their
+    # multiplicities (times the square root of the scale) added up
+    solved: dict[tuple, list] = {}
     for r in range(1, len(split_rest) + 1):
         for rest_attrs in itertools.combinations(split_rest, r):
             others = [i for i in range(union.dim) if i not in rest_attrs]
             for classes in itertools.product(*(range(splits[i].mult.size) for i in others)):
                 scale, mult = w2.copy(), 1.0
                 for i, c in zip(others, classes):
-                    scale = scale * splits[i].lam[union.index[:, i], c]
+                    scale = scale * splits[i].lam[index[:, i], c]
                     mult *= splits[i].mult[c]
                 if not np.any(scale > 0):  # the eigenvalues are clean: zero means zero
                     continue
-                norm = _block_norm(scale, union.index[:, list(rest_attrs)], [splits[i] for i in rest_attrs],
-                                   exact_limit, probes, steps, rng, eig, estimate)
-                total += float(mult * norm.value)
-                var += float(mult * norm.stderr) ** 2
-                methods.add(norm.method)
-                lower = lower or norm.lower
+                top = float(scale.max())
+                live = scale > 0
+                shape = (scale[live] / top).round(12)
+                key = (rest_attrs, shape.tobytes(), index[live][:, list(rest_attrs)].tobytes())
+                if key not in solved:
+                    solved[key] = [_block_norm(scale / top, index[:, list(rest_attrs)],
+                                               [splits[i] for i in rest_attrs], exact_limit, probes, steps, rng,
+                                               eig, estimate), 0.0]
+                solved[key][1] += mult * math.sqrt(top)
+    for norm, mult in solved.values():
+        total += float(mult * norm.value)
+        var += float(mult * norm.stderr) ** 2  # a block reused is one estimate: its errors add up
+        methods.add(norm.method)
+        lower = lower or norm.lower
     return _Norm(total, math.sqrt(var), "common-eigenvector split; " + "; ".join(sorted(methods)), lower)
 
 

@@ -310,3 +310,86 @@ def test_without_estimates_a_large_block_gives_a_certain_lower_bound():
     assert "weaker lower bound" in repr(cheap)
     estimated = svd_bound(W, privacy, exact_limit=16, seed=0)
     assert not estimated.certain
+
+
+# ====================================================================== marginal-type unions (issue 25)
+def _marginal_union(blocks, k_max, weights=None):
+    """Every marginal on at most ``k_max`` attributes: a fresh ``blocks[i]()`` on the marginal's
+    attributes (a new object per marginal, as workload builders make them), Total elsewhere;
+    with its dense reference."""
+    import itertools
+    n = [b().shape[1] for b in blocks]
+    parts, dense = [], []
+    for k in range(k_max + 1):
+        for subset in itertools.combinations(range(len(n)), k):
+            factors = [blocks[i]() if i in subset else wl.Total(n[i]) for i in range(len(n))]
+            parts.append(Kronecker(factors))
+            ref = np.ones((1, 1))
+            for f in factors:
+                ref = np.kron(ref, f.dense())
+            dense.append(ref)
+    w = np.ones(len(parts)) if weights is None else np.asarray(weights(len(parts)))
+    return wl.union(parts, list(w)), np.vstack([wj * d for wj, d in zip(w, dense)])
+
+
+MIXES = {
+    "prefix, prefix, identity": ([lambda: wl.Prefix(6), lambda: wl.Prefix(5), lambda: Identity(3)], 2),
+    "prefix, identity x3": ([lambda: wl.Prefix(7), lambda: Identity(3), lambda: Identity(2), lambda: Identity(2)], 3),
+    "range, prefix, identity": ([lambda: wl.AllRange(5), lambda: wl.Prefix(4), lambda: Identity(3)], 3),
+    "range, identity, identity": ([lambda: wl.AllRange(6), lambda: Identity(4), lambda: Identity(3)], 2),
+    "identity x3": ([lambda: Identity(4), lambda: Identity(3), lambda: Identity(3)], 2),
+    "prefix x3, all ways": ([lambda: wl.Prefix(4), lambda: wl.Prefix(3), lambda: wl.Prefix(3)], 3),
+}
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
+@pytest.mark.parametrize("weighted", [False, True])
+def test_marginal_type_unions_exact_against_dense(mix, weighted):
+    blocks, k_max = MIXES[mix]
+    weights = (lambda m: 1.0 + np.arange(m) % 3) if weighted else None
+    W, ref = _marginal_union(blocks, k_max, weights)
+    for privacy in (ZCDP(0.5), PureDP(1.0)):
+        b = svd_bound(W, privacy)
+        assert b.exact, b
+        assert b.value == pytest.approx(dense_svd_bound(ref, privacy), rel=1e-8)
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
+def test_marginal_type_unions_cheap_bound_is_certain(mix):
+    """``optimize``'s bound (no estimates, small exact blocks) is exact or below the dense bound; the
+    research estimate is within a few standard errors of it."""
+    blocks, k_max = MIXES[mix]
+    W, ref = _marginal_union(blocks, k_max)
+    privacy = ZCDP(0.5)
+    want = dense_svd_bound(ref, privacy)
+    cheap = svd_bound(W, privacy, exact_limit=8, estimate=False)
+    assert cheap.certain and cheap.stderr == 0.0
+    if cheap.exact:
+        assert cheap.value == pytest.approx(want, rel=1e-8)
+    else:
+        assert 0 < cheap.value <= want * (1 + 1e-10)
+    estimated = svd_bound(W, privacy, exact_limit=8, seed=1)
+    if not estimated.exact:
+        assert abs(estimated.value - want) <= 4 * estimated.stderr + 1e-9 * want
+
+
+def test_equal_factors_and_terms_are_merged():
+    """Equal Grams built as separate objects are kept once, repeated terms merge into one with the
+    summed squared weight, and the bound is unchanged (docs/math.md, section 5.4)."""
+    W, ref = _marginal_union([lambda: wl.Prefix(5), lambda: Identity(3), lambda: Identity(2)], 2)
+    union = kron_union(W)
+    assert len(union.factors[0]) > 2  # one Prefix(5) object per marginal on attribute 0
+    ops = [[f.gram() for f in fs] for fs in union.factors]
+    grams = [[G.dense() for G in gs] for gs in ops]
+    kept, _, index, w2 = hdmm_bound._distinct(grams, ops, union.index, union.weights**2)
+    assert [len(g) for g in kept] == [2, 2, 2]  # the query matrix's Gram and the total's
+    assert len(index) == union.num_terms and np.allclose(w2, 1.0)
+    twice = VStack([W, W])
+    b = svd_bound(twice, ZCDP(0.5))
+    assert b.exact
+    assert b.value == pytest.approx(dense_svd_bound(np.vstack([ref, ref]), ZCDP(0.5)), rel=1e-8)
+    union2 = kron_union(twice)
+    ops2 = [[f.gram() for f in fs] for fs in union2.factors]
+    kept, _, index, w2 = hdmm_bound._distinct([[G.dense() for G in gs] for gs in ops2], ops2, union2.index,
+                                              union2.weights**2)
+    assert len(index) == union.num_terms and np.allclose(w2, 2.0)
