@@ -497,6 +497,75 @@ def _distinct(grams: list[list[np.ndarray]], ops: list[list[Matrix]], index: np.
     return new_grams, new_ops, terms, np.bincount(inverse.ravel(), weights=w2, minlength=len(terms))
 
 
+#: The subset route (:func:`_subset_route`) enumerates, per term, every subset of the attributes
+#: where it has its query matrix; beyond this many subsets in all it is not taken.
+SUBSET_LIMIT = 2**22
+
+
+def _subset_route(grams: list[list[np.ndarray]], ops: list[list[Matrix]], index: np.ndarray,
+                  w2: np.ndarray) -> float | None:
+    r"""The exact nuclear norm of a marginal-type union whose query Grams fix the ones vector, or ``None``.
+
+    Applies when on every attribute ``i`` each factor Gram is a multiple of one query Gram
+    :math:`G_i` or of :math:`J = \mathbf{1}\mathbf{1}^T` (a total), and :math:`G_i\mathbf{1} =
+    g_i\mathbf{1}` (identities, circulant queries, ...). With :math:`S_j` the attributes where
+    term ``j`` has its query Gram (times :math:`s_{ij}`; :math:`t_{ij}J` elsewhere), the Gram is
+    block diagonal over the subsets ``T`` of the downward closure, block ``T`` being
+    :math:`c_T \bigotimes_{i\in T} QG_iQ` on :math:`\bigotimes_{i\in T}\mathbf{1}^\perp`, where
+    :math:`c_T = \sum_{j: S_j\supseteq T} w_j^2 \prod_{i\in S_j} s_{ij}
+    \prod_{i\in S_j\setminus T} g_i \prod_{i\notin S_j} t_{ij}n_i`, so
+    :math:`\|W\|_* = \sum_T c_T^{1/2}\prod_{i\in T}\tau_i` with :math:`\tau_i` the sum of the
+    square roots of :math:`G_i`'s eigenvalues less :math:`g_i^{1/2}` (docs/math.md, section 5.4).
+    """
+    d = len(grams)
+    query = np.zeros(index.shape, dtype=bool)  # the term has its attribute's query Gram there
+    scale = np.ones(index.shape)  # s_ij on a query Gram, t_ij n_i on a total
+    g, tau = np.zeros(d), np.zeros(d)
+    for i, gs in enumerate(grams):
+        n = gs[0].shape[0]
+        base, factor, is_query = None, [], []
+        for k, G in enumerate(gs):
+            peak = float(np.abs(G).max(initial=0.0))
+            if np.all(np.abs(G - G[0, 0]) <= ZERO_RTOL * peak):  # t J (t = 0 for a zero factor)
+                factor.append(float(G[0, 0]) * n)
+                is_query.append(False)
+                continue
+            if base is None:
+                base = G
+                row = G.sum(axis=1)
+                g[i] = float(row.mean())
+                if np.abs(row - g[i]).max() > ZERO_RTOL * n * peak:
+                    return None  # the query Gram does not fix the ones vector
+                tau[i] = max(_sqrt_sum(_gram_eigenvalues(ops[i][k], G)) - math.sqrt(max(g[i], 0.0)), 0.0)
+            ratio = float(np.vdot(base, G) / np.vdot(base, base))
+            if np.abs(G - ratio * base).max() > ZERO_RTOL * peak:
+                return None  # two different query Grams on one attribute
+            factor.append(ratio)
+            is_query.append(True)
+        query[:, i] = np.asarray(is_query)[index[:, i]]
+        scale[:, i] = np.asarray(factor)[index[:, i]]
+    sizes = query.sum(axis=1)
+    if float(np.sum(2.0**sizes)) > SUBSET_LIMIT:
+        return None
+    coef = w2 * np.prod(scale, axis=1)
+    subsets, weights = [], []
+    for size in np.unique(sizes):
+        rows = np.flatnonzero(sizes == size)
+        attrs = np.nonzero(query[rows])[1].reshape(len(rows), size)  # S_j, in order
+        for r in range(size + 1):
+            for chosen in itertools.combinations(range(size), r):
+                rest = [p for p in range(size) if p not in chosen]
+                T = np.zeros((len(rows), d), dtype=bool)
+                T[np.arange(len(rows))[:, None], attrs[:, list(chosen)]] = True
+                subsets.append(np.packbits(T, axis=1))
+                weights.append(coef[rows] * np.prod(g[attrs[:, rest]], axis=1))
+    packed = np.concatenate(subsets)
+    keys, which = np.unique(packed, axis=0, return_inverse=True)
+    c = np.bincount(which.ravel(), weights=np.concatenate(weights), minlength=len(keys))
+    T = np.unpackbits(keys, axis=1, count=d).astype(bool)
+    return float(np.sqrt(np.clip(c, 0.0, None)) @ np.prod(np.where(T, tau, 1.0), axis=1))
+
+
 def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: int = 30, steps: int = 480,
                  seed: int | None = None, estimate: bool = True) -> _Norm:
     r""":math:`\|W\|_*` of a union of Kronecker products (see the module docstring, route 3).
@@ -513,6 +582,9 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
     ops = [[f.gram() for f in fs] for fs in union.factors]
     grams = [[G.dense(max_entries=FACTOR_LIMIT**2) for G in gs] for gs in ops]
     grams, ops, index, w2 = _distinct(grams, ops, union.index, union.weights**2)
+    closed = _subset_route(grams, ops, index, w2)
+    if closed is not None:
+        return _Norm(closed, 0.0, "subset basis (query Grams fixing the ones vector)")
     eig = _Eigen()
     for gs, os in zip(grams, ops):
         for G, op in zip(gs, os):

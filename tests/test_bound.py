@@ -393,3 +393,48 @@ def test_equal_factors_and_terms_are_merged():
     kept, _, index, w2 = hdmm_bound._distinct([[G.dense() for G in gs] for gs in ops2], ops2, union2.index,
                                               union2.weights**2)
     assert len(index) == union.num_terms and np.allclose(w2, 2.0)
+
+
+def _circulant(n: int, width: int = 3) -> Explicit:
+    """Cyclic windows of ``width`` cells: every cell in ``width`` queries, so the Gram fixes the ones vector."""
+    M = np.zeros((n, n))
+    for a in range(n):
+        M[a, (a + np.arange(width)) % n] = 1.0
+    return Explicit(M)
+
+
+SUBSET_MIXES = {
+    "circulant x3": ([lambda: _circulant(6), lambda: _circulant(5, 2), lambda: _circulant(4)], 2),
+    "circulant, identity, circulant": ([lambda: _circulant(7), lambda: Identity(3), lambda: _circulant(5, 4)], 3),
+    "scaled": ([lambda: 2.0 * _circulant(5), lambda: Identity(4), lambda: 0.5 * Identity(3)], 2),
+}
+
+
+@pytest.mark.parametrize("mix", sorted(SUBSET_MIXES))
+@pytest.mark.parametrize("weighted", [False, True])
+def test_subset_route_exact_against_dense(mix, weighted):
+    """Query Grams fixing the ones vector: the subset-basis closed form, exact at any size."""
+    blocks, k_max = SUBSET_MIXES[mix]
+    weights = (lambda m: np.where(np.arange(m) % 4 == 1, 0.0, 1.0 + np.arange(m) % 3)) if weighted else None
+    W, ref = _marginal_union(blocks, k_max, weights)
+    b = svd_bound(W, ZCDP(0.5), exact_limit=1, estimate=False)
+    assert b.exact and b.method.startswith("subset basis"), b
+    assert b.value == pytest.approx(dense_svd_bound(ref, ZCDP(0.5)), rel=1e-9)
+
+
+def test_subset_route_on_identities_and_totals_matches_dense():
+    W, ref = _marginal_union([lambda: Identity(4), lambda: Identity(3), lambda: Identity(2)], 2,
+                             lambda m: 1.0 + np.arange(m))
+    norm = hdmm_bound.nuclear_norm(kron_union(W))
+    assert norm.method.startswith("subset basis") and norm.stderr == 0.0 and not norm.lower
+    assert norm.value == pytest.approx(np.linalg.svd(ref, compute_uv=False).sum(), rel=1e-10)
+
+
+def test_subset_route_declines_what_it_cannot_do():
+    """Prefix Grams move the ones vector; two query matrices on one attribute do not share a block structure."""
+    prefix, _ = _marginal_union([lambda: wl.Prefix(5), lambda: Identity(3)], 2)
+    assert not hdmm_bound.nuclear_norm(kron_union(prefix)).method.startswith("subset basis")
+    two = wl.union([Kronecker([_circulant(5), Identity(3)]), Kronecker([Identity(5), wl.Total(3)])])
+    norm = hdmm_bound.nuclear_norm(kron_union(two))
+    assert not norm.method.startswith("subset basis")
+    assert norm.value == pytest.approx(np.linalg.svd(two.dense(), compute_uv=False).sum(), rel=1e-9)
