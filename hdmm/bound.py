@@ -133,6 +133,7 @@ class _Norm:
     stderr: float
     method: str
     lower: bool = False
+    work: float = 0.0  # the cube of the dense eigensolve's size, if one was made
 
 
 def _sqrt_sum(eigenvalues: np.ndarray) -> float:
@@ -424,7 +425,7 @@ def _block_norm(w2: np.ndarray, index: np.ndarray, parts: list[_AttributeSplit],
     if min(cols, rows) <= exact_limit:
         if cols <= exact_limit and cols**3 <= rows**3 + factor_cost:
             M = sum(w * reduce(np.kron, [grams[i][k] for i, k in enumerate(ix)]) for w, ix in zip(w2, index))
-            return _Norm(_eig_sqrt_sum(M), 0.0, f"dense eigenvalues ({cols:,} x {cols:,} Gram)")
+            return _Norm(_eig_sqrt_sum(M), 0.0, f"dense eigenvalues ({cols:,} x {cols:,} Gram)", work=float(cols)**3)
         factors = [[_compressed(G, eig) for G in gs] for gs in grams]
         cross = [[[Ra @ Rb.T for Rb in Rs] for Ra in Rs] for Rs in factors]
         blocks = [
@@ -433,7 +434,8 @@ def _block_norm(w2: np.ndarray, index: np.ndarray, parts: list[_AttributeSplit],
             for wa, ia in zip(w2, index)
         ]
         M = np.block(blocks)
-        return _Norm(_eig_sqrt_sum(M), 0.0, f"dense eigenvalues ({M.shape[0]:,} x {M.shape[0]:,} row Gram)")
+        return _Norm(_eig_sqrt_sum(M), 0.0, f"dense eigenvalues ({M.shape[0]:,} x {M.shape[0]:,} row Gram)",
+                     work=float(M.shape[0])**3)
     if cols > SLQ_MAX_N or not estimate:
         # too large to probe (or no estimate wanted): a valid lower bound from the row blocks (one per term), exact=False
         term_norms = [math.sqrt(float(w)) * math.prod(_sqrt_sum(eig.values(grams[i][k])) for i, k in enumerate(ix))
@@ -567,7 +569,7 @@ def _subset_route(grams: list[list[np.ndarray]], ops: list[list[Matrix]], index:
 
 
 def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: int = 30, steps: int = 480,
-                 seed: int | None = None, estimate: bool = True) -> _Norm:
+                 seed: int | None = None, estimate: bool = True, work_limit: float | None = None) -> _Norm:
     r""":math:`\|W\|_*` of a union of Kronecker products (see the module docstring, route 3).
 
     Each attribute is split into classes of common eigenvectors of its factor Grams (a scalar
@@ -576,7 +578,11 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
     attributes that chose their rest, its terms scaled by the chosen eigenvalues, and it occurs
     with the product of the classes' dimensions as multiplicity. Blocks where no attribute chose
     its rest are scalars, summed in one vectorised pass (:func:`_scalar_blocks`); the others
-    are solved one by one (:func:`_block_norm`).
+    are solved one by one (:func:`_block_norm`). Once the dense eigensolves made add up to
+    ``work_limit`` (the sum of their sizes cubed; ``None``: no limit), the blocks left are
+    bounded from below by their Kronecker row blocks instead (the result is then ``lower``).
+    Marginal-type unions whose query Grams fix the ones vector take the closed form of
+    :func:`_subset_route` instead of the split.
     """
     rng = np.random.default_rng(seed)
     ops = [[f.gram() for f in fs] for fs in union.factors]
@@ -622,6 +628,7 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
     # blocks whose term weights are proportional are one block scaled: solved once, their
     # multiplicities (times the square root of the scale) added up
     solved: dict[tuple, list] = {}
+    work = 0.0
     for r in range(1, len(split_rest) + 1):
         for rest_attrs in itertools.combinations(split_rest, r):
             others = [i for i in range(union.dim) if i not in rest_attrs]
@@ -637,9 +644,11 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
                 shape = (scale[live] / top).round(12)
                 key = (rest_attrs, shape.tobytes(), index[live][:, list(rest_attrs)].tobytes())
                 if key not in solved:
+                    spent = work_limit is not None and work >= work_limit
                     solved[key] = [_block_norm(scale / top, index[:, list(rest_attrs)],
-                                               [splits[i] for i in rest_attrs], exact_limit, probes, steps, rng,
-                                               eig, estimate), 0.0]
+                                               [splits[i] for i in rest_attrs], 0 if spent else exact_limit, probes,
+                                               steps, rng, eig, estimate and not spent), 0.0]
+                    work += solved[key][0].work
                 solved[key][1] += mult * math.sqrt(top)
     for norm, mult in solved.values():
         total += float(mult * norm.value)
@@ -650,7 +659,7 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
 
 
 def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, probes: int = 30, steps: int = 480,
-              seed: int | None = None, estimate: bool = True) -> SVDBound:
+              seed: int | None = None, estimate: bool = True, work_limit: float | None = None) -> SVDBound:
     r"""The SVD lower bound ``noise_variance(1) * ||W||_*^2 / N`` on any strategy's total squared error.
 
     Parameters
@@ -670,6 +679,12 @@ def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, pr
         ``False``: no stochastic estimate; a block beyond ``exact_limit`` contributes the lower
         bound from its Kronecker row blocks, so the result is exact or a certain (weaker) lower
         bound (``lower=True``), and cheap when ``exact_limit`` is small.
+    work_limit
+        Largest total work of the dense eigensolves (the sum of their sizes cubed; ``None``, the
+        default: no limit). The blocks left once it is reached are bounded from below by their
+        Kronecker row blocks, as with ``estimate=False``, so the time stays bounded whatever the
+        workload (``optimize`` passes one) and the result still depends on nothing but the
+        workload.
 
     Returns
     -------
@@ -704,7 +719,8 @@ def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, pr
     if structure.form == "marginals":
         return SVDBound(unit * trace_spectrum(union).residual_error, True, 0.0, method="marginals algebra (E_T basis)",
                         **common)
-    norm = nuclear_norm(union, exact_limit=exact_limit, probes=probes, steps=steps, seed=seed, estimate=estimate)
+    norm = nuclear_norm(union, exact_limit=exact_limit, probes=probes, steps=steps, seed=seed, estimate=estimate,
+                        work_limit=work_limit)
     N = W.shape[1]
     return SVDBound(
         unit * norm.value**2 / N,

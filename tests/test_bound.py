@@ -438,3 +438,19 @@ def test_subset_route_declines_what_it_cannot_do():
     norm = hdmm_bound.nuclear_norm(kron_union(two))
     assert not norm.method.startswith("subset basis")
     assert norm.value == pytest.approx(np.linalg.svd(two.dense(), compute_uv=False).sum(), rel=1e-9)
+
+
+def test_work_limit_bounds_the_blocks_left_from_below():
+    W, ref = _marginal_union([lambda: wl.Prefix(5), lambda: wl.Prefix(4), lambda: Identity(3)], 2)
+    privacy = ZCDP(0.5)
+    want = dense_svd_bound(ref, privacy)
+    full = svd_bound(W, privacy, estimate=False, seed=0)
+    assert full.exact and full.value == pytest.approx(want, rel=1e-8)
+    roomy = svd_bound(W, privacy, estimate=False, work_limit=1e12, seed=0)
+    assert roomy.exact and roomy.value == full.value
+    for limit in (0.0, 100.0):
+        tight = svd_bound(W, privacy, estimate=False, work_limit=limit)
+        assert tight.certain and not tight.exact and tight.lower
+        assert 0 < tight.value <= want * (1 + 1e-10)
+    # an estimate is never made once the work is spent, even when estimates are allowed
+    assert svd_bound(W, privacy, work_limit=0.0).certain
