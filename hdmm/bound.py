@@ -14,7 +14,14 @@ How :math:`\|W\|_*` is computed, from the structure of ``W = VStack_j c_j (x)_i 
 1. One Kronecker product: :math:`\|W\|_* = |c| \prod_i \|W_i\|_*` (exact).
 2. Marginals algebra (every factor Gram :math:`aI + bJ`): the eigenvalues are read off the
    :math:`E_T` basis (exact, :mod:`hdmm.marginals`).
-3. Otherwise each attribute's factor Grams are split into their common eigenvectors and an
+
+In the other cases equal factor Grams are kept once per attribute and equal terms merged first
+(workload builders make a new query matrix per marginal), then:
+
+3. Marginal-type unions whose query Grams fix the ones vector (per attribute one query Gram
+   :math:`G_i` with :math:`G_i\mathbf{1} = g_i\mathbf{1}`, or a total): exact, from each
+   attribute's eigenvalues, over the subsets of the downward closure (:func:`_subset_route`).
+4. Otherwise each attribute's factor Grams are split into their common eigenvectors and an
    invariant rest: the Gram splits into one block per joint eigenvalue signature (identical
    blocks counted once, with their multiplicity), each a union over the attributes that kept
    a rest. Grams that are all diagonal, or all :math:`a_k I + b_k B` for one shared ``B``
@@ -24,7 +31,9 @@ How :math:`\|W\|_*` is computed, from the structure of ``W = VStack_j c_j (x)_i 
    otherwise. Blocks that are scalars are summed in one vectorised pass; the others are
    solved exactly by a dense eigensolver on the cheaper of their ``N_b x N_b`` Gram and their
    ``m_b x m_b`` row Gram (rows compressed to each factor's rank), else estimated by
-   stochastic Lanczos quadrature, reported with its standard error.
+   stochastic Lanczos quadrature, reported with its standard error, or (without estimates, too
+   large to probe, or past a cap on the dense work) bounded from below by its Kronecker row
+   blocks. Blocks whose term weights are proportional are solved once.
 """
 
 from __future__ import annotations
