@@ -454,3 +454,16 @@ def test_work_limit_bounds_the_blocks_left_from_below():
         assert 0 < tight.value <= want * (1 + 1e-10)
     # an estimate is never made once the work is spent, even when estimates are allowed
     assert svd_bound(W, privacy, work_limit=0.0).certain
+
+
+def test_optimize_bound_is_certain_and_reproducible():
+    """``optimize``'s bound on a prefix-marginal union: certain, at most the dense bound, the same every run."""
+    from hdmm.optimizers import optimize
+
+    W, ref = _marginal_union([lambda: wl.Prefix(6), lambda: wl.Prefix(5), lambda: Identity(3)], 2)
+    privacy = ZCDP(0.5)
+    first = optimize(W, privacy, seed=0, optimizers=["identity", "residual"])
+    again = optimize(W, privacy, seed=0, optimizers=["identity", "residual"])
+    assert first.bound.certain and first.bound.value == again.bound.value
+    assert first.bound.value <= dense_svd_bound(ref, privacy) * (1 + 1e-8)  # exact: to the split's rounding
+    assert first.error >= first.bound.value

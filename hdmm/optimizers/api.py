@@ -342,7 +342,9 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     unknown = [] if optimizers is None else [o for o in optimizers if o not in available]
     if unknown:
         raise ValueError(f"optimizers {unknown} do not apply here; available: {available}")
-    bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False, work_limit=BOUND_WORK_LIMIT)
+    # seeded: the split's random mix of Grams moves the bound in its 9th digit from run to run otherwise
+    bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False, work_limit=BOUND_WORK_LIMIT,
+                      seed=0)
     bar = tqdm(chosen, desc="optimize", unit="optimizer", disable=progress is not True)
     rows, best, best_error, optimal = [], None, None, None
     for name in bar:
@@ -413,7 +415,8 @@ def _optimize_max_variance(W: Matrix, privacy: Privacy, restarts: int | None = N
 def _max_variance_reweighted(W: Matrix, privacy: Privacy, problem: Problem, restarts: int | None, seed,
                              progress: Callable[[str], None] | None, deadline: float | None) -> OptimizationResult:
     """The max-variance objective by reweighting the workload's terms (:mod:`.reweight`)."""
-    bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False, work_limit=BOUND_WORK_LIMIT)
+    bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False, work_limit=BOUND_WORK_LIMIT,
+                      seed=0)
     # optimizers whose strategies have per-query variances in closed form, unless their cost would explode
     names = [name for name in ("identity", "residual", "opt_kron", "opt_marginals")
              if REGISTRY[name].applies(problem) and REGISTRY[name].skip(problem) is None]
