@@ -547,7 +547,11 @@ def _subset_route(grams: list[list[np.ndarray]], ops: list[list[Matrix]], index:
                 g[i] = float(row.mean())
                 if np.abs(row - g[i]).max() > ZERO_RTOL * n * peak:
                     return None  # the query Gram does not fix the ones vector
-                tau[i] = max(_sqrt_sum(_gram_eigenvalues(ops[i][k], G)) - math.sqrt(max(g[i], 0.0)), 0.0)
+                values = _gram_eigenvalues(ops[i][k], G)
+                values = np.where(_nonzero(values), values, 0.0)  # rounding-level: zero (its root would not be)
+                if g[i] <= ZERO_RTOL * float(values.max(initial=0.0)):
+                    g[i] = 0.0
+                tau[i] = max(_sqrt_sum(values) - math.sqrt(max(g[i], 0.0)), 0.0)
             ratio = float(np.vdot(base, G) / np.vdot(base, base))
             if np.abs(G - ratio * base).max() > ZERO_RTOL * peak:
                 return None  # two different query Grams on one attribute

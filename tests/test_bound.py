@@ -403,7 +403,15 @@ def _circulant(n: int, width: int = 3) -> Explicit:
     return Explicit(M)
 
 
+def _cyclic_differences(n: int) -> Explicit:
+    """``x_a - x_{a+1}`` around the cycle: a Gram that maps the ones vector to zero (``g = 0``)."""
+    M = np.eye(n) - np.roll(np.eye(n), 1, axis=1)
+    return Explicit(M)
+
+
 SUBSET_MIXES = {
+    "differences, identity, circulant": ([lambda: _cyclic_differences(5), lambda: Identity(3),
+                                          lambda: _circulant(4)], 2),
     "circulant x3": ([lambda: _circulant(6), lambda: _circulant(5, 2), lambda: _circulant(4)], 2),
     "circulant, identity, circulant": ([lambda: _circulant(7), lambda: Identity(3), lambda: _circulant(5, 4)], 3),
     "scaled": ([lambda: 2.0 * _circulant(5), lambda: Identity(4), lambda: 0.5 * Identity(3)], 2),
