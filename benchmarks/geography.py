@@ -202,7 +202,8 @@ SCOPES = {"full": ("United States", None, "state"), "ca": ("California", ("06",)
           "dc": ("District of Columbia", ("11",), "county")}
 
 
-def run_spark(master: str, scope: str, people_per_tract: int, postprocess: str | None = None) -> dict:
+def run_spark(master: str, scope: str, people_per_tract: int, postprocess: str | None = None,
+              heap: str | None = None) -> dict:
 
     import hdmm
     from census_workloads import sf1_persons
@@ -213,13 +214,14 @@ def run_spark(master: str, scope: str, people_per_tract: int, postprocess: str |
     name, states, partition = SCOPES[scope]
     tree = us_tree(states=states)
     source = SyntheticHistograms(people_per_tract * tree.leaves, states=states, seed=1)
-    out = {"config": f"spark {master}" + ("" if postprocess is None else f", {postprocess}"),
+    out = {"config": f"spark {master}" + ("" if postprocess is None else f", {postprocess}")
+           + ("" if heap is None else f", {heap} heap"),
            "scope": name,
            "units": int(sum(tree.sizes)), "tracts": tree.leaves, "people": int(source.leaf_totals().sum()),
            "privacy": f"PureDP({EPSILON})"}
     with PeakMemory() as memory:
         start = time.perf_counter()
-        spark = spark_session(master)
+        spark = spark_session(master) if heap is None else spark_session(master, memory=heap)
         out["spark start seconds"] = time.perf_counter() - start
         start = time.perf_counter()
         plan = geo_plan(tree, sf1_persons(), hdmm.PureDP(EPSILON), seed=0,
@@ -253,6 +255,12 @@ def _child(args) -> dict:
         sys.stderr.write(done.stderr[-4000:])
         raise SystemExit(f"{args} failed")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _measure_seconds(r: dict) -> float:
+    """The measure stage's seconds (named ``stage 1 (measure)`` in runs before the engine seam)."""
+    steps = r["release steps"]
+    return steps["measure"] if "measure" in steps else steps["stage 1 (measure)"]
 
 
 def _report(results: list[dict]) -> str:
@@ -293,7 +301,7 @@ def _report(results: list[dict]) -> str:
                   "| peak memory GB |", "|---|---|---|---|---|---|---|---|---|"]
         for r in spark:
             lines.append(f"| {r['config']} | {r['scope']} | {r['units']:,} | {r['people']:,} | "
-                         f"{r['release seconds']:.0f} | {r['release steps']['measure']:.0f} | "
+                         f"{r['release seconds']:.0f} | {_measure_seconds(r):.0f} | "
                          f"{r['units per second (measure stage)']:.1f} | {r['rows written']:,} | "
                          f"{r['peak memory GB']:.2f} |")
         lines.append("")
@@ -369,6 +377,7 @@ def main() -> None:
     parser.add_argument("--nonnegative", action="store_true",
                         help="also the District of Columbia and California on Spark local[2] with non-negative "
                              "estimates (top down)")
+    parser.add_argument("--spark-memory", help="the Spark runs' driver heap (default: spark_session's)")
     parser.add_argument("--skip-local", action="store_true")
     parser.add_argument("--only", help="local configurations to run, separated by ';'")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -378,7 +387,7 @@ def main() -> None:
         if kind == "local":
             result = run_local(rest[0], int(rest[1]))
         else:
-            result = run_spark(rest[0], rest[1], int(rest[2]), *(rest[3:] or [None]))
+            result = run_spark(rest[0], rest[1], int(rest[2]), *[None if v == "-" else v for v in rest[3:]])
         print(json.dumps(result))
         return
     path = RESULTS / "geography.json"
@@ -393,6 +402,9 @@ def main() -> None:
         todo.append("spark:local[2]:full:4258")
     if args.nonnegative:
         todo += ["spark:local[2]:dc:4258:nonnegative", "spark:local[2]:ca:4258:nonnegative"]
+    if args.spark_memory:
+        todo = [job + (":-" if job.count(":") == 3 else "") + f":{args.spark_memory}" if job.startswith("spark")
+                else job for job in todo]
     for job in todo:
         print(f"running {job} ...", file=sys.stderr, flush=True)
         result = _child(job)

@@ -19,7 +19,8 @@ submodule, all of which ``import hdmm`` loads:
   ``opt_union``, ``opt_marginals``, ``opt_residual``) and their strategies (``PIdentity``,
   ``SquareRootStrategy``, ``OptimizationResult``); :mod:`hdmm.strategies`: the baselines;
 * :mod:`hdmm.planning` (``Plan``), :mod:`hdmm.mechanism` (``Measurement``), :mod:`hdmm.release`
-  (``Release``), :mod:`hdmm.error` (``per_query_variance``, ``lp_error``), :mod:`hdmm.bound`,
+  (``Release``), :mod:`hdmm.error` (``per_query_variance``, ``lp_error``),
+  :mod:`hdmm.query_variances` (``variance_summary``, ``query_variance_blocks``), :mod:`hdmm.bound`,
   :mod:`hdmm.privacy` (``Privacy``), :mod:`hdmm.budget` (``BudgetExceeded``, ``BudgetError``);
 * :mod:`hdmm.io` (``save_strategy``, ``load_strategy``, ``workload_fingerprint``),
   :mod:`hdmm.records` (records to data vectors), :mod:`hdmm.catalog` (named workloads);
@@ -35,7 +36,7 @@ submodule, all of which ``import hdmm`` loads:
 
 # the submodules named above, loaded so that hdmm.<module>.<name> works after ``import hdmm``
 from . import block_diagonal, bound, budget, catalog, error, geography, io, marginals, matrix  # noqa: F401
-from . import mechanism, optimizers, planning, privacy, records, release, strategies, workload  # noqa: F401
+from . import mechanism, optimizers, planning, privacy, query_variances, records, release, strategies, workload  # noqa: F401
 from .bound import svd_bound
 from .budget import Budget
 from .datasets import load_adult

@@ -55,6 +55,7 @@ from .slq import trace_sqrt
 from .spectral import blocks
 from .kron_union import KronUnion, kron_union
 from .structure import ZERO_RTOL, classify
+from .threads import one_blas_thread
 
 __all__ = ["SVDBound", "svd_bound", "nuclear_norm"]
 
@@ -671,6 +672,7 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
     return _Norm(total, math.sqrt(var), "common-eigenvector split; " + "; ".join(sorted(methods)), lower)
 
 
+@one_blas_thread
 def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, probes: int = 30, steps: int = 480,
               seed: int | None = None, estimate: bool = True, work_limit: float | None = None) -> SVDBound:
     r"""The SVD lower bound ``noise_variance(1) * ||W||_*^2 / N`` on any strategy's total squared error.

@@ -10,7 +10,7 @@ per query :math:`\mathrm{Var}(z)\,\mathrm{diag}(W (A^TA)^+ W^T)`, and
 :math:`\mathrm{RMSE} = \sqrt{\mathrm{TSE}/m}`. It is finite only when ``A`` supports ``W``
 (:math:`W A^+ A = W`).
 
-Three exact routes, one per form of ``A`` (:func:`hdmm.structure.classify`), never forming an
+Five exact routes, one per form of ``A`` (:func:`hdmm.structure.classify`), never forming an
 ``N x N`` matrix:
 
 * **Kronecker strategy** :math:`A = \bigotimes_i A_i` (the identity included) and any union
@@ -21,6 +21,12 @@ Three exact routes, one per form of ``A`` (:func:`hdmm.structure.classify`), nev
   :math:`aI + bJ`): :math:`(A^TA)^+ = \sum_T E_T / \lambda_T`, so
   :math:`\mathrm{tr} = \sum_T \mathrm{tr}(E_T W^TW) / \lambda_T` over the subsets where the
   workload has weight (:mod:`hdmm.marginals`).
+* **Residual strategy with per-attribute bases** (:mod:`hdmm.residual_bases`):
+  :math:`(A^TA)^+ = \sum_T \kappa_T^{-1} \bigotimes_{i \in T} X_i^+ \bigotimes_{i \notin T} P_i`, so
+  the trace is a sum over subsets of products of per-attribute traces.
+* **Union strategy** whose factor Grams diagonalise together on every attribute (OPT_+'s
+  strategies, :mod:`hdmm.union_gram`): :math:`(A^TA)^+` from per-attribute congruences and a
+  grid of eigenvalues per workload term, at any domain size where the grids stay small.
 * Anything else on a small domain: dense pseudo-inverse.
 """
 
@@ -33,12 +39,14 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import gamma
 
-from .kron_union import KronUnion
+from .kron_union import KronUnion, kron_union
 from .marginals import trace_spectrum
+from .residual_bases import residual_form, residual_query_variances, residual_traces
 from .matrix import DENSE_LIMIT, DenseLimitError, Matrix
 from .privacy import Privacy
 from .structure import ZERO_RTOL, Structure, aligned_unions, classify
 from .traces import SUPPORT_TOL, factor_rows, factor_trace, gram_pinv, row_projections
+from .union_gram import term_variances, union_terms
 
 __all__ = [
     "ErrorResult",
@@ -280,6 +288,24 @@ def _dense_traces(W: Matrix, A: Matrix) -> tuple[_Traces, np.ndarray, np.ndarray
     return traces, Xp, bad_rows
 
 
+# ====================================================================== union strategies, jointly diagonal
+def _union_grids(W: Matrix, structure: Structure) -> list | None:
+    """The workload's terms under a union strategy whose Grams diagonalise together, or ``None`` (no such route)."""
+    if structure.form != "general" or structure.union is None:
+        return None
+    try:
+        return union_terms(W, structure.union)
+    except DenseLimitError:
+        return None
+
+
+def _union_traces(W: Matrix, grids: list) -> _Traces:
+    totals = [grid.total() for grid in grids]
+    t = np.array([value for value, _ in totals])
+    bad = np.array([not supported for _, supported in totals])
+    return _traces_result(kron_union(W), t, bad)
+
+
 def _kronecker_strategy(a_union: KronUnion) -> _KroneckerStrategy:
     return _KroneckerStrategy(*a_union.term(0))
 
@@ -287,12 +313,13 @@ def _kronecker_strategy(a_union: KronUnion) -> _KroneckerStrategy:
 def exact_route(W: Matrix, A: Matrix, *, structure: Structure | None = None) -> str:
     """How :func:`expected_error` computes the error of ``A`` on ``W``.
 
-    ``"kronecker"`` or ``"spectral"`` (the marginals algebra): closed forms, at any domain size;
+    ``"kronecker"``, ``"spectral"`` (the marginals algebra) or ``"residual"`` (residual bases):
+    closed forms, at any domain size;
     ``"dense"``: a dense pseudo-inverse of ``A^TA``, for at most a few thousand cells.
     ``structure`` is ``A``'s (:func:`hdmm.structure.classify`) when known.
     """
     form = aligned_unions(W, classify(A) if structure is None else structure)[0]
-    return {"kronecker": "kronecker", "marginals": "spectral"}.get(form, "dense")
+    return {"kronecker": "kronecker", "marginals": "spectral", "residual": "residual"}.get(form, "dense")
 
 
 def _traces(W: Matrix, A: Matrix, structure: Structure) -> _Traces:
@@ -301,6 +328,11 @@ def _traces(W: Matrix, A: Matrix, structure: Structure) -> _Traces:
         return _kronecker_traces(w_union, _kronecker_strategy(a_union))
     if route == "marginals":
         return _spectral_traces(w_union, a_union)[0]
+    if route == "residual":
+        return _traces_result(w_union, *residual_traces(w_union, residual_form(a_union)))
+    grids = _union_grids(W, structure)
+    if grids is not None:
+        return _union_traces(W, grids)
     return _dense_traces(W, A)[0]
 
 
@@ -362,6 +394,11 @@ def unit_query_variances(W: Matrix, A: Matrix, structure: Structure) -> np.ndarr
         return _term_variances_kronecker(w_union, a_union)
     if route == "marginals":
         return _term_variances_spectral(w_union, a_union)
+    if route == "residual":
+        return residual_query_variances(w_union, residual_form(a_union))
+    grids = _union_grids(W, structure)
+    if grids is not None:
+        return np.concatenate([term_variances(grid) for grid in grids])
     _, Xp, bad_rows = _dense_traces(W, A)
     return np.where(bad_rows, np.inf, W.quadratic_diag(Xp))
 
@@ -372,7 +409,8 @@ def per_query_variance(W: Matrix, A: Matrix, privacy: Privacy, *, structure: Str
 
     In the workload's row order; ``inf`` for queries the strategy does not support. Computed
     per Kronecker term from per-factor diagonals; ``W`` is never formed. ``structure`` and
-    ``sensitivity`` as in :func:`expected_error`.
+    ``sensitivity`` as in :func:`expected_error`. For the largest variance, per-term summaries or
+    workloads too large to hold one number per query, see :mod:`hdmm.query_variances`.
     """
     _check_inputs(W, A, privacy)
     structure, sensitivity = _resolve(A, privacy, structure, sensitivity)

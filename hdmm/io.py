@@ -30,7 +30,8 @@ import scipy.sparse as sp
 
 from .block_diagonal import BlockDiagonal
 from .files import write_atomically
-from .marginals import Marginals, Residuals
+from .marginals import Helmert, Marginals, Residuals
+from .residual_bases import ResidualBases
 from .matrix import Diagonal, Explicit, Identity, Kronecker, Matrix, Ones, Sum, VStack, Weighted
 from .workload import AllRange, Prefix, Ranges, unweighted
 from .optimizers.api import OptimizationResult
@@ -117,6 +118,10 @@ class _Writer:
         if isinstance(M, (Marginals, Residuals)):
             return {"type": type(M).__name__, "domain": M.domain.to_dict(),
                     "members": self.array(M.members), "weights": self.array(M.weights)}
+        if isinstance(M, ResidualBases):  # Helmert bases (the default) as null
+            return {"type": "ResidualBases", "domain": M.domain.to_dict(), "members": self.array(M.members),
+                    "weights": self.array(M.weights),
+                    "bases": [None if isinstance(B, Helmert) else self.node(B) for B in M.bases]}
         if isinstance(M, Explicit):
             if M.is_sparse:
                 csr = sp.csr_array(M.matrix)
@@ -742,6 +747,15 @@ class _Reader:
 
     read_Residuals = read_Marginals
 
+    def read_ResidualBases(self, node, where, depth):
+        marginals = self.read_Marginals({**node, "type": "Residuals"}, where, depth)
+        bases = self.field(node, "bases", where)
+        if not isinstance(bases, list) or len(bases) != len(marginals.domain):
+            raise self.fail(where, f"bases must be a list of {len(marginals.domain)} matrix nodes or nulls, "
+                                   f"got {_brief(bases)}")
+        bases = [None if b is None else self.node(b, f"{where}.bases[{i}]", depth + 1) for i, b in enumerate(bases)]
+        return ResidualBases.from_members(marginals.domain, marginals.members, marginals.weights, bases)
+
     def read_SparseExplicit(self, node, where, depth):
         shape = self.field(node, "shape", where)
         if not isinstance(shape, list) or len(shape) != 2:
@@ -821,7 +835,7 @@ def _own_columns(M: Matrix) -> int:
         return 0
     if isinstance(M, BlockDiagonal):
         return M.shape[1] if M.tail else 0
-    if isinstance(M, (Marginals, Residuals)):
+    if isinstance(M, (Marginals, Residuals, ResidualBases)):
         return sum(M.domain.shape)
     return M.shape[1]
 

@@ -30,6 +30,7 @@ from .exact import exact_centres, exact_centres_many, on_grid_exact
 from .noise import draw, random_bits
 from .planning import Plan, check_calibration, strategy_plan
 from .privacy import Privacy
+from .threads import one_blas_thread
 
 __all__ = ["measure", "measure_many", "Counts", "as_generator", "check_data_vector", "MAX_COUNT"]
 
@@ -62,6 +63,7 @@ class Counts:
         return cls(x, n)
 
 
+@one_blas_thread
 def measure(plan: Plan | Matrix, x, *args, rng: None | int | np.random.Generator = None, budget: Budget | None = None,
             label: str | None = None) -> Measurement:
     r"""Answer the plan's strategy queries on data ``x`` with calibrated noise: :math:`y = Ax + z`.

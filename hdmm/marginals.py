@@ -49,6 +49,7 @@ __all__ = [
     "TraceSpectrum",
     "trace_spectrum",
     "factor_traces",
+    "expand_subsets",
     "workload_domain",
 ]
 
@@ -183,8 +184,12 @@ class TraceSpectrum:
         return np.where(found, values[pos], 0.0)
 
 
-def _expand(union: KronUnion) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _expand(union: KronUnion, traces: list[np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """All (term, T, contribution) triples with a non-zero contribution to tau_T.
+
+    ``traces`` are the per-attribute ``(factors, 2)`` arrays of the pair ``(p, q)`` multiplied in
+    for an attribute outside and inside ``T`` (default :func:`factor_traces`, giving tau_T; other
+    pairs give other subset sums of the same shape, see :func:`expand_subsets`).
 
     Term ``j`` contributes ``c_j^2 prod_{i in T} q_ij prod_{i not in T} p_ij`` to tau_T; the
     subsets with a non-zero product contain ``R_j = {i: p_ij = 0}`` and lie inside
@@ -198,7 +203,8 @@ def _expand(union: KronUnion) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     distinct ones.
     """
     d, T = union.dim, union.num_terms
-    traces = union.per_factor(factor_traces)  # per attribute: (factors, 2)
+    if traces is None:
+        traces = union.per_factor(factor_traces)  # per attribute: (factors, 2)
     offsets = np.cumsum([0] + [t.shape[0] for t in traces])
     p_all = np.concatenate([t[:, 0] for t in traces])
     q_all = np.concatenate([t[:, 1] for t in traces])
@@ -274,7 +280,20 @@ def trace_spectrum(union: KronUnion, with_terms: bool = False):
 
 
 def _trace_spectrum(union: KronUnion) -> tuple[TraceSpectrum, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    term_ids, packed, values = _expand(union)
+    return expand_subsets(union, None)
+
+
+def expand_subsets(union: KronUnion, traces: list[np.ndarray] | None
+                   ) -> tuple[TraceSpectrum, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    r"""Per subset ``T``, :math:`\sum_j c_j^2 \prod_{i \in T} q_{ij} \prod_{i \notin T} p_{ij}`, and the
+    per-(term, subset) contributions ``(term_ids, position of T, value)``.
+
+    ``traces[i]`` is the ``(factors, 2)`` array of ``(p, q)`` for each factor of attribute ``i``
+    (``None``: :func:`factor_traces`, which gives the trace spectrum). Only subsets with a
+    non-zero contribution are enumerated: ``T`` holds every attribute where ``p = 0`` and none
+    where ``q = 0``.
+    """
+    term_ids, packed, values = _expand(union, traces)
     keys = np.ascontiguousarray(packed).view(np.dtype((np.void, packed.shape[1]))).ravel()
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
     inverse = inverse.reshape(-1)
@@ -317,6 +336,10 @@ class SubsetProducts(Matrix):
         """``(F_out, F_in)`` for an attribute with ``n`` values."""
         raise NotImplementedError
 
+    def _factors_of(self, i: int, n: int) -> tuple[Matrix, Matrix]:
+        """``(F_out, F_in)`` of attribute ``i`` (with ``n`` values); the same for every attribute by default."""
+        return self._attribute_factors(n)
+
     def _setup(self, domain: Domain, members: np.ndarray, weights: np.ndarray) -> None:
         if members.ndim != 2 or members.shape[1] != len(domain) or weights.shape != (members.shape[0],):
             raise ValueError("members must be (subsets, attributes) and weights one per subset")
@@ -329,7 +352,7 @@ class SubsetProducts(Matrix):
         self.domain = domain
         self.members = members
         self.weights = weights
-        self.factors = [list(self._attribute_factors(n)) for n in domain.shape]
+        self.factors = [list(self._factors_of(i, n)) for i, n in enumerate(domain.shape)]
         inside = np.array([fs[1].shape[0] for fs in self.factors], dtype=float)
         outside = np.array([fs[0].shape[0] for fs in self.factors], dtype=float)
         self.rows_per_subset = np.rint(member_products(members, inside, outside)).astype(np.int64)

@@ -11,13 +11,15 @@ rows lie in the row space of ``A`` (:math:`WA^+A = W`) is then answered without 
 any other least-squares solution only by a vector of :math:`A`'s null space, which ``W`` does not
 see.
 
-Reconstruction never forms an ``N x N`` matrix. Three routes:
+Reconstruction never forms an ``N x N`` matrix. Four routes:
 
 * ``"kronecker"``: :math:`A = c \bigotimes_i A_i` gives :math:`A^+ = c^{-1} \bigotimes_i A_i^+`,
   applied one axis at a time (exact; each small factor is pseudo-inverted on its own).
 * ``"marginals"``: a strategy whose Gram is in the marginals algebra (weighted marginals,
   residual measurements) has :math:`A^TA = \sum_T \mu_T E_T`, so
   :math:`\hat x = \sum_{\mu_T > 0} \mu_T^{-1} E_T A^Ty` (exact, closed form).
+* ``"residual"``: residual measurements with a basis per attribute (:mod:`hdmm.residual_bases`):
+  :math:`\hat x = \sum_T \kappa_T^{-1} K_T^+ A^Ty` (exact, closed form).
 * ``"lsmr"``: anything else, by LSMR on the implicit operator, stopped once more iterations no
   longer move the answers of interest (the workload's, in :func:`hdmm.run`) by more than a small
   fraction of their noise standard errors.
@@ -38,12 +40,13 @@ from .kron_union import KronUnion
 from .marginals import trace_spectrum
 from .matrix import Matrix, cheap_pinv
 from .privacy import Privacy
+from .residual_bases import apply_residual_pinv, residual_form
 from .structure import ZERO_RTOL, Structure, classify, in_marginal_algebra
 
 __all__ = ["Measurement", "reconstruct", "reconstruction_method", "RECONSTRUCTION_METHODS"]
 
 #: The reconstruction methods :func:`reconstruct` accepts.
-RECONSTRUCTION_METHODS = ("auto", "kronecker", "marginals", "lsmr")
+RECONSTRUCTION_METHODS = ("auto", "kronecker", "marginals", "residual", "lsmr")
 
 #: LSMR stops when doubling the iterations moves no monitored answer by more than this many
 #: standard errors.
@@ -113,7 +116,8 @@ def reconstruction_method(A: Matrix, method: str = "auto", *, structure: Structu
     """The reconstruction method :func:`reconstruct` uses for strategy ``A``.
 
     ``"auto"`` resolves to ``"kronecker"`` for a (weighted) Kronecker product whose factors are
-    small or structured, ``"marginals"`` for a strategy in the marginals algebra, else
+    small or structured, ``"marginals"`` for a strategy in the marginals algebra, ``"residual"``
+    for residual measurements with per-attribute bases, else
     ``"lsmr"``. An explicit method is returned as is once it is checked to apply to ``A``.
     ``structure`` is ``A``'s (:func:`hdmm.structure.classify`) when already known.
 
@@ -138,6 +142,13 @@ def reconstruction_method(A: Matrix, method: str = "auto", *, structure: Structu
             )
     if form == "marginals" or (method == "marginals" and form == "kronecker" and in_marginal_algebra(structure.union)):
         return "marginals"
+    if form == "residual" and method in ("auto", "residual"):
+        return "residual"
+    if method == "residual":
+        raise ValueError(
+            f"method='residual' needs residual measurements with a basis per attribute (hdmm.residual_bases), "
+            f"not {A!r}; use method='lsmr' (or 'auto')"
+        )
     if method == "marginals":
         raise ValueError(
             f"method='marginals' needs a strategy in the marginals algebra (weighted Marginals, Residuals, "
@@ -276,6 +287,8 @@ def least_squares(A: Matrix, y: np.ndarray, method: str, structure: Structure, *
         return structure.kronecker.pinv() @ y
     if method == "marginals":
         return _reconstruct_marginals(A, y, structure.union)
+    if method == "residual":
+        return apply_residual_pinv(A.T @ y, structure.union.sizes, residual_form(structure.union))
     if method != "lsmr":
         raise ValueError(f"method must be resolved by reconstruction_method first, got {method!r}")
     monitor, scale, x0, tol, maxiter = _lsmr_options(A, noise_std, workload, std_errors, x0, tol, maxiter)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from tqdm import tqdm
 
 from .exact import quantize
 from .error import ErrorResult, expected_error, unit_query_variances
@@ -49,6 +50,7 @@ from .privacy import Privacy
 from .structure import Structure, classify
 from .version import HDMM_VERSION
 from .workload import unweighted
+from .threads import one_blas_thread
 
 __all__ = ["Plan", "plan", "check_inputs", "strategy_plan", "union_variance_bound", "unit_variances_or_bounds", "plan_to_json", "plan_from_json",
            "SENSITIVITY_MARGIN", "ROUNDOFF_ALLOWANCE"]
@@ -199,7 +201,8 @@ class Plan:
         write_archive(path, with_checksum(header, arrays), arrays)
 
     @staticmethod
-    def load(path, *, max_bytes: int = MAX_BYTES) -> Plan:
+    @one_blas_thread
+    def load(path, *, max_bytes: int = MAX_BYTES, progress: bool | Callable[[str], None] = False) -> Plan:
         """Read a plan written by :meth:`save`, validating it against its own strategy.
 
         Every array is checked as :func:`hdmm.io.load_strategy` checks it, and a file larger
@@ -214,11 +217,20 @@ class Plan:
         file's checksum (:meth:`save`) must match its contents, which also catches edits the
         checks above cannot see (say, two variances changed keeping their total); a file
         written before checksums were recorded is read with a ``UserWarning``.
+
+        Each check is computed the cheap way: the sensitivity from the strategy's column norms, the
+        error from per-attribute traces (a union strategy's through :mod:`hdmm.union_gram`), a dense
+        pseudo-inverse only for a strategy with no structure on a small domain. ``progress=True``
+        shows each step on the console (:func:`tqdm.tqdm.write`); a callable receives the lines
+        instead (as :func:`hdmm.optimize`'s ``progress``).
         """
+        say = _reporter(progress)
+        say(f"reading the plan {path}")
         header, arrays = read_archive(path, max_bytes=max_bytes)
         if header.get("kind") != "plan":
             raise ValueError(f"{path} holds a strategy, not a plan: make one with hdmm.plan(W, strategy, privacy)")
-        p = plan_from_json(header, arrays, source=str(path), max_bytes=max_bytes)
+        p = plan_from_json(header, arrays, source=str(path), max_bytes=max_bytes, progress=say)
+        say("checking the file's checksum")
         check_checksum(header, arrays, path, "plan")
         return p
 
@@ -407,6 +419,7 @@ def check_inputs(W: Matrix, privacy: Privacy, method: str = "auto") -> None:
         raise ValueError(f"unknown reconstruction method {method!r}; choose one of {list(RECONSTRUCTION_METHODS)}")
 
 
+@one_blas_thread
 def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privacy, *, method: str = "auto",
          origin: str | None = None, seed=None, progress: bool | Callable[[str], None] = False) -> Plan:
     r"""Make the data-independent plan for releasing workload ``W`` under ``privacy``.
@@ -432,7 +445,8 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
         Seed of the optimizer's random starts (``strategy="auto"`` only): for reproducible
         research; a plan holds no noise, so the seed reveals nothing about the data.
     progress
-        Passed to :func:`hdmm.optimize`.
+        Passed to :func:`hdmm.optimize`; ``True`` or a callable also gets a line for each later step
+        (as :meth:`Plan.load`'s ``progress``).
 
     Returns
     -------
@@ -464,6 +478,8 @@ def plan(W: Matrix, strategy: str | Matrix | OptimizationResult, privacy: Privac
     spacing, sensitivity = _noise_grid(_check_sensitivity(privacy.noise.sensitivity(A), A), A, privacy)
     resolved = reconstruction_method(A, method, structure=structure)
     queries, weights = unweighted(W)
+    say = _reporter(progress)
+    say(f"plan: per-query variances of {W.shape[0]:,} queries under a {structure.form} strategy")
     if W.shape[0] > MAX_QUERIES:  # too many to hold one variance each (a 1e100-cell Kronecker workload)
         unit, exact = None, False
     else:
@@ -533,9 +549,24 @@ def plan_to_json(p: Plan, arrays: dict[str, np.ndarray]) -> dict:
     }
 
 
+def _reporter(progress: bool | Callable[[str], None] | None) -> Callable[[str], None]:
+    """``progress`` as a function of one line: the console for ``True`` (``tqdm.write``), nothing for ``False``."""
+    if progress is True:
+        return tqdm.write
+    if progress is False or progress is None:
+        return lambda line: None
+    if not callable(progress):
+        raise TypeError(f"progress must be True, False or a function of one line, got {type(progress).__name__}")
+    return progress
+
+
 def plan_from_json(header: dict, arrays: dict[str, np.ndarray], source: str = "the file", *,
-                   max_bytes: int = MAX_BYTES) -> Plan:
-    """The plan written by :func:`plan_to_json`, validated against its own strategy (within ``max_bytes`` of memory)."""
+                   max_bytes: int = MAX_BYTES, progress: bool | Callable[[str], None] = False) -> Plan:
+    """The plan written by :func:`plan_to_json`, validated against its own strategy (within ``max_bytes`` of memory).
+
+    ``progress`` as in :meth:`Plan.load`.
+    """
+    say = _reporter(progress)
     missing = [key for key in ("plan", "tree", "workload") if key not in header]
     if missing:
         raise ValueError(f"{source} is not a valid hdmm plan file: no {missing[0]!r} entry")
@@ -554,6 +585,7 @@ def plan_from_json(header: dict, arrays: dict[str, np.ndarray], source: str = "t
         raise ValueError(f"{source} is not a valid hdmm plan file: {exc}") from None
     if A.shape[1] != W.shape[1]:
         raise ValueError(f"{source}: the stored strategy and workload are over different domains")
+    say(f"checking the strategy ({A.shape[0]:,} x {A.shape[1]:,}): grid, structure and sensitivity")
     if quantize(A) is not A:
         raise ValueError(f"{source}: the stored strategy is not on the dyadic grid hdmm measures exactly (a plan "
                          "saved before hdmm 'quantized' strategies, or an edited file): make the plan again")
@@ -580,6 +612,7 @@ def plan_from_json(header: dict, arrays: dict[str, np.ndarray], source: str = "t
         raise ValueError(f"{source}: the stored workload fingerprint {info.get('fingerprint')!r} is not that of the "
                          f"stored workload ({fingerprint}); the file is damaged or was edited: make the plan again")
     if variances is not None:  # their total against the strategy's error, computed again (cheap: traces)
+        say(f"checking the {W.shape[0]:,} stored variances against the strategy's expected error")
         try:
             total = float(expected_error(W, A, privacy, structure=structure, sensitivity=sensitivity))
         except DenseLimitError:

@@ -2,7 +2,7 @@ r"""The structure of a strategy, decided in one place.
 
 Every exact computation hdmm makes about a strategy :math:`A` (its expected error, the
 per-query variances, the reconstruction :math:`\hat x = A^+ y`, the SVD bound of a workload)
-depends on which of three forms it has:
+depends on which of four forms it has:
 
 ``"kronecker"``
     One weighted Kronecker product :math:`A = c \bigotimes_i A_i` (the identity included):
@@ -12,6 +12,12 @@ depends on which of three forms it has:
     (weighted marginals, residual measurements, unions of identities and totals): the Gram is
     diagonal in the subset basis :math:`E_T` of :mod:`hdmm.marginals`, so its pseudo-inverse
     is read off one eigenvalue per attribute subset.
+``"residual"``
+    A union of Kronecker products whose factors on each attribute are totals (rows proportional
+    to :math:`1^T`) or zero-sum factors :math:`B_i` with one Gram (residual measurements with a basis per
+    attribute, :mod:`hdmm.residual_bases`): the Gram is :math:`\sum_T \kappa_T \bigotimes_{i \in T}
+    B_i^TB_i \bigotimes_{i \notin T} P_i`, whose terms are mutually orthogonal, so its
+    pseudo-inverse is one small pseudo-inverse per attribute and one scalar per subset.
 ``"general"``
     Anything else (e.g. a union of Kronecker products from OPT_+, or a matrix whose factors do
     not line up with the domain): exact only through a dense pseudo-inverse on small domains,
@@ -36,13 +42,14 @@ import numpy as np
 
 from .kron_union import FactorMismatchError, KronUnion, kron_union
 from .marginals import Helmert
+from .residual_bases import residual_form
 from .matrix import Identity, Kronecker, Matrix, Ones, Weighted
 from .validation import ZERO_RTOL  # the one zero tolerance, shared with the algebra below
 
 __all__ = ["ZERO_RTOL", "FORMS", "Structure", "classify", "aligned_unions", "in_marginal_algebra"]
 
-#: The three forms, from the most to the least structured.
-FORMS = ("kronecker", "marginals", "general")
+#: The four forms, from the most to the least structured.
+FORMS = ("kronecker", "marginals", "residual", "general")
 
 #: Largest one-attribute Gram (in entries) checked densely for the form ``aI + bJ``.
 _DENSE_CHECK_ENTRIES = 2**24
@@ -80,7 +87,7 @@ class Structure:
     Attributes
     ----------
     form : str
-        ``"kronecker"``, ``"marginals"`` or ``"general"`` (see the module docstring).
+        ``"kronecker"``, ``"marginals"``, ``"residual"`` or ``"general"`` (see the module docstring).
     union : KronUnion or None
         The matrix as a union of weighted Kronecker products, ``None`` when its factors do not
         line up into one (then the form is ``"general"``).
@@ -130,6 +137,8 @@ def classify(A: Matrix) -> Structure:
         return Structure("kronecker", union)
     if in_marginal_algebra(union):
         return Structure("marginals", union)
+    if residual_form(union) is not None:
+        return Structure("residual", union)
     return Structure("general", union)
 
 
@@ -139,7 +148,8 @@ def aligned_unions(W: Matrix, structure: Structure) -> tuple[str, KronUnion | No
     Returns ``(form, w_union, a_union)``: the strategy's form, and ``W``'s union of Kronecker
     products and the strategy's on common attribute sizes. Lining up can merge the strategy's
     factors (when ``W`` does not split into the strategy's attributes), and a merged factor of
-    a marginals strategy is no longer ``aI + bJ``: the form is then ``"general"``, as it is
+    a marginals strategy is no longer ``aI + bJ`` (nor one of a residual strategy a total or a
+    zero-sum factor): the form is then ``"general"``, as it is
     when the two cannot be lined up at all (both unions ``None``).
     """
     if structure.union is None:
@@ -151,6 +161,8 @@ def aligned_unions(W: Matrix, structure: Structure) -> tuple[str, KronUnion | No
             sizes = KronUnion.common_sizes([w_union, a_union])
             w_union, aligned = w_union.align(sizes), a_union.align(sizes)
             if structure.form == "marginals" and aligned.sizes != a_union.sizes and not in_marginal_algebra(aligned):
+                return "general", None, None
+            if structure.form == "residual" and aligned.sizes != a_union.sizes and residual_form(aligned) is None:
                 return "general", None, None
             a_union = aligned
     except FactorMismatchError:

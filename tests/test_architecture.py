@@ -13,13 +13,14 @@ PACKAGES = ("hdmm", "census_workloads")
 #: Lower layers first: a module may import from its own layer or below, never above.
 LAYERS = [
     {"hdmm.version", "hdmm.validation", "hdmm.labels", "hdmm.spectral", "hdmm.slq", "hdmm.columns", "hdmm.records",
-     "hdmm.domain", "hdmm.noise", "hdmm.files", "hdmm.distributions"},
-    {"hdmm.matrix", "hdmm.kron_union", "hdmm.marginals", "hdmm.workload", "hdmm.block_diagonal"},
+     "hdmm.domain", "hdmm.noise", "hdmm.files", "hdmm.distributions", "hdmm.threads"},
+    {"hdmm.matrix", "hdmm.kron_union", "hdmm.marginals", "hdmm.residual_bases", "hdmm.workload",
+     "hdmm.block_diagonal"},
     {"hdmm.calibration", "hdmm.privacy", "hdmm.structure"},
     {"hdmm.budget", "hdmm.ledger"},
-    {"hdmm.traces"},
+    {"hdmm.traces", "hdmm.union_gram"},
     {"hdmm.geography"},
-    {"hdmm.error", "hdmm.bound", "hdmm.mechanism"},
+    {"hdmm.error", "hdmm.bound", "hdmm.mechanism", "hdmm.query_variances"},
     {"hdmm.optimizers", "hdmm.strategies"},
     {"hdmm.io", "hdmm.exact"},
     {"hdmm.planning"},

@@ -796,3 +796,23 @@ def test_the_units_measured_per_kernel_call_do_not_change_the_release(monkeypatc
     split = release_geography(plan, ArrayHistograms(H), seed=4)
     for d in plan.levels:
         np.testing.assert_array_equal(split.answers(d), whole.answers(d))
+
+
+def test_a_written_release_is_copied_whole_by_save(tmp_path):
+    pytest.importorskip("pyarrow")
+    import dataclasses
+
+    tree = small_country()
+    H = sp.csr_matrix(np.ones((tree.leaves, DOMAIN.size)))
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP)
+    written = release_geography(plan, ArrayHistograms(H), seed=0, output=tmp_path / "a")
+    # the engine's output target, and a release that knows only its path (as one built from the files)
+    for release, name in ((written, "b"), (dataclasses.replace(written, _files=None), "c")):
+        release.save(tmp_path / name)
+        assert not (tmp_path / f"{name}.partial").exists()
+        for d in plan.levels:
+            np.testing.assert_array_equal(release.answers(d), written.answers(d))
+        copied = sorted(str(p.relative_to(tmp_path / name)) for p in (tmp_path / name).rglob("*"))
+        assert copied == sorted(str(p.relative_to(tmp_path / "a")) for p in (tmp_path / "a").rglob("*"))
+    with pytest.raises(FileExistsError):
+        written.save(tmp_path / "b")

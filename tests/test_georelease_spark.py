@@ -56,8 +56,14 @@ def _local_table(release):
     return table.assign(level=table["level"].astype(str), query=table["query"].astype(str))
 
 
+def _persistent(spark) -> set[int]:
+    """The ids of the RDDs the session's executors hold (checkpoints included)."""
+    return {int(k) for k in spark.sparkContext._jsc.getPersistentRDDs().keySet()}
+
+
 def test_spark_and_local_engines_agree(spark, country, tmp_path):
     tree, records = country
+    held = _persistent(spark)
     source = RecordHistograms.of(tree, DOMAIN, records)
     totals, bounds = source.leaf_totals(), tree.leaf_bounds("state")
     invariants = {"state": {tree.codes("state")[s]: float(totals[bounds[s]:bounds[s + 1]].sum()) for s in range(3)}}
@@ -81,6 +87,7 @@ def test_spark_and_local_engines_agree(spark, country, tmp_path):
     assert meta["privacy"]["rho"] == 0.5 and meta["seeded"] is True
     assert meta["invariants"]["public_not_private"] is True and meta["invariants"]["levels"] == {"state": 3}
     assert not (tmp_path / "release.work").exists()
+    assert _persistent(spark) <= held  # the steps' checkpoints, which hold exact totals, are gone
 
 
 def test_spark_reads_a_histogram_source(spark, country, tmp_path):
@@ -303,11 +310,12 @@ def test_spark_output_is_checked_before_the_charge_and_a_failed_release_leaves_n
     with pytest.raises(TypeError, match="work_dir"):
         release_geography(plan, source, engine="spark", seed=1, output=str(tmp_path / "c"), work_dir=str(tmp_path))
     assert budget.spent == 0.0
-    before = sorted(p.name for p in tmp_path.iterdir())
+    before, held = sorted(p.name for p in tmp_path.iterdir()), _persistent(spark)
     monkeypatch.setattr(steps, "top_passes", lambda *a: (_ for _ in ()).throw(RuntimeError("disk full")))
     with pytest.raises(RuntimeError, match="disk full"):  # after the measure step
         release_geography(plan, source, engine="spark", seed=1, output=str(tmp_path / "d"))
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert _persistent(spark) <= held  # nor in the executors
 
 
 def test_spark_refuses_records_without_a_code_and_releases_no_records(spark, country, tmp_path):

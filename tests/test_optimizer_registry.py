@@ -36,8 +36,8 @@ def two_terms():
     return hdmm.union([hdmm.product(dom, {"a": hdmm.Prefix(4)}), hdmm.product(dom, {"b": hdmm.Identity(5)})])
 
 
-def test_the_registry_holds_the_five_optimizers_in_the_order_optimize_runs_them():
-    assert list(REGISTRY) == ["identity", "residual", "opt_kron", "opt_marginals", "opt_union"]
+def test_the_registry_holds_the_six_optimizers_in_the_order_optimize_runs_them():
+    assert list(REGISTRY) == ["identity", "residual", "residual_bases", "opt_kron", "opt_marginals", "opt_union"]
     assert all(isinstance(o, Optimizer) and o.name == name and o.summary for name, o in REGISTRY.items())
 
 
@@ -47,8 +47,9 @@ def test_applies_needs_several_terms_for_opt_union_and_gaussian_noise_for_residu
     several = Problem(two_terms(), privacy)
     gaussian = privacy.noise == "gaussian"
     assert [n for n, o in REGISTRY.items() if o.applies(single)] == (
-        ["identity"] + (["residual"] if gaussian else []) + ["opt_kron", "opt_marginals"])
+        ["identity"] + (["residual", "residual_bases"] if gaussian else []) + ["opt_kron", "opt_marginals"])
     assert REGISTRY["opt_union"].applies(several) and REGISTRY["residual"].applies(several) == gaussian
+    assert REGISTRY["residual_bases"].applies(several) == gaussian
 
 
 @pytest.mark.parametrize("privacy", [LAPLACE, hdmm.PureDP(0.1), GAUSS, hdmm.ApproxDP(2.0, 1e-9)])
@@ -85,9 +86,9 @@ def test_the_error_of_each_strategy_is_computed_once_and_the_winners_is_the_resu
     privacy = hdmm.ApproxDP(1.0, 1e-6)
     result = hdmm.optimize(two_terms(), privacy, seed=0)
     assert len(bounds) == 1
-    assert len(result.report) == 5  # OPT_M cannot beat the residual strategy under Gaussian noise: skipped
+    assert len(result.report) == 6  # OPT_M cannot beat the residual strategy under Gaussian noise: skipped
     assert result.report.set_index("optimizer").loc["opt_marginals", "note"].startswith("skipped: cannot beat")
-    assert len(calls) == result.report["rmse"].notna().sum() == 4
+    assert len(calls) == result.report["rmse"].notna().sum() == 5
     assert len({id(A) for A, _ in calls}) == len(calls)
     (winner_error,) = [error for A, error in calls if A is result.strategy]
     assert result.error is winner_error and result.error.privacy == privacy

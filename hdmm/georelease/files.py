@@ -23,7 +23,7 @@ import numpy as np
 from ..files import sync_directory, sync_file, write_new
 from .plan import GeoPlan
 
-__all__ = ["check_output", "start_output", "release_table", "write_units", "finish_output", "partial_path",
+__all__ = ["check_output", "start_output", "release_table", "write_units", "finish_output", "publish", "partial_path",
            "read_answers", "positions_of", "level_index", "answers_at"]
 
 
@@ -118,7 +118,16 @@ def finish_output(partial: str, path: str | os.PathLike, meta: dict) -> None:
     """Write ``_provenance.json``, flush the partial directory to disk and rename it to ``path`` (the release
     appears whole or not at all)."""
     write_new(os.path.join(partial, "_provenance.json"), json.dumps(meta, indent=2).encode())
-    for root, directories, _ in os.walk(partial):
+    publish(partial, path, files_synced=True)
+
+
+def publish(partial: str, path: str | os.PathLike, *, files_synced: bool = False) -> None:
+    """Flush the directory tree ``partial`` to disk (its files too unless ``files_synced``: each was flushed when
+    written) and rename it to ``path``, durably: the release appears whole or not at all, also after a crash."""
+    for root, directories, files in os.walk(partial):
+        if not files_synced:
+            for f in files:
+                sync_file(os.path.join(root, f))
         for d in directories:
             sync_directory(os.path.join(root, d))
     sync_directory(partial)

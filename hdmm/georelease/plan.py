@@ -60,6 +60,7 @@ from ..version import HDMM_VERSION
 from .invariants import Invariants
 from .levels import optimize_level_weights
 from .passes import TreePasses
+from ..threads import one_blas_thread
 
 __all__ = ["GeoPlan", "geo_plan", "default_partition", "PARTITION_UNITS"]
 
@@ -347,6 +348,7 @@ def default_partition(tree: GeographyTree, finest: int) -> int:
     return finest
 
 
+@one_blas_thread
 def geo_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, *,
              levels: Sequence[str | int] | None = None,
              weights: Sequence[float] | None = None,

@@ -29,6 +29,7 @@ import pandas as pd
 
 from ..budget import Budget, Charge
 from .files import finish_output, read_answers, start_output, write_units
+from .stores import copy_release
 from .nonneg import POSTPROCESS, check_nonnegative, integer_totals
 from .pipeline import Engine, LocalEngine, run_release
 from .plan import GeoPlan
@@ -37,6 +38,7 @@ from .steps import Progress, created_now, provenance
 from .stores import DiskStore, MemoryAnswers, MemoryStore, ReleaseFiles
 from .units import HistogramSource, check_source
 from .workers import check_workers
+from ..threads import one_blas_thread
 
 __all__ = ["GeoRelease", "release_geography", "ENGINES", "EngineKind", "Opened", "engine_kind"]
 
@@ -136,7 +138,10 @@ class GeoRelease:
         Needs ``pyarrow`` (``hdmm[parquet]``)."""
         meta = self.provenance()
         if self.path is not None:
-            (ReleaseFiles if self._files is None else self._files).copy(path, meta)
+            if self._files is None:
+                copy_release(self.path, path)
+            else:
+                self._files.copy(path, meta)
             return
         partial = start_output(path)
         for d in self.plan.levels:
@@ -168,6 +173,7 @@ def _level_table(plan: GeoPlan, d: int, answers: np.ndarray, std_errors: np.ndar
     })
 
 
+@one_blas_thread
 def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "local", seed: int | None = None,
                       postprocess: str | None = None, budget: Budget | None = None, label: str | None = None,
                       progress: bool | Callable[[str], None] = False, about: dict | None = None, **engine_options):

@@ -22,7 +22,8 @@ written to any shared file system but the output: the answers are appended to it
 writer, at whatever URL the session reaches (:mod:`hdmm.georelease.sparkfiles`). The results come
 back to the driver: they hold the partitions' exact total histograms, so they live only in the
 executors' block managers (encrypted on disk in the sessions :func:`spark_session` makes:
-``spark.io.encryption.enabled``) and in the driver's memory.
+``spark.io.encryption.enabled``) and in the driver's memory, and the checkpoints are removed from the
+executors when the release ends, whether it succeeded or failed.
 
 Memory: ``groupBy(...).applyInPandas`` hands each task its whole group: its partition's distinct
 (leaf, person values) counts, at most its leaves times the person cells however many people live
@@ -334,6 +335,7 @@ class SparkEngine:
         self._plan = self.share(plan)  # the engine's own tasks read the tree from it
         self._state = None
         self._progress = None
+        self._checkpoints: list = []  # the steps' checkpointed outputs, freed by close()
 
     def observe(self, progress) -> None:
         """Report, every ``WATCH_SECONDS`` while a step's Spark jobs run, the share of their active stages'
@@ -389,6 +391,7 @@ class SparkEngine:
         from pyspark.sql import functions as F
 
         df = self._watched(lambda: df.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY))
+        self._checkpoints.append(df)
         rows = df.filter(F.col("kind") == RESULT).select("partition", "payload").toPandas()
         results = sorted((int(i), pickle.loads(bytes(b))) for i, b in zip(rows["partition"], rows["payload"]))
         if sum(count for _, (_, count, _) in results):
@@ -506,13 +509,29 @@ class SparkEngine:
         return (result for _, (_, result) in results)
 
     def close(self) -> None:
-        """Free the broadcasts on every executor, and let Spark free the steps' checkpoints (their blocks go when
-        the JVM's cleaner collects them, or with the session)."""
+        """Free the broadcasts and the steps' checkpoints (which hold exact totals) on every executor."""
         for _, handle in self._shared.values():
             if hasattr(handle, "destroy"):  # a classic broadcast (Spark Connect ships values with the steps)
                 handle.destroy()
+        for df in self._checkpoints:
+            _free_checkpoint(df)
         self._state = None
         self._shared.clear()
+        self._checkpoints.clear()
+
+
+def _free_checkpoint(df) -> None:
+    """Remove a local checkpoint's blocks from the executors now. PySpark has no public call for it: on a
+    classic session the checkpointed RDD is reached through the JVM's plan (a ``LogicalRDD``); a Spark Connect
+    server frees it once the client drops the DataFrame. Best effort: a failure leaves the blocks to Spark's
+    cleaner (or the session's end), encrypted on disk in the sessions :func:`spark_session` makes."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        return
+    try:
+        jdf.queryExecution().logical().rdd().unpersist(True)
+    except Exception:  # noqa: BLE001 -- a plan of another shape: leave it to the cleaner
+        pass
 
 
 def _warm(plan: GeoPlan, postprocess: str | None) -> None:

@@ -35,10 +35,10 @@ import tempfile
 
 import numpy as np
 
-from .files import check_output, finish_output, partial_path, read_answers, start_output, write_units
+from .files import check_output, finish_output, partial_path, publish, read_answers, start_output, write_units
 from .plan import GeoPlan
 
-__all__ = ["MemoryStore", "DiskStore", "MemoryAnswers", "ParquetAnswers", "ReleaseFiles", "UNITS_PER_FILE"]
+__all__ = ["MemoryStore", "DiskStore", "MemoryAnswers", "ParquetAnswers", "ReleaseFiles", "copy_release", "UNITS_PER_FILE"]
 
 #: Units per release file (each unit is ``queries`` rows).
 UNITS_PER_FILE = 1024
@@ -178,6 +178,11 @@ class ReleaseFiles:
         return read_answers(self.path, plan, level)
 
     def copy(self, path: str | os.PathLike, meta: dict) -> None:
-        check_output(path)
-        shutil.copytree(self.path, partial_path(path))
-        os.rename(partial_path(path), os.path.normpath(os.fspath(path)))
+        copy_release(self.path, path)
+
+
+def copy_release(source: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Copy the written release ``source`` to the new directory ``path``, durably and whole or not at all."""
+    check_output(path)
+    shutil.copytree(source, partial_path(path))
+    publish(partial_path(path), path)

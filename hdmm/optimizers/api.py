@@ -37,6 +37,7 @@ from .max_variance import MaxVarianceProblem, max_variance_residual
 from .reweight import reweighted_max_variance
 from .registry import BOUND_EXACT_LIMIT, REGISTRY, Abandoned, Problem, union_candidate
 from .union import check_groups, default_groups, opt_union_groups
+from ..threads import one_blas_thread
 
 __all__ = ["opt0", "opt_kron", "opt_union", "opt_marginals", "opt_residual", "optimize", "OptimizationResult"]
 
@@ -257,6 +258,7 @@ class OptimizationResult:
         return float(np.sqrt(self.error / self.error.queries))
 
 
+@one_blas_thread
 def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=None,
              optimizers: Sequence[str] | None = None, progress: bool | Callable[[str], None] = False,
              exhaustive: bool = False, objective: str = "total",
@@ -264,7 +266,8 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     """Run every registered optimizer that applies to ``W`` under ``privacy`` and keep the best strategy.
 
     The candidates (:data:`~hdmm.optimizers.registry.REGISTRY`, in this order): ``identity``
-    (reference), ``residual`` (Gaussian noise only), ``opt_kron`` (OPT_(x)), ``opt_marginals``
+    (reference), ``residual`` (Gaussian noise only), ``residual_bases`` (Gaussian noise, a basis
+    per attribute, outside the marginals algebra), ``opt_kron`` (OPT_(x)), ``opt_marginals``
     (OPT_M) and ``opt_union`` (OPT_+, when the workload has several Kronecker terms; its exact
     error up to :data:`~hdmm.optimizers.registry.UNION_EXACT_MAX_N` cells or when a closed form
     applies, else the upper bound of :mod:`.union`, marked ``exact=False`` in the report). Each
@@ -287,8 +290,8 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     skipped. **Certified skips**: an optimizer that states a lower bound on the error it can be
     judged by (:attr:`~hdmm.optimizers.registry.Optimizer.lower_bound`: OPT_M) is skipped when a
     candidate found already has no more error, with both figures in the report. An optimizer whose cost would explode on this workload (OPT_M over too many
-    candidate marginals, OPT_+ over too many groups;
-    :attr:`~hdmm.optimizers.registry.Optimizer.skip`) is skipped by default with the reason in
+    candidate marginals, OPT_+ over too many groups, ``residual_bases`` on an attribute too large
+    to solve; :attr:`~hdmm.optimizers.registry.Optimizer.skip`) is skipped by default with the reason in
     the report. Naming an optimizer in ``optimizers`` runs it despite both kinds of skip;
     ``exhaustive=True`` runs every chosen optimizer regardless. An optimizer may also abandon its
     own run once it can no longer win (OPT_+ on large domains, group by group;
@@ -307,8 +310,8 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     convex program with a certified duality gap (:mod:`.max_variance`); the report compares it with
     the total-error residual strategy. Otherwise (Laplace noise, prefixes, ranges, any union of
     Kronecker products of at most :data:`~hdmm.optimizers.reweight.MAX_QUERIES` queries): the
-    total-error optimizers (identity, residual, OPT_(x), OPT_M) on the workload with its terms
-    reweighted round by round towards the terms of largest variance (:mod:`.reweight`); the
+    total-error optimizers (identity, residual, residual_bases, OPT_(x), OPT_M) on the workload with
+    its terms reweighted round by round towards the terms of largest variance (:mod:`.reweight`); the
     report has one row per round, the first being the total-error optimum. ``result.max_variance``
     is the strategy's largest variance, and ``result.bound`` the SVD bound, which divided by the
     number of queries bounds every strategy's mean, hence largest, variance (the report's last
@@ -418,7 +421,7 @@ def _max_variance_reweighted(W: Matrix, privacy: Privacy, problem: Problem, rest
     bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False, work_limit=BOUND_WORK_LIMIT,
                       seed=0)
     # optimizers whose strategies have per-query variances in closed form, unless their cost would explode
-    names = [name for name in ("identity", "residual", "opt_kron", "opt_marginals")
+    names = [name for name in ("identity", "residual", "residual_bases", "opt_kron", "opt_marginals")
              if REGISTRY[name].applies(problem) and REGISTRY[name].skip(problem) is None]
     rng = _rng(seed)
 

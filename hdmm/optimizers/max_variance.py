@@ -1,4 +1,4 @@
-r"""The max-variance objective: residual noise levels minimizing the largest per-query variance (docs/math.md, section 4.10).
+r"""The max-variance objective: residual noise levels minimizing the largest per-query variance (docs/math.md, section 4.11).
 
 Under Gaussian noise a residual strategy (docs/math.md, section 3.6) with normalised eigenvalues
 :math:`\lambda_T` has :math:`\Delta_2^2 = \sum_T \lambda_T t_T` (:math:`t_T = \mathrm{tr}(E_T)`), and

@@ -15,6 +15,18 @@ for a given seed; ``identity`` and ``residual`` draw none):
     The optimal residual strategy (:mod:`.marginals`); applies under Gaussian noise. Closed
     form and deterministic (it draws no random numbers), so it runs early: on a workload in the
     marginals algebra it reaches the SVD bound, and ``optimize`` stops there.
+``residual_bases``
+    The optimal residual strategy with a basis per attribute (:mod:`.residual_bases`); applies
+    under Gaussian noise to unions of Kronecker products whose factors on each attribute are
+    one query matrix (e.g. Prefix on income in every term that has income) or totals, outside
+    the marginals algebra. Each attribute's basis solves the one-attribute Gaussian program on
+    its query matrix restricted to zero-sum rows (certified by its duality gap), and the noise
+    is allocated across attribute subsets in closed form; the per-attribute optima are jointly
+    optimal within the family, and its error is exact (the ``"residual"`` structure). When an
+    attribute carries two different query matrices the family's optimum does not separate and
+    it does not apply (``residual`` still does). Deterministic and fast, it runs before the
+    iterative optimizers, so its exact error is the mark OPT_+'s check abandons against. Skipped
+    by default when an attribute needing a solve has more than ``SOLVE_MAX_N`` values.
 ``opt_kron``
     OPT_(x), one Kronecker strategy (:mod:`.kron`).
 ``opt_marginals``
@@ -66,9 +78,10 @@ from ..kron_union import KronUnion, kron_union
 from ..marginals import trace_spectrum
 from ..matrix import Identity, Matrix, VStack
 from ..privacy import Privacy
-from ..structure import classify
+from ..structure import classify, in_marginal_algebra
 from .kron import opt_kron_union
 from .marginals import marginal_candidate_count, opt_marginals_strategy, residual_strategy
+from .residual_bases import SOLVE_MAX_N, residual_bases_applies, residual_bases_solve_size, residual_bases_strategy
 from .union import default_groups, opt_union_groups
 
 __all__ = ["Abandoned", "Candidate", "Problem", "Optimizer", "REGISTRY", "register", "UNION_EXACT_MAX_N",
@@ -266,9 +279,10 @@ def _union_check(problem: Problem, groups: list[np.ndarray]) -> Callable[[list[M
     """A check for OPT_+ after each group: raise :class:`Abandoned` once it cannot beat the best candidate so far.
 
     Beyond ``UNION_EXACT_MAX_N`` cells OPT_+ is judged by its upper bound, unless its stacked
-    strategy has a closed-form error (it lies in the marginals algebra: every factor's Gram
-    ``aI + bJ``); once the stack of the groups found so far has none
-    (:func:`hdmm.error.exact_route`), neither will the whole. From then on the
+    strategy has a closed-form error (it lies in the marginals algebra, every factor's Gram
+    ``aI + bJ``, or has the residual form of :mod:`hdmm.residual_bases`); once the stack of the
+    groups found so far has none (:func:`hdmm.error.exact_route`), neither will the whole (a factor
+    outside those forms stays in the stack). From then on the
     bound, with the groups still to come at their SVD bounds (no OPT_(x) error is lower), is a
     floor under what OPT_+ can be judged by. ``None`` when no check applies.
     """
@@ -321,6 +335,27 @@ def _residual(problem: Problem) -> Candidate:
     return problem.candidate(A)
 
 
+def _residual_bases(problem: Problem) -> Candidate:
+    A, _, _ = residual_bases_strategy(problem.workload, problem.union)
+    return problem.candidate(A)
+
+
+def _residual_bases_applies(problem: Problem) -> bool:
+    """Gaussian noise, a workload outside the marginals algebra (there ``residual`` is optimal) with one
+    query matrix or totals per attribute."""
+    return (problem.privacy.noise.l2 and not in_marginal_algebra(problem.union)
+            and residual_bases_applies(problem.union))
+
+
+def _residual_bases_skip(problem: Problem) -> str | None:
+    """Why ``residual_bases`` should not run by default: an attribute's convex solve beyond ``SOLVE_MAX_N`` values."""
+    n = residual_bases_solve_size(problem.union)
+    if n > SOLVE_MAX_N:
+        return (f"skipped: the convex solve for an attribute of {n:,} values would take minutes (limit "
+                f"{SOLVE_MAX_N:,}; name it in optimizers= to run it)")
+    return None
+
+
 def _marginals_skip(problem: Problem) -> str | None:
     """Why OPT_M should not run by default: more than ``MARGINALS_MAX_CANDIDATES`` candidates."""
     try:
@@ -363,6 +398,9 @@ def _marginals_lower_bound(problem: Problem) -> float:
 register(Optimizer("identity", _identity, summary="the identity strategy (reference)"))
 register(Optimizer("residual", _residual, applies=lambda problem: problem.privacy.noise.l2,
                    summary="the optimal residual strategy (Gaussian noise)"))
+register(Optimizer("residual_bases", _residual_bases, applies=_residual_bases_applies,
+                   summary="residual measurements with an optimized basis per attribute (Gaussian noise)",
+                   skip=_residual_bases_skip))
 register(Optimizer("opt_kron", _opt_kron, summary="OPT_(x): one Kronecker strategy"))
 register(Optimizer("opt_marginals", _opt_marginals, summary="OPT_M: weighted marginals", skip=_marginals_skip,
                    lower_bound=_marginals_lower_bound))

@@ -1,4 +1,4 @@
-r"""The max-variance objective for any workload: total-error optimizers on reweighted terms (docs/math.md, section 4.10).
+r"""The max-variance objective for any workload: total-error optimizers on reweighted terms (docs/math.md, section 4.11).
 
 Where no exact program applies (Laplace noise, or queries within a Kronecker term of unequal
 variance such as prefixes and ranges), the largest per-query variance is lowered by multiplicative
