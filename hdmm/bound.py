@@ -14,7 +14,14 @@ How :math:`\|W\|_*` is computed, from the structure of ``W = VStack_j c_j (x)_i 
 1. One Kronecker product: :math:`\|W\|_* = |c| \prod_i \|W_i\|_*` (exact).
 2. Marginals algebra (every factor Gram :math:`aI + bJ`): the eigenvalues are read off the
    :math:`E_T` basis (exact, :mod:`hdmm.marginals`).
-3. Otherwise each attribute's factor Grams are split into their common eigenvectors and an
+
+In the other cases equal factor Grams are kept once per attribute and equal terms merged first
+(workload builders make a new query matrix per marginal), then:
+
+3. Marginal-type unions whose query Grams fix the ones vector (per attribute one query Gram
+   :math:`G_i` with :math:`G_i\mathbf{1} = g_i\mathbf{1}`, or a total): exact, from each
+   attribute's eigenvalues, over the subsets of the downward closure (:func:`_subset_route`).
+4. Otherwise each attribute's factor Grams are split into their common eigenvectors and an
    invariant rest: the Gram splits into one block per joint eigenvalue signature (identical
    blocks counted once, with their multiplicity), each a union over the attributes that kept
    a rest. Grams that are all diagonal, or all :math:`a_k I + b_k B` for one shared ``B``
@@ -24,7 +31,9 @@ How :math:`\|W\|_*` is computed, from the structure of ``W = VStack_j c_j (x)_i 
    otherwise. Blocks that are scalars are summed in one vectorised pass; the others are
    solved exactly by a dense eigensolver on the cheaper of their ``N_b x N_b`` Gram and their
    ``m_b x m_b`` row Gram (rows compressed to each factor's rank), else estimated by
-   stochastic Lanczos quadrature, reported with its standard error.
+   stochastic Lanczos quadrature, reported with its standard error, or (without estimates, too
+   large to probe, or past a cap on the dense work) bounded from below by its Kronecker row
+   blocks. Blocks whose term weights are proportional are solved once.
 """
 
 from __future__ import annotations
@@ -134,6 +143,7 @@ class _Norm:
     stderr: float
     method: str
     lower: bool = False
+    work: float = 0.0  # the cube of the dense eigensolve's size, if one was made
 
 
 def _sqrt_sum(eigenvalues: np.ndarray) -> float:
@@ -338,15 +348,25 @@ class _Eigen:
         self._values: dict[tuple, np.ndarray] = {}
         self._pairs: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._ops: dict[tuple, Matrix] = {}
+        self._seen: dict[int, tuple[np.ndarray, tuple]] = {}  # id -> (the array, kept alive; its key)
 
     def register(self, G: np.ndarray, op: Matrix) -> None:
         """Remember that ``G`` is the dense form of ``op``: its eigenvalues may have a cheap route."""
         self._ops.setdefault(self._key(G), op)
 
     @staticmethod
-    def _key(G: np.ndarray) -> tuple:
+    def content(G: np.ndarray) -> tuple:
+        """A key equal for arrays of equal shape and content."""
         G = np.ascontiguousarray(G)
         return G.shape, hashlib.blake2b(memoryview(G).cast("B"), digest_size=16).digest()
+
+    def _key(self, G: np.ndarray) -> tuple:
+        # the same array is looked up once per block it appears in: hash it once (the arrays are
+        # never written to after they are made)
+        seen = self._seen.get(id(G))
+        if seen is None or seen[0] is not G:
+            seen = self._seen[id(G)] = (G, self.content(G))
+        return seen[1]
 
     def values(self, G: np.ndarray) -> np.ndarray:
         key = self._key(G)
@@ -381,13 +401,25 @@ def _compressed(G: np.ndarray, eig: _Eigen) -> np.ndarray:
     return (vecs[:, keep] * np.sqrt(vals[keep])).T
 
 
+def _kron(scale: float, factors: list[np.ndarray]) -> np.ndarray:
+    """``scale`` times the Kronecker product of ``factors``, the ``1 x 1`` ones multiplied in as scalars."""
+    out = None
+    for f in factors:
+        if f.shape == (1, 1):
+            scale *= float(f[0, 0])
+        else:
+            out = f if out is None else np.kron(out, f)
+    return np.full((1, 1), scale) if out is None else scale * out
+
+
 def _block_norm(w2: np.ndarray, index: np.ndarray, parts: list[_AttributeSplit], exact_limit: int,
                 probes: int, steps: int, rng: np.random.Generator, eig: _Eigen, estimate: bool = True) -> _Norm:
     """The trace of ``(sum_j w2_j (x)_i parts[i].rest[index[j, i]])^(1/2)`` (or, for a block beyond
     ``exact_limit`` when ``estimate`` is false, the lower bound from its Kronecker row blocks)."""
     grams = [part.rest for part in parts]
     live = w2 > 0
-    w2, index = w2[live], index[live]
+    index, merged = np.unique(index[live], axis=0, return_inverse=True)  # equal terms of the block are one
+    w2 = np.bincount(merged.ravel(), weights=w2[live], minlength=len(index))
     if w2.size == 1:  # one Kronecker product: the product of its factors' norms
         value = math.sqrt(float(w2[0])) * math.prod(_sqrt_sum(eig.values(grams[i][k])) for i, k in enumerate(index[0]))
         return _Norm(value, 0.0, "Kronecker product of factor norms")
@@ -403,16 +435,17 @@ def _block_norm(w2: np.ndarray, index: np.ndarray, parts: list[_AttributeSplit],
     if min(cols, rows) <= exact_limit:
         if cols <= exact_limit and cols**3 <= rows**3 + factor_cost:
             M = sum(w * reduce(np.kron, [grams[i][k] for i, k in enumerate(ix)]) for w, ix in zip(w2, index))
-            return _Norm(_eig_sqrt_sum(M), 0.0, f"dense eigenvalues ({cols:,} x {cols:,} Gram)")
+            return _Norm(_eig_sqrt_sum(M), 0.0, f"dense eigenvalues ({cols:,} x {cols:,} Gram)", work=float(cols)**3)
         factors = [[_compressed(G, eig) for G in gs] for gs in grams]
         cross = [[[Ra @ Rb.T for Rb in Rs] for Ra in Rs] for Rs in factors]
         blocks = [
-            [math.sqrt(wa * wb) * reduce(np.kron, [cross[i][a][b] for i, (a, b) in enumerate(zip(ia, ib))])
+            [_kron(math.sqrt(wa * wb), [cross[i][a][b] for i, (a, b) in enumerate(zip(ia, ib))])
              for wb, ib in zip(w2, index)]
             for wa, ia in zip(w2, index)
         ]
         M = np.block(blocks)
-        return _Norm(_eig_sqrt_sum(M), 0.0, f"dense eigenvalues ({M.shape[0]:,} x {M.shape[0]:,} row Gram)")
+        return _Norm(_eig_sqrt_sum(M), 0.0, f"dense eigenvalues ({M.shape[0]:,} x {M.shape[0]:,} row Gram)",
+                     work=float(M.shape[0])**3)
     if cols > SLQ_MAX_N or not estimate:
         # too large to probe (or no estimate wanted): a valid lower bound from the row blocks (one per term), exact=False
         term_norms = [math.sqrt(float(w)) * math.prod(_sqrt_sum(eig.values(grams[i][k])) for i, k in enumerate(ix))
@@ -447,8 +480,110 @@ def _scalar_blocks(w2: np.ndarray, index: np.ndarray, splits: list[_AttributeSpl
     return total
 
 
+def _distinct(grams: list[list[np.ndarray]], ops: list[list[Matrix]], index: np.ndarray,
+              w2: np.ndarray) -> tuple[list[list[np.ndarray]], list[list[Matrix]], np.ndarray, np.ndarray]:
+    r"""The union's Gram with equal factor Grams kept once per attribute and equal terms merged.
+
+    A union's factors are distinct as objects, not always as matrices (``Prefix(100)`` built
+    once per marginal): equal Grams are found by content, and terms that then use the same
+    Grams on every attribute are one term whose squared weight is the sum of theirs (the
+    Gram :math:`\sum_j w_j^2 \bigotimes_i G_i^{(j)}` is unchanged).
+    """
+    new_grams, new_ops, remap = [], [], []
+    for gs, os in zip(grams, ops):
+        seen: dict[tuple, int] = {}
+        lookup = np.empty(len(gs), dtype=np.intp)
+        kept_g, kept_o = [], []
+        for k, (G, op) in enumerate(zip(gs, os)):
+            key = _Eigen.content(G)
+            if key not in seen:
+                seen[key] = len(kept_g)
+                kept_g.append(G)
+                kept_o.append(op)
+            lookup[k] = seen[key]
+        new_grams.append(kept_g)
+        new_ops.append(kept_o)
+        remap.append(lookup)
+    index = np.stack([lookup[index[:, i]] for i, lookup in enumerate(remap)], axis=1) if remap else index
+    terms, inverse = np.unique(index, axis=0, return_inverse=True)
+    return new_grams, new_ops, terms, np.bincount(inverse.ravel(), weights=w2, minlength=len(terms))
+
+
+#: The subset route (:func:`_subset_route`) enumerates, per term, every subset of the attributes
+#: where it has its query matrix; beyond this many subsets in all it is not taken.
+SUBSET_LIMIT = 2**22
+
+
+def _subset_route(grams: list[list[np.ndarray]], ops: list[list[Matrix]], index: np.ndarray,
+                  w2: np.ndarray) -> float | None:
+    r"""The exact nuclear norm of a marginal-type union whose query Grams fix the ones vector, or ``None``.
+
+    Applies when on every attribute ``i`` each factor Gram is a multiple of one query Gram
+    :math:`G_i` or of :math:`J = \mathbf{1}\mathbf{1}^T` (a total), and :math:`G_i\mathbf{1} =
+    g_i\mathbf{1}` (identities, circulant queries, ...). With :math:`S_j` the attributes where
+    term ``j`` has its query Gram (times :math:`s_{ij}`; :math:`t_{ij}J` elsewhere), the Gram is
+    block diagonal over the subsets ``T`` of the downward closure, block ``T`` being
+    :math:`c_T \bigotimes_{i\in T} QG_iQ` on :math:`\bigotimes_{i\in T}\mathbf{1}^\perp`, where
+    :math:`c_T = \sum_{j: S_j\supseteq T} w_j^2 \prod_{i\in S_j} s_{ij}
+    \prod_{i\in S_j\setminus T} g_i \prod_{i\notin S_j} t_{ij}n_i`, so
+    :math:`\|W\|_* = \sum_T c_T^{1/2}\prod_{i\in T}\tau_i` with :math:`\tau_i` the sum of the
+    square roots of :math:`G_i`'s eigenvalues less :math:`g_i^{1/2}` (docs/math.md, section 5.4).
+    """
+    d = len(grams)
+    query = np.zeros(index.shape, dtype=bool)  # the term has its attribute's query Gram there
+    scale = np.ones(index.shape)  # s_ij on a query Gram, t_ij n_i on a total
+    g, tau = np.zeros(d), np.zeros(d)
+    for i, gs in enumerate(grams):
+        n = gs[0].shape[0]
+        base, factor, is_query = None, [], []
+        for k, G in enumerate(gs):
+            peak = float(np.abs(G).max(initial=0.0))
+            if np.all(np.abs(G - G[0, 0]) <= ZERO_RTOL * peak):  # t J (t = 0 for a zero factor)
+                factor.append(float(G[0, 0]) * n)
+                is_query.append(False)
+                continue
+            if base is None:
+                base = G
+                row = G.sum(axis=1)
+                g[i] = float(row.mean())
+                if np.abs(row - g[i]).max() > ZERO_RTOL * n * peak:
+                    return None  # the query Gram does not fix the ones vector
+                values = _gram_eigenvalues(ops[i][k], G)
+                values = np.where(_nonzero(values), values, 0.0)  # rounding-level: zero (its root would not be)
+                if g[i] <= ZERO_RTOL * float(values.max(initial=0.0)):
+                    g[i] = 0.0
+                tau[i] = max(_sqrt_sum(values) - math.sqrt(max(g[i], 0.0)), 0.0)
+            ratio = float(np.vdot(base, G) / np.vdot(base, base))
+            if np.abs(G - ratio * base).max() > ZERO_RTOL * peak:
+                return None  # two different query Grams on one attribute
+            factor.append(ratio)
+            is_query.append(True)
+        query[:, i] = np.asarray(is_query)[index[:, i]]
+        scale[:, i] = np.asarray(factor)[index[:, i]]
+    sizes = query.sum(axis=1)
+    if float(np.sum(2.0**sizes)) > SUBSET_LIMIT:
+        return None
+    coef = w2 * np.prod(scale, axis=1)
+    subsets, weights = [], []
+    for size in np.unique(sizes):
+        rows = np.flatnonzero(sizes == size)
+        attrs = np.nonzero(query[rows])[1].reshape(len(rows), size)  # S_j, in order
+        for r in range(size + 1):
+            for chosen in itertools.combinations(range(size), r):
+                rest = [p for p in range(size) if p not in chosen]
+                T = np.zeros((len(rows), d), dtype=bool)
+                T[np.arange(len(rows))[:, None], attrs[:, list(chosen)]] = True
+                subsets.append(np.packbits(T, axis=1))
+                weights.append(coef[rows] * np.prod(g[attrs[:, rest]], axis=1))
+    packed = np.concatenate(subsets)
+    keys, which = np.unique(packed, axis=0, return_inverse=True)
+    c = np.bincount(which.ravel(), weights=np.concatenate(weights), minlength=len(keys))
+    T = np.unpackbits(keys, axis=1, count=d).astype(bool)
+    return float(np.sqrt(np.clip(c, 0.0, None)) @ np.prod(np.where(T, tau, 1.0), axis=1))
+
+
 def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: int = 30, steps: int = 480,
-                 seed: int | None = None, estimate: bool = True) -> _Norm:
+                 seed: int | None = None, estimate: bool = True, work_limit: float | None = None) -> _Norm:
     r""":math:`\|W\|_*` of a union of Kronecker products (see the module docstring, route 3).
 
     Each attribute is split into classes of common eigenvectors of its factor Grams (a scalar
@@ -457,11 +592,19 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
     attributes that chose their rest, its terms scaled by the chosen eigenvalues, and it occurs
     with the product of the classes' dimensions as multiplicity. Blocks where no attribute chose
     its rest are scalars, summed in one vectorised pass (:func:`_scalar_blocks`); the others
-    are solved one by one (:func:`_block_norm`).
+    are solved one by one (:func:`_block_norm`). Once the dense eigensolves made add up to
+    ``work_limit`` (the sum of their sizes cubed; ``None``: no limit), the blocks left are
+    bounded from below by their Kronecker row blocks instead (the result is then ``lower``).
+    Marginal-type unions whose query Grams fix the ones vector take the closed form of
+    :func:`_subset_route` instead of the split.
     """
     rng = np.random.default_rng(seed)
     ops = [[f.gram() for f in fs] for fs in union.factors]
     grams = [[G.dense(max_entries=FACTOR_LIMIT**2) for G in gs] for gs in ops]
+    grams, ops, index, w2 = _distinct(grams, ops, union.index, union.weights**2)
+    closed = _subset_route(grams, ops, index, w2)
+    if closed is not None:
+        return _Norm(closed, 0.0, "subset basis (query Grams fixing the ones vector)")
     eig = _Eigen()
     for gs, os in zip(grams, ops):
         for G, op in zip(gs, os):
@@ -483,42 +626,55 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
     def too_much() -> bool:
         classes = sorted(s.mult.size for s in splits)
         solves = math.prod(s.options for s in splits) - math.prod(classes)
-        scalar_work = math.prod(classes) * union.num_terms
-        tail = math.prod(classes[:-1]) * union.num_terms  # memory of _scalar_blocks
+        scalar_work = math.prod(classes) * w2.size
+        tail = math.prod(classes[:-1]) * w2.size  # memory of _scalar_blocks
         return solves > BLOCK_LIMIT or scalar_work > SCALAR_WORK_LIMIT or tail > SCALAR_TAIL_LIMIT
 
     # keep the work bounded: attributes with the most classes stay whole first
     while too_much():
         i = max(range(union.dim), key=lambda k: splits[k].options)
         splits[i] = whole[i]
-    w2 = union.weights**2
     total, var, methods, lower = 0.0, 0.0, set(), False
     if all(s.mult.size for s in splits):
-        total += _scalar_blocks(w2, union.index, splits)
+        total += _scalar_blocks(w2, index, splits)
         methods.add("closed form")
     split_rest = [i for i, s in enumerate(splits) if s.rest[0].size]
+    # blocks whose term weights are proportional are one block scaled: solved once, their
+    # multiplicities (times the square root of the scale) added up
+    solved: dict[tuple, list] = {}
+    work = 0.0
     for r in range(1, len(split_rest) + 1):
         for rest_attrs in itertools.combinations(split_rest, r):
             others = [i for i in range(union.dim) if i not in rest_attrs]
             for classes in itertools.product(*(range(splits[i].mult.size) for i in others)):
                 scale, mult = w2.copy(), 1.0
                 for i, c in zip(others, classes):
-                    scale = scale * splits[i].lam[union.index[:, i], c]
+                    scale = scale * splits[i].lam[index[:, i], c]
                     mult *= splits[i].mult[c]
                 if not np.any(scale > 0):  # the eigenvalues are clean: zero means zero
                     continue
-                norm = _block_norm(scale, union.index[:, list(rest_attrs)], [splits[i] for i in rest_attrs],
-                                   exact_limit, probes, steps, rng, eig, estimate)
-                total += float(mult * norm.value)
-                var += float(mult * norm.stderr) ** 2
-                methods.add(norm.method)
-                lower = lower or norm.lower
+                top = float(scale.max())
+                live = scale > 0
+                shape = (scale[live] / top).round(12)
+                key = (rest_attrs, shape.tobytes(), index[live][:, list(rest_attrs)].tobytes())
+                if key not in solved:
+                    spent = work_limit is not None and work >= work_limit
+                    solved[key] = [_block_norm(scale / top, index[:, list(rest_attrs)],
+                                               [splits[i] for i in rest_attrs], 0 if spent else exact_limit, probes,
+                                               steps, rng, eig, estimate and not spent), 0.0]
+                    work += solved[key][0].work
+                solved[key][1] += mult * math.sqrt(top)
+    for norm, mult in solved.values():
+        total += float(mult * norm.value)
+        var += float(mult * norm.stderr) ** 2  # a block reused is one estimate: its errors add up
+        methods.add(norm.method)
+        lower = lower or norm.lower
     return _Norm(total, math.sqrt(var), "common-eigenvector split; " + "; ".join(sorted(methods)), lower)
 
 
 @one_blas_thread
 def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, probes: int = 30, steps: int = 480,
-              seed: int | None = None, estimate: bool = True) -> SVDBound:
+              seed: int | None = None, estimate: bool = True, work_limit: float | None = None) -> SVDBound:
     r"""The SVD lower bound ``noise_variance(1) * ||W||_*^2 / N`` on any strategy's total squared error.
 
     Parameters
@@ -538,6 +694,12 @@ def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, pr
         ``False``: no stochastic estimate; a block beyond ``exact_limit`` contributes the lower
         bound from its Kronecker row blocks, so the result is exact or a certain (weaker) lower
         bound (``lower=True``), and cheap when ``exact_limit`` is small.
+    work_limit
+        Largest total work of the dense eigensolves (the sum of their sizes cubed; ``None``, the
+        default: no limit). The blocks left once it is reached are bounded from below by their
+        Kronecker row blocks, as with ``estimate=False``, so the time stays bounded whatever the
+        workload (``optimize`` passes one) and the result still depends on nothing but the
+        workload.
 
     Returns
     -------
@@ -572,7 +734,8 @@ def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, pr
     if structure.form == "marginals":
         return SVDBound(unit * trace_spectrum(union).residual_error, True, 0.0, method="marginals algebra (E_T basis)",
                         **common)
-    norm = nuclear_norm(union, exact_limit=exact_limit, probes=probes, steps=steps, seed=seed, estimate=estimate)
+    norm = nuclear_norm(union, exact_limit=exact_limit, probes=probes, steps=steps, seed=seed, estimate=estimate,
+                        work_limit=work_limit)
     N = W.shape[1]
     return SVDBound(
         unit * norm.value**2 / N,

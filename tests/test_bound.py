@@ -310,3 +310,168 @@ def test_without_estimates_a_large_block_gives_a_certain_lower_bound():
     assert "weaker lower bound" in repr(cheap)
     estimated = svd_bound(W, privacy, exact_limit=16, seed=0)
     assert not estimated.certain
+
+
+# ====================================================================== marginal-type unions (issue 25)
+def _marginal_union(blocks, k_max, weights=None):
+    """Every marginal on at most ``k_max`` attributes: a fresh ``blocks[i]()`` on the marginal's
+    attributes (a new object per marginal, as workload builders make them), Total elsewhere;
+    with its dense reference."""
+    import itertools
+    n = [b().shape[1] for b in blocks]
+    parts, dense = [], []
+    for k in range(k_max + 1):
+        for subset in itertools.combinations(range(len(n)), k):
+            factors = [blocks[i]() if i in subset else wl.Total(n[i]) for i in range(len(n))]
+            parts.append(Kronecker(factors))
+            ref = np.ones((1, 1))
+            for f in factors:
+                ref = np.kron(ref, f.dense())
+            dense.append(ref)
+    w = np.ones(len(parts)) if weights is None else np.asarray(weights(len(parts)))
+    return wl.union(parts, list(w)), np.vstack([wj * d for wj, d in zip(w, dense)])
+
+
+MIXES = {
+    "prefix, prefix, identity": ([lambda: wl.Prefix(6), lambda: wl.Prefix(5), lambda: Identity(3)], 2),
+    "prefix, identity x3": ([lambda: wl.Prefix(7), lambda: Identity(3), lambda: Identity(2), lambda: Identity(2)], 3),
+    "range, prefix, identity": ([lambda: wl.AllRange(5), lambda: wl.Prefix(4), lambda: Identity(3)], 3),
+    "range, identity, identity": ([lambda: wl.AllRange(6), lambda: Identity(4), lambda: Identity(3)], 2),
+    "identity x3": ([lambda: Identity(4), lambda: Identity(3), lambda: Identity(3)], 2),
+    "prefix x3, all ways": ([lambda: wl.Prefix(4), lambda: wl.Prefix(3), lambda: wl.Prefix(3)], 3),
+}
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
+@pytest.mark.parametrize("weighted", [False, True])
+def test_marginal_type_unions_exact_against_dense(mix, weighted):
+    blocks, k_max = MIXES[mix]
+    weights = (lambda m: 1.0 + np.arange(m) % 3) if weighted else None
+    W, ref = _marginal_union(blocks, k_max, weights)
+    for privacy in (ZCDP(0.5), PureDP(1.0)):
+        b = svd_bound(W, privacy)
+        assert b.exact, b
+        assert b.value == pytest.approx(dense_svd_bound(ref, privacy), rel=1e-8)
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
+def test_marginal_type_unions_cheap_bound_is_certain(mix):
+    """``optimize``'s bound (no estimates, small exact blocks) is exact or below the dense bound; the
+    research estimate is within a few standard errors of it."""
+    blocks, k_max = MIXES[mix]
+    W, ref = _marginal_union(blocks, k_max)
+    privacy = ZCDP(0.5)
+    want = dense_svd_bound(ref, privacy)
+    cheap = svd_bound(W, privacy, exact_limit=8, estimate=False)
+    assert cheap.certain and cheap.stderr == 0.0
+    if cheap.exact:
+        assert cheap.value == pytest.approx(want, rel=1e-8)
+    else:
+        assert 0 < cheap.value <= want * (1 + 1e-10)
+    estimated = svd_bound(W, privacy, exact_limit=8, seed=1)
+    if not estimated.exact:
+        assert abs(estimated.value - want) <= 4 * estimated.stderr + 1e-9 * want
+
+
+def test_equal_factors_and_terms_are_merged():
+    """Equal Grams built as separate objects are kept once, repeated terms merge into one with the
+    summed squared weight, and the bound is unchanged (docs/math.md, section 5.4)."""
+    W, ref = _marginal_union([lambda: wl.Prefix(5), lambda: Identity(3), lambda: Identity(2)], 2)
+    union = kron_union(W)
+    assert len(union.factors[0]) > 2  # one Prefix(5) object per marginal on attribute 0
+    ops = [[f.gram() for f in fs] for fs in union.factors]
+    grams = [[G.dense() for G in gs] for gs in ops]
+    kept, _, index, w2 = hdmm_bound._distinct(grams, ops, union.index, union.weights**2)
+    assert [len(g) for g in kept] == [2, 2, 2]  # the query matrix's Gram and the total's
+    assert len(index) == union.num_terms and np.allclose(w2, 1.0)
+    twice = VStack([W, W])
+    b = svd_bound(twice, ZCDP(0.5))
+    assert b.exact
+    assert b.value == pytest.approx(dense_svd_bound(np.vstack([ref, ref]), ZCDP(0.5)), rel=1e-8)
+    union2 = kron_union(twice)
+    ops2 = [[f.gram() for f in fs] for fs in union2.factors]
+    kept, _, index, w2 = hdmm_bound._distinct([[G.dense() for G in gs] for gs in ops2], ops2, union2.index,
+                                              union2.weights**2)
+    assert len(index) == union.num_terms and np.allclose(w2, 2.0)
+
+
+def _circulant(n: int, width: int = 3) -> Explicit:
+    """Cyclic windows of ``width`` cells: every cell in ``width`` queries, so the Gram fixes the ones vector."""
+    M = np.zeros((n, n))
+    for a in range(n):
+        M[a, (a + np.arange(width)) % n] = 1.0
+    return Explicit(M)
+
+
+def _cyclic_differences(n: int) -> Explicit:
+    """``x_a - x_{a+1}`` around the cycle: a Gram that maps the ones vector to zero (``g = 0``)."""
+    M = np.eye(n) - np.roll(np.eye(n), 1, axis=1)
+    return Explicit(M)
+
+
+SUBSET_MIXES = {
+    "differences, identity, circulant": ([lambda: _cyclic_differences(5), lambda: Identity(3),
+                                          lambda: _circulant(4)], 2),
+    "circulant x3": ([lambda: _circulant(6), lambda: _circulant(5, 2), lambda: _circulant(4)], 2),
+    "circulant, identity, circulant": ([lambda: _circulant(7), lambda: Identity(3), lambda: _circulant(5, 4)], 3),
+    "scaled": ([lambda: 2.0 * _circulant(5), lambda: Identity(4), lambda: 0.5 * Identity(3)], 2),
+}
+
+
+@pytest.mark.parametrize("mix", sorted(SUBSET_MIXES))
+@pytest.mark.parametrize("weighted", [False, True])
+def test_subset_route_exact_against_dense(mix, weighted):
+    """Query Grams fixing the ones vector: the subset-basis closed form, exact at any size."""
+    blocks, k_max = SUBSET_MIXES[mix]
+    weights = (lambda m: np.where(np.arange(m) % 4 == 1, 0.0, 1.0 + np.arange(m) % 3)) if weighted else None
+    W, ref = _marginal_union(blocks, k_max, weights)
+    b = svd_bound(W, ZCDP(0.5), exact_limit=1, estimate=False)
+    assert b.exact and b.method.startswith("subset basis"), b
+    assert b.value == pytest.approx(dense_svd_bound(ref, ZCDP(0.5)), rel=1e-9)
+
+
+def test_subset_route_on_identities_and_totals_matches_dense():
+    W, ref = _marginal_union([lambda: Identity(4), lambda: Identity(3), lambda: Identity(2)], 2,
+                             lambda m: 1.0 + np.arange(m))
+    norm = hdmm_bound.nuclear_norm(kron_union(W))
+    assert norm.method.startswith("subset basis") and norm.stderr == 0.0 and not norm.lower
+    assert norm.value == pytest.approx(np.linalg.svd(ref, compute_uv=False).sum(), rel=1e-10)
+
+
+def test_subset_route_declines_what_it_cannot_do():
+    """Prefix Grams move the ones vector; two query matrices on one attribute do not share a block structure."""
+    prefix, _ = _marginal_union([lambda: wl.Prefix(5), lambda: Identity(3)], 2)
+    assert not hdmm_bound.nuclear_norm(kron_union(prefix)).method.startswith("subset basis")
+    two = wl.union([Kronecker([_circulant(5), Identity(3)]), Kronecker([Identity(5), wl.Total(3)])])
+    norm = hdmm_bound.nuclear_norm(kron_union(two))
+    assert not norm.method.startswith("subset basis")
+    assert norm.value == pytest.approx(np.linalg.svd(two.dense(), compute_uv=False).sum(), rel=1e-9)
+
+
+def test_work_limit_bounds_the_blocks_left_from_below():
+    W, ref = _marginal_union([lambda: wl.Prefix(5), lambda: wl.Prefix(4), lambda: Identity(3)], 2)
+    privacy = ZCDP(0.5)
+    want = dense_svd_bound(ref, privacy)
+    full = svd_bound(W, privacy, estimate=False, seed=0)
+    assert full.exact and full.value == pytest.approx(want, rel=1e-8)
+    roomy = svd_bound(W, privacy, estimate=False, work_limit=1e12, seed=0)
+    assert roomy.exact and roomy.value == full.value
+    for limit in (0.0, 100.0):
+        tight = svd_bound(W, privacy, estimate=False, work_limit=limit)
+        assert tight.certain and not tight.exact and tight.lower
+        assert 0 < tight.value <= want * (1 + 1e-10)
+    # an estimate is never made once the work is spent, even when estimates are allowed
+    assert svd_bound(W, privacy, work_limit=0.0).certain
+
+
+def test_optimize_bound_is_certain_and_reproducible():
+    """``optimize``'s bound on a prefix-marginal union: certain, at most the dense bound, the same every run."""
+    from hdmm.optimizers import optimize
+
+    W, ref = _marginal_union([lambda: wl.Prefix(6), lambda: wl.Prefix(5), lambda: Identity(3)], 2)
+    privacy = ZCDP(0.5)
+    first = optimize(W, privacy, seed=0, optimizers=["identity", "residual"])
+    again = optimize(W, privacy, seed=0, optimizers=["identity", "residual"])
+    assert first.bound.certain and first.bound.value == again.bound.value
+    assert first.bound.value <= dense_svd_bound(ref, privacy) * (1 + 1e-8)  # exact: to the split's rounding
+    assert first.error >= first.bound.value

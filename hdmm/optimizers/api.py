@@ -48,6 +48,11 @@ __all__ = ["opt0", "opt_kron", "opt_union", "opt_marginals", "opt_residual", "op
 #: optimal up to rounding (the two are computed by different formulas).
 OPTIMAL_RTOL = 1e-8
 
+#: ``optimize``'s SVD bound makes dense eigensolves of at most this much work in all (the sum of
+#: their sizes cubed: about a second at one BLAS thread) and bounds the blocks left from below,
+#: so the bound is never the slow step, whatever the workload (docs/math.md, section 5.6).
+BOUND_WORK_LIMIT = 1e10
+
 #: The privacy definition a deprecated ``noise`` string stands for, per distribution: its unit noise
 #: (the level does not matter), and the replacement the deprecation warning names.
 _NOISE: dict[Noise, tuple[Privacy, str]] = {
@@ -279,9 +284,10 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     status); a callable receives those status lines instead.
 
     The SVD bound (:func:`hdmm.bound.svd_bound`) is computed first, without estimates: eigenvalue
-    blocks beyond :data:`~hdmm.optimizers.registry.BOUND_EXACT_LIMIT` columns are bounded from
-    below instead, so ``result.bound`` is exact or a certain, weaker lower bound (``svd_bound``
-    itself estimates them). **Certified early exit**: when a candidate's exact error equals the
+    blocks beyond :data:`~hdmm.optimizers.registry.BOUND_EXACT_LIMIT` columns, and all blocks once
+    the dense eigensolves reach :data:`BOUND_WORK_LIMIT`, are bounded from below instead, so
+    ``result.bound`` is exact or a certain, weaker lower bound (``svd_bound`` itself estimates
+    them). **Certified early exit**: when a candidate's exact error equals the
     bound (to a relative ``OPTIMAL_RTOL``), no strategy can do better: ``optimize`` stops, marks
     it ``"optimal"`` in the report (and ``result.optimal``) and lists the optimizers left as
     skipped. **Certified skips**: an optimizer that states a lower bound on the error it can be
@@ -349,7 +355,9 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     unknown = [] if optimizers is None else [o for o in optimizers if o not in available]
     if unknown:
         raise ValueError(f"optimizers {unknown} do not apply here; available: {available}")
-    bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False)
+    # seeded: the split's random mix of Grams moves the bound in its 9th digit from run to run otherwise
+    bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False, work_limit=BOUND_WORK_LIMIT,
+                      seed=0)
     bar = tqdm(chosen, desc="optimize", unit="optimizer", disable=progress is not True)
     rows, best, best_error, optimal = [], None, None, None
     for name in bar:
@@ -464,7 +472,8 @@ def _max_variance_reweighted(W: Matrix, privacy: Privacy, problem: Problem, rest
                              exclude: tuple[str, ...] = ()) -> OptimizationResult:
     """The max-variance objective by reweighting the workload's terms (:mod:`.reweight`), without the
     total-error optimizers named in ``exclude``."""
-    bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False)
+    bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False, work_limit=BOUND_WORK_LIMIT,
+                      seed=0)
     # optimizers whose strategies have per-query variances in closed form, unless their cost would explode
     names = [name for name in ("identity", "residual", "residual_bases", "opt_kron", "opt_marginals")
              if name not in exclude and REGISTRY[name].applies(problem) and REGISTRY[name].skip(problem) is None]
