@@ -446,7 +446,8 @@ def _max_variance_residual_bases(W: Matrix, privacy: Privacy, problem: Problem) 
     """The allocation over the total-error optimal residual bases minimising the largest variance (Gaussian
     noise, one query matrix or totals per attribute), certified over the allocation with the bases fixed."""
     unit = problem.unit_variance
-    bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False)
+    bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False, work_limit=BOUND_WORK_LIMIT,
+                      seed=0)
     start = time.perf_counter()
     solution = max_variance_bases(W, problem.union)
     seconds = time.perf_counter() - start
