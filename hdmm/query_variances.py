@@ -46,7 +46,7 @@ from .privacy import Privacy
 from .structure import ZERO_RTOL, Structure, aligned_unions, classify
 from .threads import one_blas_thread
 from .traces import factor_rows, row_projections
-from .union_gram import TermGrid, joint_diagonal, term_grid, term_variances
+from .union_gram import TermGrid, aligned_pair, joint_diagonal, term_grid, term_variances
 
 __all__ = ["BLOCK_ROWS", "FLAT_LIMIT", "TermVariances", "VarianceSummary", "variance_summary", "query_variance_blocks"]
 
@@ -306,13 +306,10 @@ def _marginals_terms(w_union: KronUnion, a_union: KronUnion) -> list[_Outer]:
 
 def _union_terms(W: Matrix, a_union: KronUnion) -> tuple[list, list[bool]] | None:
     """Exact grids where :mod:`hdmm.union_gram` applies and they fit, else the per-group bound; ``None`` if neither."""
-    try:
-        w_union = kron_union(W)
-        if w_union.sizes != a_union.sizes:
-            sizes = KronUnion.common_sizes([w_union, a_union])
-            w_union, a_union = w_union.align(sizes), a_union.align(sizes)
-    except FactorMismatchError:
+    pair = aligned_pair(W, a_union)
+    if pair is None:
         return None
+    w_union, a_union = pair
     try:
         diagonal = joint_diagonal(a_union)
     except DenseLimitError:

@@ -54,7 +54,7 @@ from .matrix import DenseLimitError, Matrix
 from .traces import FACTOR_DENSE_LIMIT, PINV_RCOND, SUPPORT_TOL
 from .validation import ZERO_RTOL
 
-__all__ = ["JointDiagonal", "joint_diagonal", "TermGrid", "term_grid", "GRID_LIMIT", "DIAGONAL_RTOL",
+__all__ = ["JointDiagonal", "joint_diagonal", "aligned_pair", "TermGrid", "term_grid", "GRID_LIMIT", "DIAGONAL_RTOL",
            "union_terms", "contract", "term_variances"]
 
 #: Largest grid of :math:`1/\delta` values one workload term may need (entries, 128 MiB of floats).
@@ -279,6 +279,19 @@ def term_variances(term: TermGrid) -> np.ndarray:
     return np.where(bad > SUPPORT_TOL * mass, np.inf, values)
 
 
+def aligned_pair(W: Matrix, a_union: KronUnion) -> tuple[KronUnion, KronUnion] | None:
+    """The workload's normal form and the strategy's union on common attribute factors, or ``None`` when their
+    factors cannot be lined up attribute by attribute."""
+    try:
+        w_union = kron_union(W)
+        if w_union.sizes != a_union.sizes:
+            sizes = KronUnion.common_sizes([w_union, a_union])
+            w_union, a_union = w_union.align(sizes), a_union.align(sizes)
+    except FactorMismatchError:
+        return None
+    return w_union, a_union
+
+
 def union_terms(W: Matrix, a_union: KronUnion | None) -> list[TermGrid] | None:
     """Every workload term of ``W`` as a :class:`TermGrid` under the union strategy ``a_union``, or ``None``.
 
@@ -288,13 +301,10 @@ def union_terms(W: Matrix, a_union: KronUnion | None) -> list[TermGrid] | None:
     """
     if a_union is None:
         return None
-    try:
-        w_union = kron_union(W)
-        if w_union.sizes != a_union.sizes:
-            sizes = KronUnion.common_sizes([w_union, a_union])
-            w_union, a_union = w_union.align(sizes), a_union.align(sizes)
-    except FactorMismatchError:
+    pair = aligned_pair(W, a_union)
+    if pair is None:
         return None
+    w_union, a_union = pair
     cached = a_union.memo.get("joint_diagonal", False)
     diagonal = joint_diagonal(a_union) if cached is False else cached
     a_union.memo["joint_diagonal"] = diagonal

@@ -442,6 +442,17 @@ def _optimize_max_variance(W: Matrix, privacy: Privacy, restarts: int | None = N
     return _max_variance_reweighted(W, privacy, problem, restarts, seed, progress, deadline)
 
 
+def _max_variance_report(rows: list[dict], W: Matrix, bound) -> pd.DataFrame:
+    """The max-variance report's table: ``rows`` with each row's RMSE and its largest variance over the SVD
+    bound's mean variance (a lower bound on every strategy's largest variance)."""
+    report = pd.DataFrame(rows)
+    report["rmse"] = np.sqrt(report["total squared error"] / W.shape[0])
+    mean_bound = bound.value / W.shape[0]
+    report["max variance / SVD mean-variance bound"] = report["max variance"] / mean_bound if mean_bound > 0 else np.inf
+    return report[["optimizer", "max variance", "total squared error", "seconds", "rmse",
+                   "max variance / SVD mean-variance bound", "note"]]
+
+
 def _max_variance_residual_bases(W: Matrix, privacy: Privacy, problem: Problem) -> OptimizationResult:
     """The allocation over the total-error optimal residual bases minimising the largest variance (Gaussian
     noise, one query matrix or totals per attribute), certified over the allocation with the bases fixed."""
@@ -458,12 +469,7 @@ def _max_variance_residual_bases(W: Matrix, privacy: Privacy, problem: Problem) 
              "total squared error": float(error), "seconds": seconds,
              "note": f"certified over the noise allocation with the per-attribute bases fixed (relative duality gap "
                      f"{solution.gap:.1e}); not over other bases"}]
-    report = pd.DataFrame(rows)
-    report["rmse"] = np.sqrt(report["total squared error"] / W.shape[0])
-    mean_bound = bound.value / W.shape[0]
-    report["max variance / SVD mean-variance bound"] = report["max variance"] / mean_bound if mean_bound > 0 else np.inf
-    report = report[["optimizer", "max variance", "total squared error", "seconds", "rmse",
-                     "max variance / SVD mean-variance bound", "note"]]
+    report = _max_variance_report(rows, W, bound)
     return OptimizationResult(solution.strategy, "max_variance_bases", error, privacy, bound, report, False,
                               "max_variance", unit * solution.value)
 
@@ -521,12 +527,7 @@ def _max_variance_residual(W: Matrix, privacy: Privacy, problem: Problem,
     rows.append({"optimizer": "max_variance", "max variance": unit * solution.value, "total squared error":
                  float(error), "seconds": time.perf_counter() - start,
                  "note": f"optimal among residual strategies (relative duality gap {solution.gap:.1e})"})
-    report = pd.DataFrame(rows)
-    report["rmse"] = np.sqrt(report["total squared error"] / W.shape[0])
-    mean_bound = bound.value / W.shape[0]
-    report["max variance / SVD mean-variance bound"] = report["max variance"] / mean_bound if mean_bound > 0 else np.inf
-    report = report[["optimizer", "max variance", "total squared error", "seconds", "rmse",
-                     "max variance / SVD mean-variance bound", "note"]]
+    report = _max_variance_report(rows, W, bound)
     return OptimizationResult(solution.strategy, "max_variance", error, privacy, bound, report, False,
                               "max_variance", unit * solution.value)
 
