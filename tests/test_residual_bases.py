@@ -252,9 +252,24 @@ def test_attribute_basis_on_a_low_rank_query_matrix_is_certified():
 def test_optimize_skips_residual_bases_on_a_large_attribute():
     from hdmm.optimizers.registry import REGISTRY, Problem
 
-    problem = Problem(Kronecker([hdmm.Prefix(600), hdmm.Prefix(3)]), hdmm.ZCDP(0.5))
+    dom = hdmm.Domain(["a", "b"], [600, 3])
+    W = hdmm.union([hdmm.product(dom, {"a": hdmm.Prefix(600)}), hdmm.product(dom, {"b": hdmm.Prefix(3)})])
+    problem = Problem(W, hdmm.ZCDP(0.5))
     assert REGISTRY["residual_bases"].applies(problem)
     assert "600 values" in REGISTRY["residual_bases"].skip(problem)
+
+
+def test_optimize_skips_residual_bases_on_one_product_where_opt_kron_is_at_least_as_good():
+    from hdmm.optimizers.registry import REGISTRY, Problem
+
+    for factors in ([hdmm.Prefix(6), hdmm.AllRange(5)], [hdmm.Prefix(4), hdmm.Identity(3), hdmm.Prefix(5)]):
+        W = Kronecker(factors)
+        problem = Problem(W, hdmm.ZCDP(0.5))
+        assert REGISTRY["residual_bases"].applies(problem)
+        assert "one Kronecker product" in REGISTRY["residual_bases"].skip(problem)
+        both = hdmm.optimize(W, hdmm.ZCDP(0.5), seed=0, optimizers=["opt_kron", "residual_bases"])
+        values = dict(zip(both.report["optimizer"], both.report["rmse"]))
+        assert values["opt_kron"] <= values["residual_bases"] * (1 + 1e-6)
 
 
 def test_a_union_built_term_by_term_has_the_residual_form():

@@ -348,7 +348,17 @@ def _residual_bases_applies(problem: Problem) -> bool:
 
 
 def _residual_bases_skip(problem: Problem) -> str | None:
-    """Why ``residual_bases`` should not run by default: an attribute's convex solve beyond ``SOLVE_MAX_N`` values."""
+    """Why ``residual_bases`` should not run by default: a workload of one Kronecker product, or an attribute's
+    convex solve beyond ``SOLVE_MAX_N`` values.
+
+    On one product :math:`\bigotimes_i W_i` the family's error separates into a product over the attributes of
+    the error of the one-attribute strategy (the basis and a total row, optimally weighted) on :math:`W_i`,
+    never below the one-attribute Gaussian optimum that OPT_(x) reaches there (it solves the same program
+    without the zero-sum restriction): the family cannot win, and its solves would only cost time.
+    """
+    if problem.union.num_terms == 1:
+        return ("skipped: on one Kronecker product OPT_(x)'s per-attribute optima are at least as good (name it in "
+                "optimizers= to run it)")
     n = residual_bases_solve_size(problem.union)
     if n > SOLVE_MAX_N:
         return (f"skipped: the convex solve for an attribute of {n:,} values would take minutes (limit "
