@@ -101,6 +101,10 @@ def test_partition_passes_in_place_give_the_same_bits(monkeypatch):
             b0 = passes.accumulate(P, part.range, mine, np.zeros((1, 3)))
             assert np.array_equal(partition_up(passes, part, mine), passes.up(f, part.range, b0 / passes.a[f], P)[1])
             assert all(np.array_equal(own[d][slice(*part.range(d))], mine[d]) for d in mine)  # inputs untouched
+            spent = {d: v.copy() for d, v in mine.items()}  # reused: the finest level's array holds the estimates
+            reused = partition_down(passes, part, spent, c, t, reuse=True)
+            assert all(np.array_equal(reused[d], passes.totals(P, part.range, z)[d]) for d in reused)
+            assert reused[f] is spent[f]
 
 
 # ====================================================================== level weights

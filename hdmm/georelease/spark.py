@@ -25,13 +25,18 @@ executors' block managers (encrypted on disk in the sessions :func:`spark_sessio
 ``spark.io.encryption.enabled``) and in the driver's memory, and the checkpoints are removed from the
 executors when the release ends, whether it succeeded or failed.
 
-Memory: ``groupBy(...).applyInPandas`` hands each task its whole group: its partition's distinct
+Memory: ``groupBy(...).applyInArrow`` hands each task its whole group: its partition's distinct
 (leaf, person values) counts, at most its leaves times the person cells however many people live
 there (the partition level bounds its units: :func:`~hdmm.georelease.plan.default_partition`), and
-then its units' strategy answers (units x strategy rows x 8 bytes, 1.2 GB for the 4,011 tracts of
-the largest synthetic county under SF1), held by Spark's JVM and by the Python worker, once per
-concurrent task. :func:`~hdmm.georelease.session.spark_session` gives a local session 8 GB; on a
-cluster, size the executors' memory for the largest partition, or partition at a finer level.
+then its units' strategy answers (units x strategy rows x 8 bytes, 1.35 GB for the 4,669 tracts of
+the largest synthetic county under SF1). They come as Arrow batches (Spark's
+``spark.sql.execution.arrow.maxBytesPerBatch``, 64 MB by default) and are gathered into one array
+per level (a view of Arrow's buffer when they come in one batch, in unit order); a task's new state
+goes to Arrow as its own arrays, without a copy, in batches of at most ``BATCH_VALUES`` doubles. A
+task so holds its partition's state twice, and its step's work arrays (about two more states in the
+least-squares passes), once per concurrent task. :func:`~hdmm.georelease.session.spark_session`
+gives a local session 8 GB; on a cluster, size the executors' memory for the largest partition, or
+partition at a finer level.
 
 Sessions: the session passed (``spark=``), else the active one, else one made by
 :func:`~hdmm.georelease.session.spark_session` on the master Spark is configured with. A Spark
@@ -403,6 +408,9 @@ class SparkEngine:
     """
 
     name = "spark"
+    #: A task's state is its own copy (gathered from Arrow's batches, or a read-only view of them): a step may
+    #: overwrite a writable one (:func:`hdmm.georelease.pipeline.run_release`).
+    fresh_states = True
 
     def __init__(self, spark, plan: GeoPlan, files: SparkFiles, *, records=None, source=None,
                  domain: Domain | None = None, codes: bool = False, postprocess: str | None = None) -> None:
