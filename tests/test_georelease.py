@@ -71,6 +71,42 @@ def test_partitioned_passes_equal_the_dense_pseudo_inverse(trial):
                 np.testing.assert_allclose(values, whole[d][slice(*p.range(d))], atol=1e-10)
 
 
+def test_partition_passes_in_place_give_the_same_bits(monkeypatch):
+    """The passes work in place and add ``a * own`` a block of rows at a time (memory): the same bits as the
+    whole-array expressions ``b + a * own``, ``b / a`` and ``(b - offsets) / a``."""
+    import hdmm.georelease.passes as passes_module
+
+    monkeypatch.setattr(passes_module, "ADD_ROWS_BYTES", 40)  # blocks of one or two rows
+    rng = np.random.default_rng(3)
+    tree = random_tree(2, rng, fanout=5)
+    passes = TreePasses(tree, np.array([0.7, 1.3, 0.9]))
+    own = {d: rng.normal(size=(tree.sizes[d], 3)) for d in passes.measured()}
+    f = passes.finest
+    for P in range(f + 1):
+        for u in range(tree.sizes[P]):
+            part = Partition.of(tree, P, u)
+            mine = {d: own[d][slice(*part.range(d))] for d in passes.measured() if d >= P}
+            c, t = rng.normal(size=(1, 3)), rng.normal(size=(1, 3))
+            b = np.array(c)  # the sums of accumulate, written out
+            for d in range(P, f + 1):
+                if d > P:
+                    lo, hi = part.range(d - 1)
+                    b = np.repeat(b, np.diff(passes._local_bounds(d - 1, lo, hi)), axis=0)
+                b = b + passes.a[d] * mine[d]
+            assert np.array_equal(passes.accumulate(P, part.range, mine, c), b)
+            gammas, _ = passes.up(f, part.range, b / passes.a[f], P)
+            z = (b - passes.down(P, part.range, gammas, t, f)) / passes.a[f]
+            for d, values in partition_down(passes, part, mine, c, t).items():
+                assert np.array_equal(values, passes.totals(P, part.range, z)[d])
+            b0 = passes.accumulate(P, part.range, mine, np.zeros((1, 3)))
+            assert np.array_equal(partition_up(passes, part, mine), passes.up(f, part.range, b0 / passes.a[f], P)[1])
+            assert all(np.array_equal(own[d][slice(*part.range(d))], mine[d]) for d in mine)  # inputs untouched
+            spent = {d: v.copy() for d, v in mine.items()}  # reused: the finest level's array holds the estimates
+            reused = partition_down(passes, part, spent, c, t, reuse=True)
+            assert all(np.array_equal(reused[d], passes.totals(P, part.range, z)[d]) for d in reused)
+            assert reused[f] is spent[f]
+
+
 # ====================================================================== level weights
 @pytest.mark.parametrize("norm", [1, 2])
 def test_level_weights_beat_a_grid_search(norm):

@@ -446,3 +446,36 @@ def test_spark_broadcasts_large_arrays_in_a_session_that_encrypts_its_disks(spar
     assert engine._here(shared) is big
     total = spark.sparkContext.parallelize([0, 1], 2).map(lambda k: float(shared.value.sum()) + k).collect()
     assert total == [big.sum(), big.sum() + 1]
+
+
+def test_task_rows_round_trip_a_state_without_copying_it_when_in_order():
+    """A task's state goes to Arrow as its own arrays and comes back as a view of Arrow's buffer when its rows
+    are in unit order in one chunk; in any other order, or across batches, it is gathered: the same values."""
+    import pyarrow as pa
+
+    from hdmm.georelease import spark as engine
+
+    rng = np.random.default_rng(0)
+    state = {2: rng.normal(size=(7, 5)), 3: rng.normal(size=(30, 5))}
+    table = engine._rows(4, state, "result", [])
+    back = engine._state(table)
+    assert set(back) == {2, 3}
+    for d in state:
+        np.testing.assert_array_equal(back[d], state[d])
+    assert not back[3].flags.owndata and not back[3].flags.writeable  # a view of the Arrow buffer
+    shuffled = table.take(pa.array(rng.permutation(table.num_rows)))
+    for d, values in engine._state(shuffled).items():
+        np.testing.assert_array_equal(values, state[d])
+    old = engine.BATCH_VALUES
+    engine.BATCH_VALUES = 12  # two units a batch: the state in many chunks
+    try:
+        table = engine._rows(4, state, "result", [(3, np.array([5, 6]), np.ones((2, 3)))])
+    finally:
+        engine.BATCH_VALUES = old
+    assert table.column("values").num_chunks > 10
+    for d, values in engine._state(table).items():
+        np.testing.assert_array_equal(values, state[d])
+    kinds = table.column("kind").to_numpy()
+    assert (kinds == engine.ANSWERS).sum() == 2 and (kinds == engine.RESULT).sum() == 1
+    with pytest.raises(RuntimeError, match="units missing"):
+        engine._state(table.filter(pa.compute.not_equal(table.column("unit"), 3)))

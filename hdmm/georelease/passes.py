@@ -118,16 +118,29 @@ class TreePasses:
         return bounds - bounds[0]
 
     # ------------------------------------------------------------------ pieces
-    def accumulate(self, start: int, ranges, own: dict[int, np.ndarray], above: np.ndarray) -> np.ndarray:
+    def accumulate(self, start: int, ranges, own: dict[int, np.ndarray], above: np.ndarray,
+                   reuse: bool = False) -> np.ndarray:
         """:math:`b` at the finest measured level: ``above`` (one row per unit of level ``start``)
-        plus :math:`\\sum a_u e_u` over measured levels ``start..l*`` of ``own``."""
+        plus :math:`\\sum a_u e_u` over measured levels ``start..l*`` of ``own``. With ``reuse``, :math:`b` is
+        made in ``own``'s finest array (the same bits: ``a * e + c`` is ``c + a * e``), which it overwrites."""
         C = np.array(above, dtype=float)
         for d in range(start, self.finest + 1):
+            parents = None
             if d > start:
                 lo, hi = ranges(d - 1)
-                C = np.repeat(C, np.diff(self._local_bounds(d - 1, lo, hi)), axis=0)
+                parents = np.repeat(np.arange(C.shape[0]), np.diff(self._local_bounds(d - 1, lo, hi)))
+            if reuse and d == self.finest:
+                out = own[d]
+                step = _block_rows(out)
+                for r in range(0, out.shape[0], step):
+                    block = out[r:r + step]
+                    block *= self.a[d]
+                    block += C[r:r + step] if parents is None else C[parents[r:r + step]]
+                return out
+            if parents is not None:
+                C = C[parents]
             if self.a[d] > 0:
-                C = C + self.a[d] * own[d]
+                _add_scaled(C, self.a[d], own[d])
         return C
 
     def up(self, start: int, ranges, g: np.ndarray, stop: int) -> tuple[dict[int, np.ndarray], np.ndarray]:
@@ -175,7 +188,8 @@ def partition_up(passes: TreePasses, part: Partition, own: dict[int, np.ndarray]
     f, P = passes.finest, part.level
     k = own[max(d for d in own)].shape[1]
     b = passes.accumulate(P, part.range, own, np.zeros((1, k)))
-    _, g = passes.up(f, part.range, b / passes.a[f], P)
+    b /= passes.a[f]  # in place: b is this function's own array
+    _, g = passes.up(f, part.range, b, P)
     return g
 
 
@@ -204,11 +218,32 @@ def top_passes(passes: TreePasses, level: int, g_own: np.ndarray, own: dict[int,
     return c, t
 
 
+#: Rows of ``a * X`` made at a time by :func:`_add_scaled` (about 32 MB of SF1 strategy rows).
+ADD_ROWS_BYTES = 2**25
+
+
+def _block_rows(C: np.ndarray) -> int:
+    return max(1, ADD_ROWS_BYTES // max(1, C.itemsize * (C.size // max(1, C.shape[0]))))
+
+
+def _add_scaled(C: np.ndarray, a: float, X: np.ndarray) -> None:
+    """``C += a * X`` a block of rows at a time: the same sums as ``C + a * X``, without an ``a * X`` the size of
+    ``C`` (a partition's units x strategy rows: 1.35 GB for the largest synthetic county under SF1)."""
+    X = np.broadcast_to(X, C.shape)
+    step = _block_rows(C)
+    for lo in range(0, C.shape[0], step):
+        C[lo:lo + step] += a * X[lo:lo + step]
+
+
 def partition_down(passes: TreePasses, part: Partition, own: dict[int, np.ndarray], c: np.ndarray,
-                   t: np.ndarray) -> dict[int, np.ndarray]:
-    """A partition's second pass: the estimates of its units at levels ``P..l*`` (``c``, ``t``: ``1 x k``)."""
+                   t: np.ndarray, reuse: bool = False) -> dict[int, np.ndarray]:
+    """A partition's second pass: the estimates of its units at levels ``P..l*`` (``c``, ``t``: ``1 x k``).
+    With ``reuse`` (a writable array the caller no longer needs), the finest level's ``own`` is overwritten by
+    the estimates (one array of the partition's size less)."""
     f, P = passes.finest, part.level
-    b = passes.accumulate(P, part.range, own, c)
+    b = passes.accumulate(P, part.range, own, c, reuse=reuse)
     gammas, _ = passes.up(f, part.range, b / passes.a[f], P)
-    z = (b - passes.down(P, part.range, gammas, t, f)) / passes.a[f]
+    z = b  # (b - offsets) / a, in place: b is this function's own array
+    z -= passes.down(P, part.range, gammas, t, f)
+    z /= passes.a[f]
     return passes.totals(P, part.range, z)

@@ -220,7 +220,8 @@ def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, post
     else:
         c, t = top_passes(plan.passes, P, np.vstack(g_own), top)
         del g_own
-        rows = _counted(engine.update(_estimate_task, the_plan + (engine.share((kept, c, t)),), n), progress,
+        reuse = bool(getattr(engine, "fresh_states", False))  # each task's state is its own copy: reused
+        rows = _counted(engine.update(_estimate_task, the_plan + (engine.share((kept, c, t, reuse)),), n), progress,
                         "estimate")
         del c, t
         estimates = _stack_levels(rows)
@@ -267,9 +268,11 @@ def _collect_task(plan: GeoPlan, kept: set, i: int, state: dict) -> tuple[None, 
 
 def _estimate_task(plan: GeoPlan, job: tuple, i: int, state: dict) -> tuple[dict, dict]:
     """Step 3 for partition ``i``: its units' least-squares estimates (the new state) and the kept levels' rows."""
-    kept, c, t = job
+    kept, c, t, reuse = job
     part = Partition.of(plan.tree, plan.partition_level, i)
-    est = partition_down(plan.passes, part, state, c[i:i + 1], t[i:i + 1])
+    f = plan.passes.finest
+    reuse = reuse and f in state and state[f].flags.writeable and state[f].flags.owndata
+    est = partition_down(plan.passes, part, state, c[i:i + 1], t[i:i + 1], reuse=reuse)
     return est, {d: est[d] for d in kept}
 
 

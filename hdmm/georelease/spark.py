@@ -25,13 +25,18 @@ executors' block managers (encrypted on disk in the sessions :func:`spark_sessio
 ``spark.io.encryption.enabled``) and in the driver's memory, and the checkpoints are removed from the
 executors when the release ends, whether it succeeded or failed.
 
-Memory: ``groupBy(...).applyInPandas`` hands each task its whole group: its partition's distinct
+Memory: ``groupBy(...).applyInArrow`` hands each task its whole group: its partition's distinct
 (leaf, person values) counts, at most its leaves times the person cells however many people live
 there (the partition level bounds its units: :func:`~hdmm.georelease.plan.default_partition`), and
-then its units' strategy answers (units x strategy rows x 8 bytes, 1.2 GB for the 4,011 tracts of
-the largest synthetic county under SF1), held by Spark's JVM and by the Python worker, once per
-concurrent task. :func:`~hdmm.georelease.session.spark_session` gives a local session 8 GB; on a
-cluster, size the executors' memory for the largest partition, or partition at a finer level.
+then its units' strategy answers (units x strategy rows x 8 bytes, 1.35 GB for the 4,669 tracts of
+the largest synthetic county under SF1). They come as Arrow batches (Spark's
+``spark.sql.execution.arrow.maxBytesPerBatch``, 64 MB by default) and are gathered into one array
+per level (a view of Arrow's buffer when they come in one batch, in unit order); a task's new state
+goes to Arrow as its own arrays, without a copy, in batches of at most ``BATCH_VALUES`` doubles. A
+task so holds its partition's state twice, and its step's work arrays (about two more states in the
+least-squares passes), once per concurrent task. :func:`~hdmm.georelease.session.spark_session`
+gives a local session 8 GB; on a cluster, size the executors' memory for the largest partition, or
+partition at a finer level.
 
 Sessions: the session passed (``spark=``), else the active one, else one made by
 :func:`~hdmm.georelease.session.spark_session` on the master Spark is configured with. A Spark
@@ -267,30 +272,109 @@ WATCH_SECONDS = 15.0
 STATE, RESULT, INPUT, ANSWERS = 0, 1, 2, 3
 
 
-def _rows(i: int, state: dict | None, result, answers: list) -> pd.DataFrame:
-    """A task's output: its partition's state (a row per unit: ``unit`` is its place in the partition's level),
-    its result (with whether the state changed and how many answer rows it gave) and its answers."""
-    rows = [] if state is None else [(STATE, i, d, k, v, None) for d, values in state.items()
-                                     for k, v in enumerate(values)]
-    rows += [(ANSWERS, i, d, int(u), a, None) for d, units, values in answers for u, a in zip(units, values)]
+#: The most doubles in one Arrow batch of a task's output: a partition's state goes to Spark in batches of
+#: at most this size (128 MB), not as one batch of all its units.
+BATCH_VALUES = 2**24
+
+
+def _arrow_schema():
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(_schema())
+
+
+def _batches(schema, kind: int, i: int, level: int, units: np.ndarray, values: np.ndarray | None,
+             payloads: list | None = None) -> Iterator:
+    """Arrow batches of rows of one ``kind`` for partition ``i``: a row per unit, its values a row of ``values``
+    (read from the array itself, without a copy, when it is contiguous), in batches of at most
+    ``BATCH_VALUES`` doubles."""
+    import pyarrow as pa
+
+    n = len(units)
+    if n == 0:
+        return
+    k = 0 if values is None else values.shape[1]
+    step = n if k == 0 else max(1, BATCH_VALUES // k)
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        if values is None:
+            column = pa.nulls(b - a, schema.field("values").type)
+        else:
+            flat = np.ascontiguousarray(values[a:b], dtype=float).reshape(-1)
+            column = pa.ListArray.from_arrays(pa.array(np.arange(b - a + 1, dtype=np.int32) * k), pa.array(flat),
+                                              type=schema.field("values").type)
+        yield pa.RecordBatch.from_arrays([
+            pa.array(np.full(b - a, kind, dtype=np.int32)), pa.array(np.full(b - a, i, dtype=np.int64)),
+            pa.array(np.full(b - a, level, dtype=np.int32)), pa.array(np.asarray(units[a:b], dtype=np.int64)),
+            column, pa.array(payloads[a:b] if payloads is not None else [None] * (b - a), type=pa.binary())],
+            schema=schema)
+
+
+def _rows(i: int, state: dict | None, result, answers: list):
+    """A task's output as an Arrow table: its partition's state (a row per unit: ``unit`` is its place in the
+    partition's level), its result (with whether the state changed and how many answer rows it gave) and its
+    answers. The values are not copied into Python objects: each level's array is handed to Arrow as it is."""
+    import pyarrow as pa
+
+    schema = _arrow_schema()
+    batches = [] if state is None else [batch for d, values in state.items()
+                                         for batch in _batches(schema, STATE, i, d, np.arange(len(values)), values)]
+    for d, units, values in answers:
+        batches += _batches(schema, ANSWERS, i, d, units, values)
     count = sum(units.size for _, units, _ in answers)
-    rows.append((RESULT, i, -1, -1, None, pickle.dumps((state is not None, count, result),
-                                                       protocol=pickle.HIGHEST_PROTOCOL)))
-    return pd.DataFrame(rows, columns=_COLUMNS)
+    payload = pickle.dumps((state is not None, count, result), protocol=pickle.HIGHEST_PROTOCOL)
+    batches += _batches(schema, RESULT, i, -1, np.array([-1]), None, [payload])
+    return pa.Table.from_batches(batches, schema=schema)
 
 
-def _run(i: int, fn, *args) -> pd.DataFrame:
+def _run(i: int, fn, *args):
     """``fn(*args)`` (a pipeline task: ``state, result``) as partition ``i``'s rows, with the answers its writers gave."""
     with task_rows() as answers:
         state, result = fn(*args)
     return _rows(i, state, result, answers)
 
 
-def _state(pdf: pd.DataFrame) -> dict[int, np.ndarray]:
-    """A partition's state from its rows."""
+def _state(table) -> dict[int, np.ndarray]:
+    """A partition's state from its rows (an Arrow table). A level whose rows come in unit order, one after the
+    other in one chunk, is a read-only view of Arrow's buffer (no copy); else it is gathered into one array."""
+    kind = table.column("kind").to_numpy()
+    level = table.column("level").to_numpy()
+    unit = table.column("unit").to_numpy()
+    column = table.column("values")
+    sizes = [len(c) for c in column.chunks]
+    chunk = np.repeat(np.arange(len(sizes)), sizes)
+    row = np.concatenate([np.arange(n) for n in sizes]) if sizes else np.zeros(0, dtype=np.int64)
+    flats, offsets = {}, {}
+
+    def flat(c: int) -> np.ndarray:
+        if c not in flats:
+            array = column.chunk(c)
+            offsets[c] = array.offsets.to_numpy()
+            flats[c] = array.flatten().to_numpy(zero_copy_only=False)
+            offsets[c] = offsets[c] - offsets[c][0]
+        return flats[c]
+
     state = {}
-    for d, group in pdf[pdf["kind"] == STATE].groupby("level"):
-        state[int(d)] = np.vstack(group.sort_values("unit")["values"].to_numpy())
+    for d in np.unique(level[kind == STATE]).tolist():
+        at = np.flatnonzero((kind == STATE) & (level == d))
+        at = at[np.argsort(unit[at], kind="stable")]
+        if not np.array_equal(unit[at], np.arange(at.size)):
+            raise RuntimeError(f"partition state of level {d}: units missing or repeated")
+        for c in np.unique(chunk[at]).tolist():
+            flat(c)
+        starts = np.array([offsets[c][r] for c, r in zip(chunk[at], row[at])])
+        ends = np.array([offsets[c][r + 1] for c, r in zip(chunk[at], row[at])])
+        k = int(ends[0] - starts[0])
+        if not (ends - starts == k).all():
+            raise RuntimeError(f"partition state of level {d}: rows of different lengths")
+        c0 = int(chunk[at[0]])
+        if (chunk[at] == c0).all() and (np.diff(starts) == k).all():
+            state[d] = flats[c0][starts[0]:starts[0] + at.size * k].reshape(at.size, k)
+        else:
+            out = np.empty((at.size, k))
+            for j, (c, s) in enumerate(zip(chunk[at].tolist(), starts.tolist())):
+                out[j] = flats[c][s:s + k]
+            state[d] = out
     return state
 
 
@@ -324,6 +408,9 @@ class SparkEngine:
     """
 
     name = "spark"
+    #: A task's state is its own copy (gathered from Arrow's batches, or a read-only view of them): a step may
+    #: overwrite a writable one (:func:`hdmm.georelease.pipeline.run_release`).
+    fresh_states = True
 
     def __init__(self, spark, plan: GeoPlan, files: SparkFiles, *, records=None, source=None,
                  domain: Domain | None = None, codes: bool = False, postprocess: str | None = None) -> None:
@@ -419,28 +506,29 @@ class SparkEngine:
 
             def run_held(batches):
                 values = [h.value for h in shared]
-                for pdf in batches:
-                    for i, payload in zip(pdf["partition"].tolist(), pdf["payload"].tolist()):
-                        H = pickle.loads(bytes(payload))
+                for batch in batches:
+                    for i, payload in zip(batch.column("partition").to_pylist(), batch.column("payload").to_pylist()):
+                        H = pickle.loads(payload)
                         lo = Partition.of(plan_b.value.tree, plan_b.value.partition_level, int(i)).leaves()[0]
-                        yield _run(int(i), fn, *values, int(i), lambda a, b, H=H, lo=lo: H[a - lo:b - lo])
+                        yield from _run(int(i), fn, *values, int(i), lambda a, b, H=H, lo=lo: H[a - lo:b - lo]).to_batches()
 
-            df = self._spread(held, partitions).mapInPandas(run_held, schema)
+            df = self._spread(held, partitions).mapInArrow(run_held, schema)
         elif self.source is not None:  # a source that makes its histograms (small): broadcast
             source_b = self.share(self.source)
 
             def run_ids(batches):
                 values = [h.value for h in shared]
-                for pdf in batches:
-                    for i in pdf["partition"].tolist():
-                        yield _run(int(i), fn, *values, int(i), source_b.value.histograms)
+                for batch in batches:
+                    for i in batch.column("partition").to_pylist():
+                        yield from _run(int(i), fn, *values, int(i), source_b.value.histograms).to_batches()
 
-            df = self._ids(partitions).mapInPandas(run_ids, schema)
+            df = self._ids(partitions).mapInArrow(run_ids, schema)
         else:
             domain, codes = self.domain, self.codes
             names = list(domain.names)
 
-            def run_records(pdf: pd.DataFrame) -> pd.DataFrame:
+            def run_records(table):
+                pdf = table.to_pandas()
                 p = plan_b.value
                 i = int(pdf[PART].iloc[0])
                 lo, hi = Partition.of(p.tree, p.partition_level, i).leaves()
@@ -453,7 +541,7 @@ class SparkEngine:
             # the records counted per leaf and person values first: a task holds its partition's distinct
             # (leaf, values) pairs, at most its leaves times the person cells, however many people live there
             counted = self.records.groupBy(PART, LEAF, *names).count()
-            df = counted.groupBy(PART).applyInPandas(run_records, schema)
+            df = counted.groupBy(PART).applyInArrow(run_records, schema)
         state, results = self._persist(df)
         seen = {i for i, _ in results}
         extra = []
@@ -462,7 +550,7 @@ class SparkEngine:
         for i in sorted(set(range(partitions)) - seen):  # no records: measured here, with their own streams
             lo, hi = Partition.of(plan.tree, plan.partition_level, i).leaves()
             empty = sp.csr_matrix((hi - lo, plan.person.cells))
-            out = _run(i, fn, *here, i, lambda a, b: empty[a - lo:b - lo])
+            out = _run(i, fn, *here, i, lambda a, b: empty[a - lo:b - lo]).to_pandas()
             extra.append(out[out["kind"] == STATE])
             changed, _, result = pickle.loads(out["payload"].iloc[-1])
             results.append((i, (changed, result)))
@@ -479,12 +567,15 @@ class SparkEngine:
                                  for i, x in enumerate(inputs)], columns=_COLUMNS)
             df = df.unionByName(self.spark.createDataFrame(rows, _schema()))
 
-        def run(pdf: pd.DataFrame) -> pd.DataFrame:
-            i = int(pdf["partition"].iloc[0])
-            extra = () if inputs is None else (pickle.loads(bytes(pdf.loc[pdf["kind"] == INPUT, "payload"].iloc[0])),)
-            return _run(i, fn, *[h.value for h in shared], i, _state(pdf), *extra)
+        def run(table):
+            i = int(table.column("partition")[0].as_py())
+            extra = ()
+            if inputs is not None:
+                at = np.flatnonzero(table.column("kind").to_numpy() == INPUT)[0]
+                extra = (pickle.loads(table.column("payload")[int(at)].as_py()),)
+            return _run(i, fn, *[h.value for h in shared], i, _state(table), *extra)
 
-        state, results = self._persist(df.groupBy("partition").applyInPandas(run, _schema()))
+        state, results = self._persist(df.groupBy("partition").applyInArrow(run, _schema()))
         changed = {c for _, (c, _) in results}
         if len(results) != partitions or len(changed) > 1:
             raise RuntimeError(f"a step returned {len(results)} results for {partitions} partitions, or changed some "
@@ -501,11 +592,11 @@ class SparkEngine:
 
         def run(batches):
             values = [h.value for h in shared]
-            for pdf in batches:
-                for k in pdf["partition"].tolist():
-                    yield _run(int(k), lambda item: (None, fn(*values, item)), items_b.value[int(k)])
+            for batch in batches:
+                for k in batch.column("partition").to_pylist():
+                    yield from _run(int(k), lambda item: (None, fn(*values, item)), items_b.value[int(k)]).to_batches()
 
-        _, results = self._persist(self._ids(len(items)).mapInPandas(run, _schema()))
+        _, results = self._persist(self._ids(len(items)).mapInArrow(run, _schema()))
         return (result for _, (_, result) in results)
 
     def close(self) -> None:
