@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import gamma
 
-from .kron_union import KronUnion, kron_union
+from .kron_union import KronUnion, kron_union, outer_rows
 from .marginals import trace_spectrum
 from .residual_bases import residual_form, residual_query_variances, residual_traces
 from .matrix import DENSE_LIMIT, DenseLimitError, Matrix
@@ -195,13 +195,6 @@ def _kronecker_traces(w_union: KronUnion, strategy: _KroneckerStrategy) -> _Trac
     return _traces_result(w_union, traces * (w_union.weights / strategy.weight) ** 2, nonzero & ~supported)
 
 
-def _outer(parts: list[np.ndarray], combine) -> np.ndarray:
-    """``combine``-outer product of per-factor row vectors, flattened in C order (as a Kronecker)."""
-    out = parts[0]
-    for p in parts[1:]:
-        out = combine.outer(out, p).ravel()
-    return out
-
 
 def _term_variances_kronecker(w_union: KronUnion, a_union: KronUnion) -> np.ndarray:
     strategy = _kronecker_strategy(a_union)
@@ -209,12 +202,12 @@ def _term_variances_kronecker(w_union: KronUnion, a_union: KronUnion) -> np.ndar
     out = []
     for j in range(w_union.num_terms):
         parts = [rows[i][k] for i, k in enumerate(w_union.index[j])]
-        nonzero = _outer([nz for _, _, nz in parts], np.logical_and) & (w_union.weights[j] != 0)
+        nonzero = outer_rows([nz for _, _, nz in parts], np.logical_and) & (w_union.weights[j] != 0)
         if strategy.weight == 0:  # a zero strategy measures nothing
             out.append(np.where(nonzero, np.inf, 0.0))
             continue
-        bad = nonzero & _outer([b for _, b, _ in parts], np.logical_or)
-        variance = _outer([d for d, _, _ in parts], np.multiply) * (w_union.weights[j] / strategy.weight) ** 2
+        bad = nonzero & outer_rows([b for _, b, _ in parts], np.logical_or)
+        variance = outer_rows([d for d, _, _ in parts], np.multiply) * (w_union.weights[j] / strategy.weight) ** 2
         out.append(np.where(bad, np.inf, variance))
     return np.concatenate(out)
 
@@ -259,7 +252,7 @@ def _term_variances_spectral(w_union: KronUnion, a_union: KronUnion) -> np.ndarr
         unsupported = np.zeros(int(rows[j]))
         for pos in position[term_ids == j]:
             members = spectrum.members[pos]
-            weight = _outer([proj[i][k][1 if members[i] else 0] for i, k in enumerate(w_union.index[j])], np.multiply)
+            weight = outer_rows([proj[i][k][1 if members[i] else 0] for i, k in enumerate(w_union.index[j])], np.multiply)
             if lam_w[pos] > 0:
                 variance += c2 / lam_w[pos] * weight
             else:

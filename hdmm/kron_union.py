@@ -28,7 +28,7 @@ import numpy as np
 
 from .matrix import Identity, Kronecker, Matrix, Ones, VStack, Weighted
 
-__all__ = ["KronUnion", "FactorMismatchError", "kron_union", "normal_form"]
+__all__ = ["KronUnion", "FactorMismatchError", "kron_union", "normal_form", "outer_rows"]
 
 
 class FactorMismatchError(ValueError):
@@ -353,3 +353,16 @@ def _stack_normal_form(M: VStack) -> KronUnion:
 @normal_form.register
 def _weighted_normal_form(M: Weighted) -> KronUnion:
     return kron_union(M.base).scale(M.weight)
+
+
+def outer_rows(parts: list[np.ndarray], combine=np.multiply) -> np.ndarray:
+    """``combine``-outer product of per-factor row vectors, flattened in C order: the values of a Kronecker
+    term's rows (e.g. per-query variances, with ``np.multiply``) from one vector per attribute.
+
+    >>> outer_rows([np.array([1.0, 2.0]), np.array([1.0, 10.0, 100.0])]).tolist()
+    [1.0, 10.0, 100.0, 2.0, 20.0, 200.0]
+    """
+    out = parts[0]
+    for p in parts[1:]:
+        out = combine.outer(out, p).ravel()
+    return out

@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .domain import Domain
-from .kron_union import KronUnion
+from .kron_union import KronUnion, outer_rows
 from .marginals import (Helmert, SubsetProducts, TraceSpectrum, as_domain, expand_subsets, member_products,
                         subset_keys)
 from .matrix import Explicit, Matrix, Ones, Weighted, norm_powers
@@ -293,12 +293,6 @@ def residual_traces(w_union: KronUnion, form: ResidualForm) -> tuple[np.ndarray,
     return t, unsupported
 
 
-def _outer(parts: list[np.ndarray], combine) -> np.ndarray:
-    out = parts[0]
-    for p in parts[1:]:
-        out = combine.outer(out, p).ravel()
-    return out
-
 
 def residual_query_variances(w_union: KronUnion, form: ResidualForm) -> np.ndarray:
     r"""Per workload query, :math:`\sum_T \kappa_T^{-1} c^2 \prod_{i \in T} f_iX_i^+f_i^T \prod_{i \notin T}
@@ -316,13 +310,13 @@ def residual_query_variances(w_union: KronUnion, form: ResidualForm) -> np.ndarr
             members = spectrum.members[position[entry]]
             fs = [parts[i][k] for i, k in enumerate(w_union.index[j])]
             if bad[entry]:
-                weight = _outer([f[2] if members[i] else f[0] for i, f in enumerate(fs)], np.multiply)
-                leak = _outer([(f[3] > 0) if members[i] else np.zeros(f[0].size, dtype=bool)
+                weight = outer_rows([f[2] if members[i] else f[0] for i, f in enumerate(fs)], np.multiply)
+                leak = outer_rows([(f[3] > 0) if members[i] else np.zeros(f[0].size, dtype=bool)
                                for i, f in enumerate(fs)], np.logical_or)
                 unsupported |= (weight > 0) & (leak | (kappa[entry] <= 0))
                 if kappa[entry] <= 0:
                     continue
-            weight = _outer([f[1] if members[i] else f[0] for i, f in enumerate(fs)], np.multiply)
+            weight = outer_rows([f[1] if members[i] else f[0] for i, f in enumerate(fs)], np.multiply)
             variance += c2 / kappa[entry] * weight
         out.append(np.where(unsupported, np.inf, variance))
     return np.concatenate(out) if out else np.zeros(0)
