@@ -93,7 +93,7 @@ class Cluster:
 
 
 def child(engine: str, states, levels: tuple[str, ...], output: str, scale: float = 1.0,
-          postprocess: str | None = None, heap: str = "8g") -> dict:
+          postprocess: str | None = None, heap: str = "4g") -> dict:
     import hashlib
 
     import numpy as np
@@ -184,7 +184,7 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0,
                         help="the share of the 2010 population drawn (default 1: every person)")
     parser.add_argument("--postprocess", default="none", choices=["none", "nonnegative", "integer"])
-    parser.add_argument("--spark-memory", default="8g",
+    parser.add_argument("--spark-memory", default="4g",
                         help="the JVM heap of Spark's driver (local mode: also the executors) and of each executor")
     parser.add_argument("--previous", help="a JSON file of earlier runs' results (this script's) to report first")
     parser.add_argument("--child", help=argparse.SUPPRESS)

@@ -86,7 +86,7 @@ def quiet_pandas_warnings() -> None:
     warnings.filterwarnings("ignore", message="The copy keyword is deprecated", module="pyspark")
 
 
-def spark_session(master: str | None = None, memory: str = "8g"):
+def spark_session(master: str | None = None, memory: str = "4g"):
     """A Spark session for hdmm: the active one if any (with a warning if ``master`` names another), else a new one on ``master``, or on the master Spark's
     configuration names, or on ``DEFAULT_MASTER`` (module docstring). A new session's driver (in local mode
     also the executors) gets ``memory`` when it starts here (under ``spark-submit`` its JVM is already

@@ -34,9 +34,10 @@ the largest synthetic county under SF1). They come as Arrow batches (Spark's
 per level (a view of Arrow's buffer when they come in one batch, in unit order); a task's new state
 goes to Arrow as its own arrays, without a copy, in batches of at most ``BATCH_VALUES`` doubles. A
 task so holds its partition's state twice, and its step's work arrays (about two more states in the
-least-squares passes), once per concurrent task. :func:`~hdmm.georelease.session.spark_session`
-gives a local session 8 GB; on a cluster, size the executors' memory for the largest partition, or
-partition at a finer level.
+least-squares passes), once per concurrent task: those arrays live in the Python workers, outside the
+JVM's heap, which holds the shuffles and Arrow batches. :func:`~hdmm.georelease.session.spark_session`
+gives a local session a 4 GB heap; on a cluster, size the executors' memory (heap and Python workers)
+for the largest partition, or partition at a finer level.
 
 Sessions: the session passed (``spark=``), else the active one, else one made by
 :func:`~hdmm.georelease.session.spark_session` on the master Spark is configured with. A Spark
