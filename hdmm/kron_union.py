@@ -28,7 +28,7 @@ import numpy as np
 
 from .matrix import Identity, Kronecker, Matrix, Ones, VStack, Weighted
 
-__all__ = ["KronUnion", "FactorMismatchError", "kron_union", "normal_form", "outer_rows"]
+__all__ = ["KronUnion", "FactorMismatchError", "kron_union", "normal_form", "outer_rows", "aligned_pair"]
 
 
 class FactorMismatchError(ValueError):
@@ -366,3 +366,16 @@ def outer_rows(parts: list[np.ndarray], combine=np.multiply) -> np.ndarray:
     for p in parts[1:]:
         out = combine.outer(out, p).ravel()
     return out
+
+
+def aligned_pair(W: Matrix, a_union: KronUnion) -> tuple[KronUnion, KronUnion] | None:
+    """The workload's normal form and the strategy's union ``a_union`` on common attribute factors (either may
+    have its factors merged), or ``None`` when their factors cannot be lined up attribute by attribute."""
+    try:
+        w_union = kron_union(W)
+        if w_union.sizes != a_union.sizes:
+            sizes = KronUnion.common_sizes([w_union, a_union])
+            w_union, a_union = w_union.align(sizes), a_union.align(sizes)
+    except FactorMismatchError:
+        return None
+    return w_union, a_union

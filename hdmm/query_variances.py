@@ -39,14 +39,14 @@ from typing import Iterator
 import numpy as np
 
 from .error import unit_query_variances
-from .kron_union import FactorMismatchError, KronUnion, kron_union
+from .kron_union import FactorMismatchError, KronUnion, aligned_pair, kron_union
 from .marginals import trace_spectrum
 from .matrix import DENSE_LIMIT, DenseLimitError, Matrix
 from .privacy import Privacy
 from .structure import ZERO_RTOL, Structure, aligned_unions, classify
 from .threads import one_blas_thread
 from .traces import factor_rows, row_projections
-from .union_gram import TermGrid, aligned_pair, joint_diagonal, term_grid, term_variances
+from .union_gram import TermGrid, joint_diagonal, term_grid, term_variances
 
 __all__ = ["BLOCK_ROWS", "FLAT_LIMIT", "TermVariances", "VarianceSummary", "variance_summary", "query_variance_blocks"]
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kron_union import FactorMismatchError, KronUnion, kron_union
+from .kron_union import FactorMismatchError, KronUnion, aligned_pair, kron_union
 from .marginals import Helmert
 from .residual_bases import residual_form
 from .matrix import Identity, Kronecker, Matrix, Ones, Weighted
@@ -152,21 +152,15 @@ def aligned_unions(W: Matrix, structure: Structure) -> tuple[str, KronUnion | No
     zero-sum factor): the form is then ``"general"``, as it is
     when the two cannot be lined up at all (both unions ``None``).
     """
-    if structure.union is None:
+    pair = None if structure.union is None else aligned_pair(W, structure.union)
+    if pair is None:
         return "general", None, None
-    a_union = structure.union
-    try:
-        w_union = kron_union(W)
-        if w_union.sizes != a_union.sizes:
-            sizes = KronUnion.common_sizes([w_union, a_union])
-            w_union, aligned = w_union.align(sizes), a_union.align(sizes)
-            if structure.form == "marginals" and aligned.sizes != a_union.sizes and not in_marginal_algebra(aligned):
-                return "general", None, None
-            if structure.form == "residual" and aligned.sizes != a_union.sizes and residual_form(aligned) is None:
-                return "general", None, None
-            a_union = aligned
-    except FactorMismatchError:
-        return "general", None, None
+    w_union, a_union = pair
+    if a_union.sizes != structure.union.sizes:  # the strategy's factors were merged
+        if structure.form == "marginals" and not in_marginal_algebra(a_union):
+            return "general", None, None
+        if structure.form == "residual" and residual_form(a_union) is None:
+            return "general", None, None
     if structure.form == "general":
         return "general", None, None
     return structure.form, w_union, a_union

@@ -49,12 +49,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kron_union import FactorMismatchError, KronUnion, kron_union
+from .kron_union import KronUnion, aligned_pair
 from .matrix import DenseLimitError, Matrix
 from .traces import FACTOR_DENSE_LIMIT, PINV_RCOND, SUPPORT_TOL
 from .validation import ZERO_RTOL
 
-__all__ = ["JointDiagonal", "joint_diagonal", "aligned_pair", "TermGrid", "term_grid", "GRID_LIMIT", "DIAGONAL_RTOL",
+__all__ = ["JointDiagonal", "joint_diagonal", "TermGrid", "term_grid", "GRID_LIMIT", "DIAGONAL_RTOL",
            "union_terms", "contract", "term_variances"]
 
 #: Largest grid of :math:`1/\delta` values one workload term may need (entries, 128 MiB of floats).
@@ -277,19 +277,6 @@ def term_variances(term: TermGrid) -> np.ndarray:
     bad = contract(term.null.astype(float), term.squares).ravel()
     mass = contract(np.ones(term.null.shape), term.squares).ravel()
     return np.where(bad > SUPPORT_TOL * mass, np.inf, values)
-
-
-def aligned_pair(W: Matrix, a_union: KronUnion) -> tuple[KronUnion, KronUnion] | None:
-    """The workload's normal form and the strategy's union on common attribute factors, or ``None`` when their
-    factors cannot be lined up attribute by attribute."""
-    try:
-        w_union = kron_union(W)
-        if w_union.sizes != a_union.sizes:
-            sizes = KronUnion.common_sizes([w_union, a_union])
-            w_union, a_union = w_union.align(sizes), a_union.align(sizes)
-    except FactorMismatchError:
-        return None
-    return w_union, a_union
 
 
 def union_terms(W: Matrix, a_union: KronUnion | None) -> list[TermGrid] | None:
