@@ -355,9 +355,7 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     unknown = [] if optimizers is None else [o for o in optimizers if o not in available]
     if unknown:
         raise ValueError(f"optimizers {unknown} do not apply here; available: {available}")
-    # seeded: the split's random mix of Grams moves the bound in its 9th digit from run to run otherwise
-    bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False, work_limit=BOUND_WORK_LIMIT,
-                      seed=0)
+    bound = _optimize_bound(W, privacy)
     bar = tqdm(chosen, desc="optimize", unit="optimizer", disable=progress is not True)
     rows, best, best_error, optimal = [], None, None, None
     for name in bar:
@@ -424,41 +422,52 @@ def _optimize_max_variance(W: Matrix, privacy: Privacy, restarts: int | None = N
         else:
             return _max_variance_residual(W, privacy, problem, exact)
         if residual_bases_applies(problem.union) and residual_bases_solve_size(problem.union) <= SOLVE_MAX_N:
+            bound = _optimize_bound(W, privacy)
             try:
-                certified = _max_variance_residual_bases(W, privacy, problem)
+                certified = _max_variance_residual_bases(W, privacy, problem, bound)
             except ValueError as why:  # a program too large, or a basis that misses some query
                 if progress:
                     progress(f"max_variance_bases: {why}; reweighting instead")
-                return _max_variance_reweighted(W, privacy, problem, restarts, seed, progress, deadline)
+                return _max_variance_reweighted(W, privacy, problem, restarts, seed, progress, deadline, bound=bound)
             if not exhaustive:
                 return certified
             # reweighting residual_bases cannot win: its bases do not depend on the term weights, so every round is
             # an allocation over the bases the certified program already optimised over
             searched = _max_variance_reweighted(W, privacy, problem, restarts, seed, progress, deadline,
-                                                exclude=("residual_bases",))
+                                                exclude=("residual_bases",), bound=bound)
             report = pd.concat([certified.report, searched.report], ignore_index=True)
             best = certified if certified.max_variance <= searched.max_variance else searched
             return dataclasses.replace(best, report=report)
     return _max_variance_reweighted(W, privacy, problem, restarts, seed, progress, deadline)
 
 
-def _max_variance_report(rows: list[dict], W: Matrix, bound) -> pd.DataFrame:
-    """The max-variance report's table: ``rows`` with each row's RMSE and its largest variance over the SVD
-    bound's mean variance (a lower bound on every strategy's largest variance)."""
-    report = pd.DataFrame(rows)
+def _optimize_bound(W: Matrix, privacy: Privacy):
+    """The SVD bound as ``optimize`` uses it: certain (no estimates), under ``BOUND_WORK_LIMIT``, and seeded (the
+    split's random mix of Grams would otherwise move it in its 9th digit from run to run)."""
+    return svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False, work_limit=BOUND_WORK_LIMIT, seed=0)
+
+
+def _with_rmse_and_bound_ratio(report: pd.DataFrame, W: Matrix, bound) -> pd.DataFrame:
+    """``report`` with each row's RMSE and its largest variance over the SVD bound's mean variance."""
     report["rmse"] = np.sqrt(report["total squared error"] / W.shape[0])
     mean_bound = bound.value / W.shape[0]
     report["max variance / SVD mean-variance bound"] = report["max variance"] / mean_bound if mean_bound > 0 else np.inf
+    return report
+
+
+def _max_variance_report(rows: list[dict], W: Matrix, bound) -> pd.DataFrame:
+    """The max-variance report's table: ``rows`` with each row's RMSE and its largest variance over the SVD
+    bound's mean variance (a lower bound on every strategy's largest variance)."""
+    report = _with_rmse_and_bound_ratio(pd.DataFrame(rows), W, bound)
     return report[["optimizer", "max variance", "total squared error", "seconds", "rmse",
                    "max variance / SVD mean-variance bound", "note"]]
 
 
-def _max_variance_residual_bases(W: Matrix, privacy: Privacy, problem: Problem) -> OptimizationResult:
+def _max_variance_residual_bases(W: Matrix, privacy: Privacy, problem: Problem, bound) -> OptimizationResult:
     """The allocation over the total-error optimal residual bases minimising the largest variance (Gaussian
-    noise, one query matrix or totals per attribute), certified over the allocation with the bases fixed."""
+    noise, one query matrix or totals per attribute), certified over the allocation with the bases fixed;
+    ``bound`` is :func:`_optimize_bound`'s."""
     unit = problem.unit_variance
-    bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False, work_limit=BOUND_WORK_LIMIT,
-                      seed=0)
     start = time.perf_counter()
     solution = max_variance_bases(W, problem.union)
     seconds = time.perf_counter() - start
@@ -476,11 +485,10 @@ def _max_variance_residual_bases(W: Matrix, privacy: Privacy, problem: Problem) 
 
 def _max_variance_reweighted(W: Matrix, privacy: Privacy, problem: Problem, restarts: int | None, seed,
                              progress: Callable[[str], None] | None, deadline: float | None,
-                             exclude: tuple[str, ...] = ()) -> OptimizationResult:
+                             exclude: tuple[str, ...] = (), bound=None) -> OptimizationResult:
     """The max-variance objective by reweighting the workload's terms (:mod:`.reweight`), without the
-    total-error optimizers named in ``exclude``."""
-    bound = svd_bound(W, privacy, exact_limit=BOUND_EXACT_LIMIT, estimate=False, work_limit=BOUND_WORK_LIMIT,
-                      seed=0)
+    total-error optimizers named in ``exclude``; ``bound`` is :func:`_optimize_bound`'s if already made."""
+    bound = _optimize_bound(W, privacy) if bound is None else bound
     # optimizers whose strategies have per-query variances in closed form, unless their cost would explode
     names = [name for name in ("identity", "residual", "residual_bases", "opt_kron", "opt_marginals")
              if name not in exclude and REGISTRY[name].applies(problem) and REGISTRY[name].skip(problem) is None]
@@ -494,9 +502,7 @@ def _max_variance_reweighted(W: Matrix, privacy: Privacy, problem: Problem, rest
     report = solution.history.rename(columns={"optimizer": "total-error optimizer"})
     best = int(report["max variance"].idxmin())
     report.insert(0, "optimizer", [f"reweighted, round {r}" for r in report["round"]])
-    report["rmse"] = np.sqrt(report["total squared error"] / W.shape[0])
-    mean_bound = bound.value / W.shape[0]
-    report["max variance / SVD mean-variance bound"] = report["max variance"] / mean_bound if mean_bound > 0 else np.inf
+    report = _with_rmse_and_bound_ratio(report, W, bound)
     report["note"] = ["the total-error optimum" if i == 0 else "" for i in range(len(report))]
     report.loc[best, "note"] = ((report.loc[best, "note"] + "; " if report.loc[best, "note"] else "")
                                 + "best (uncertified: a heuristic search)")
