@@ -46,7 +46,7 @@ from .residual_bases import residual_form
 from .matrix import Identity, Kronecker, Matrix, Ones, Weighted
 from .validation import ZERO_RTOL  # the one zero tolerance, shared with the algebra below
 
-__all__ = ["ZERO_RTOL", "FORMS", "Structure", "classify", "aligned_unions", "in_marginal_algebra"]
+__all__ = ["ZERO_RTOL", "FORMS", "Structure", "classify", "aligned_unions", "in_marginal_algebra", "gram_is_aI_bJ"]
 
 #: The four forms, from the most to the least structured.
 FORMS = ("kronecker", "marginals", "residual", "general")
@@ -66,9 +66,13 @@ def _is_aI_bJ(f: Matrix) -> bool:
         return True
     if n * n > _DENSE_CHECK_ENTRIES:
         return False
-    G = f.gram().dense()
+    return gram_is_aI_bJ(f.gram().dense())
+
+
+def gram_is_aI_bJ(G: np.ndarray) -> bool:
+    """Whether the dense one-attribute Gram ``G`` is ``aI + bJ`` (to round-off)."""
     a, b = G[0, 0] - G[0, 1], G[0, 1]
-    return bool(np.allclose(G, a * np.eye(n) + b, rtol=1e-10, atol=ZERO_RTOL * max(1.0, abs(G).max())))
+    return bool(np.allclose(G, a * np.eye(G.shape[0]) + b, rtol=1e-10, atol=ZERO_RTOL * max(1.0, abs(G).max())))
 
 
 def in_marginal_algebra(union: KronUnion) -> bool:

@@ -34,7 +34,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..kron_union import KronUnion, kron_union
-from ..marginals import workload_domain
+from ..marginals import factor_traces, workload_domain
 from ..matrix import Matrix
 from ..residual_bases import ResidualBases, residual_form, residual_query_variances
 from ..validation import ZERO_RTOL
@@ -79,7 +79,7 @@ def factor_pairs(f: Matrix, pinv: np.ndarray | None, projector: np.ndarray | Non
     n = f.shape[1]
     image = f @ np.ones(n)
     p = image**2 / n
-    if _is_total(f, image):
+    if _is_total(f):
         return np.zeros_like(p), p
     if pinv is None:
         raise ValueError(f"attribute {i}: a query factor needs the basis' pseudo-inverse")
@@ -93,10 +93,9 @@ def factor_pairs(f: Matrix, pinv: np.ndarray | None, projector: np.ndarray | Non
     return e, p
 
 
-def _is_total(f: Matrix, image: np.ndarray) -> bool:
-    """Whether every row of ``f`` is a multiple of the ones vector (its Frobenius norm is all in ``f 1``)."""
-    frob = float(f.column_norm_powers(2).sum())
-    return frob - float(image @ image) / f.shape[1] <= ZERO_RTOL * frob
+def _is_total(f: Matrix) -> bool:
+    """Whether every row of ``f`` is a multiple of the ones vector (its Gram has no zero-sum part)."""
+    return factor_traces(f)[1] == 0
 
 
 def pareto_indices(e: np.ndarray, p: np.ndarray) -> np.ndarray:
@@ -153,7 +152,7 @@ def allocation_problem(union: KronUnion, bases: list[Matrix]) -> AllocationProbl
     """The program's matrix for the union's queries under fixed bases (one zero-sum basis per attribute)."""
     d = union.dim
     # the basis' pseudo-inverse only where a factor has zero-sum parts (an attribute of totals may be huge)
-    aux = [_pinv_projector(B) if not all(_is_total(f, f @ np.ones(f.shape[1])) for f in fs) else (None, None, 1.0)
+    aux = [_pinv_projector(B) if not all(_is_total(f) for f in fs) else (None, None, 1.0)
            for B, fs in zip(bases, union.factors)]
     m = np.array([a[2] for a in aux])
     sizes = np.array(union.sizes, dtype=float)

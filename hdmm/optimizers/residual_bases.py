@@ -31,9 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..kron_union import KronUnion, kron_union
-from ..marginals import expand_subsets, helmert, workload_domain
+from ..marginals import expand_subsets, factor_traces, helmert, workload_domain
 from ..matrix import Matrix
 from ..residual_bases import RESIDUAL_DENSE_MAX, ResidualBases, basis_from_gram
+from ..structure import gram_is_aI_bJ
 from ..validation import ZERO_RTOL
 from .convex import solve_convex
 
@@ -90,11 +91,7 @@ def _query_factors(union: KronUnion) -> list[int] | None:
         used = np.unique(union.index[live, i])
         queries = []
         for k in used:
-            f = fs[k]
-            n = f.shape[1]
-            image = f @ np.ones(n)
-            frob = float(f.column_norm_powers(2).sum())
-            if frob - float(image @ image) / n > ZERO_RTOL * frob:
+            if factor_traces(fs[k])[1] > 0:  # a zero-sum part: a query factor, not a total
                 queries.append(int(k))
         if queries and union.sizes[i] > RESIDUAL_DENSE_MAX:
             return None
@@ -117,7 +114,7 @@ def residual_bases_solve_size(union: KronUnion) -> int:
     """The largest attribute whose query matrix needs a convex solve (0 when none does)."""
     queries = _query_factors(union)
     sizes = [union.sizes[i] for i, k in enumerate(queries or []) if k >= 0 and union.sizes[i] > 2
-             and not _is_aI_bJ(union.factors[i][k].gram().dense())]
+             and not gram_is_aI_bJ(union.factors[i][k].gram().dense())]
     return max(sizes, default=0)
 
 
@@ -130,7 +127,7 @@ def attribute_basis(G: np.ndarray, closed_form: bool = True) -> AttributeBasis:
     n = G.shape[0]
     H = helmert(n)
     M = H @ G @ H.T  # the residual workload in Helmert coordinates
-    if n <= 2 or (closed_form and _is_aI_bJ(G)):
+    if n <= 2 or (closed_form and gram_is_aI_bJ(G)):
         value = float(np.trace(M)) * (1.0 - 1.0 / n)
         return AttributeBasis(H * np.sqrt(n / (n - 1.0)) if n > 1 else H, value, value)
     Q = np.eye(n) - 1.0 / n
@@ -153,11 +150,6 @@ def attribute_basis(G: np.ndarray, closed_form: bool = True) -> AttributeBasis:
             break
     error, X = best
     return AttributeBasis(basis_from_gram(X), error, min(bound, error))
-
-
-def _is_aI_bJ(G: np.ndarray) -> bool:
-    a, b = G[0, 0] - G[0, 1], G[0, 1]
-    return bool(np.allclose(G, a * np.eye(G.shape[0]) + b, rtol=1e-10, atol=ZERO_RTOL * max(1.0, abs(G).max())))
 
 
 def residual_bases_strategy(W: Matrix, union: KronUnion | None = None
