@@ -208,6 +208,24 @@ def test_spark_nonnegative_estimates_equal_the_local_engine(spark, country, tmp_
     assert meta["estimates"].startswith("nonnegative") and not (tmp_path / "nn.work").exists()
 
 
+def test_spark_nonnegative_estimates_from_states_in_many_arrow_batches(spark, country, tmp_path):
+    """States handed to the tasks in many Arrow batches (two rows each): the estimate step gathers them, the
+    subtree walk reads them row by row (``reads_rows``); the answers are still the local engine's."""
+    tree, records = country
+    source = RecordHistograms.of(tree, DOMAIN, records)
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.2), strategy=AP)
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    old = spark.conf.get(key)
+    spark.conf.set(key, "2")
+    try:
+        local, remote, merged = _both_nonnegative(spark, plan, source, records, 4, tmp_path / "nn")
+    finally:
+        spark.conf.set(key, old)
+    assert len(merged) == sum(tree.sizes) * WP.shape[0]
+    for d in local.change:
+        assert remote.change[d] == pytest.approx(local.change[d], rel=1e-9)
+
+
 def test_spark_integer_estimates_equal_the_local_engine(spark, country, tmp_path):
     tree, records = country
     source = RecordHistograms.of(tree, DOMAIN, records)
@@ -475,6 +493,11 @@ def test_task_rows_round_trip_a_state_without_copying_it_when_in_order():
     assert table.column("values").num_chunks > 10
     for d, values in engine._state(table).items():
         np.testing.assert_array_equal(values, state[d])
+    rows = engine._state(table.take(pa.array(rng.permutation(table.num_rows))), gather=False)[3]
+    assert isinstance(rows, engine._Rows) and rows.shape == (30, 5) and len(rows) == 30  # read row by row
+    for units in (np.array([4, 5, 6, 7, 8]), np.array([29, 0, 13]), slice(3, 11), np.array([], dtype=int)):
+        np.testing.assert_array_equal(rows[units], state[3][units])
+    np.testing.assert_array_equal(rows[7], state[3][7])
     kinds = table.column("kind").to_numpy()
     assert (kinds == engine.ANSWERS).sum() == 2 and (kinds == engine.RESULT).sum() == 1
     with pytest.raises(RuntimeError, match="units missing"):

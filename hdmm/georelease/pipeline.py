@@ -91,7 +91,9 @@ class Engine(Protocol):
     def update(self, fn: Callable[..., tuple[dict | None, R]], shared: tuple, partitions: int,
                inputs: Sequence | None = None) -> Iterator[R]:
         """Every partition's new state (``None``: unchanged) and result from its state (and its entry of
-        ``inputs``, if given), results in order."""
+        ``inputs``, if given), results in order. A task function whose ``reads_rows`` attribute is true
+        reads each level of its state only as rows by index (``state[d][units]``, never the whole array
+        at once): an engine may then hand it a row reader, so that the level is never gathered whole."""
         ...
 
     def map(self, fn: Callable[..., R], shared: tuple, items: Sequence) -> Iterator[R]:
@@ -320,6 +322,9 @@ def _subtree_task(plan: GeoPlan, job: tuple, i: int, state: dict, cells: np.ndar
         task.descend(s, u, cells[u - lo])
     task.flush()
     return None, (writer.result(), {e: task.squared[e] for e in plan.levels if e > s}, task.projected)
+
+
+_subtree_task.reads_rows = True  # its walk reads a family's (or group's) rows at a time (Engine.update)
 
 
 # ---------------------------------------------------------------------------------------------- step 5

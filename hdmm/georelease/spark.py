@@ -34,7 +34,9 @@ the largest synthetic county under SF1). They come as Arrow batches (Spark's
 per level (a view of Arrow's buffer when they come in one batch, in unit order); a task's new state
 goes to Arrow as its own arrays, without a copy, in batches of at most ``BATCH_VALUES`` doubles. A
 task so holds its partition's state twice, and its step's work arrays (about two more states in the
-least-squares passes), once per concurrent task: those arrays live in the Python workers, outside the
+least-squares passes), once per concurrent task; the top-down walk below the partition's units reads its
+state row by row instead (a task function's ``reads_rows``: :class:`_Rows`), so holds it once, and its
+families' arrays. Those arrays live in the Python workers, outside the
 JVM's heap, which holds the shuffles and Arrow batches. :func:`~hdmm.georelease.session.spark_session`
 gives a local session a 4 GB heap; on a cluster, size the executors' memory (heap and Python workers)
 for the largest partition, or partition at a finer level.
@@ -335,9 +337,33 @@ def _run(i: int, fn, *args):
     return _rows(i, state, result, answers)
 
 
-def _state(table) -> dict[int, np.ndarray]:
+class _Rows:
+    """One level of a partition's state read row by row from Arrow's chunks (``rows[units]``: a new array of
+    those units' rows), for a task that never needs the level whole (:meth:`Engine.update`'s ``reads_rows``):
+    the level is then held once, in Arrow's buffers, instead of twice."""
+
+    def __init__(self, flats: dict[int, np.ndarray], chunk: np.ndarray, start: np.ndarray, k: int) -> None:
+        self.flats, self.chunk, self.start, self.k = flats, chunk, start, k
+        self.shape = (len(chunk), k)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, units) -> np.ndarray:
+        units = np.arange(len(self))[units]
+        if units.ndim == 0:
+            return self[units[None]][0]
+        out = np.empty((units.size, self.k))
+        for j, u in enumerate(units.tolist()):
+            s = int(self.start[u])
+            out[j] = self.flats[int(self.chunk[u])][s:s + self.k]
+        return out
+
+
+def _state(table, gather: bool = True) -> dict[int, np.ndarray | _Rows]:
     """A partition's state from its rows (an Arrow table). A level whose rows come in unit order, one after the
-    other in one chunk, is a read-only view of Arrow's buffer (no copy); else it is gathered into one array."""
+    other in one chunk, is a read-only view of Arrow's buffer (no copy); else it is gathered into one array, or,
+    unless ``gather``, read row by row (:class:`_Rows`)."""
     kind = table.column("kind").to_numpy()
     level = table.column("level").to_numpy()
     unit = table.column("unit").to_numpy()
@@ -371,6 +397,8 @@ def _state(table) -> dict[int, np.ndarray]:
         c0 = int(chunk[at[0]])
         if (chunk[at] == c0).all() and (np.diff(starts) == k).all():
             state[d] = flats[c0][starts[0]:starts[0] + at.size * k].reshape(at.size, k)
+        elif not gather:
+            state[d] = _Rows(flats, chunk[at], starts, k)
         else:
             out = np.empty((at.size, k))
             for j, (c, s) in enumerate(zip(chunk[at].tolist(), starts.tolist())):
@@ -568,13 +596,15 @@ class SparkEngine:
                                  for i, x in enumerate(inputs)], columns=_COLUMNS)
             df = df.unionByName(self.spark.createDataFrame(rows, _schema()))
 
+        rows_only = bool(getattr(fn, "reads_rows", False))
+
         def run(table):
             i = int(table.column("partition")[0].as_py())
             extra = ()
             if inputs is not None:
                 at = np.flatnonzero(table.column("kind").to_numpy() == INPUT)[0]
                 extra = (pickle.loads(table.column("payload")[int(at)].as_py()),)
-            return _run(i, fn, *[h.value for h in shared], i, _state(table), *extra)
+            return _run(i, fn, *[h.value for h in shared], i, _state(table, not rows_only), *extra)
 
         state, results = self._persist(df.groupBy("partition").applyInArrow(run, _schema()))
         changed = {c for _, (c, _) in results}
