@@ -332,7 +332,11 @@ def _report(results: list[dict]) -> str:
         from geography_blocks import report as blocks_report
 
         lines += [""] + blocks_report(json.loads(blocks.read_text()))
-    return "\n".join(lines)
+    sections = RESULTS / "geography_sections.md"
+    if sections.exists():  # hand-written sections (runs of other scripts), kept when the tables are rewritten
+        text = sections.read_text()
+        lines += ["", text[text.index("-->") + 3:].strip()] if text.startswith("<!--") else ["", text.strip()]
+    return "\n".join(lines) + "\n"
 
 
 #: What the tables cannot say: when each row was measured, and what the non-negative row shows.
