@@ -105,10 +105,14 @@ def test_variances_are_upper_bounds_where_no_exact_route_applies(monkeypatch):
     x = np.arange(n, dtype=float)
     W = hdmm.union([hdmm.Prefix(n), hdmm.Identity(n)])
     r1 = hdmm.run(W, x, ZCDP(0.5), strategy=hdmm.Identity(n), rng=1)
-    A2 = Explicit(np.random.default_rng(3).normal(size=(8, n)))
-    exact = hdmm.run(W, x, ZCDP(0.5), strategy=A2, rng=2, prior=r1)
+    # three unrelated Grams (the identity's and two random ones) do not diagonalise together, so no
+    # hdmm.union_gram route either (two always would)
+    A2, A3 = (Explicit(np.random.default_rng(seed).normal(size=(8, n))) for seed in (3, 4))
+    r2 = hdmm.run(W, x, ZCDP(0.5), strategy=A2, rng=2, prior=r1)
+    exact = hdmm.run(W, x, ZCDP(0.5), strategy=A3, rng=3, prior=r2)
+    assert hdmm.error.exact_route(W, exact.combined.stacked) == "dense"
     monkeypatch.setattr(hdmm.release, "DENSE_LIMIT", 10)  # no dense inverse: bounds only
-    bounded = hdmm.run(W, x, ZCDP(0.5), strategy=A2, rng=2, prior=r1)
+    bounded = hdmm.run(W, x, ZCDP(0.5), strategy=A3, rng=3, prior=r2)
     assert exact.variance_exact and not bounded.variance_exact
     assert np.all(bounded.variances >= exact.variances * (1 - 1e-9))
     np.testing.assert_allclose(bounded.variances, r1.variances, rtol=1e-12)  # the identity alone, here
