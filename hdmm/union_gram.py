@@ -54,7 +54,8 @@ from .matrix import DenseLimitError, Matrix
 from .traces import FACTOR_DENSE_LIMIT, PINV_RCOND, SUPPORT_TOL
 from .validation import ZERO_RTOL
 
-__all__ = ["JointDiagonal", "joint_diagonal", "cached_joint_diagonal", "diagonalises", "TermGrid", "term_grid",
+__all__ = ["JointDiagonal", "joint_diagonal", "cached_joint_diagonal", "factors_diagonalise",
+           "TermGrid", "term_grid",
            "GRID_LIMIT", "DIAGONAL_RTOL", "union_terms", "union_route", "contract", "term_variances"]
 
 #: Largest grid of :math:`1/\delta` values one workload term may need (entries, 128 MiB of floats).
@@ -181,19 +182,6 @@ def cached_joint_diagonal(union: KronUnion) -> JointDiagonal | None:
     return cached
 
 
-def diagonalises(union: KronUnion) -> bool:
-    """Whether the union's factor Grams diagonalise together on every attribute (densely affordable).
-
-    Monotone in the factors: a union whose Grams do not (or one with a factor too large to
-    diagonalise densely) keeps that property when terms are added on the same attribute sizes,
-    since a congruence diagonalising all the Grams diagonalises any of them.
-    """
-    try:
-        return cached_joint_diagonal(union) is not None
-    except DenseLimitError:
-        return False
-
-
 def joint_diagonal(union: KronUnion) -> JointDiagonal | None:
     """The joint diagonalisation of a union strategy's factor Grams (module docstring), or ``None``.
 
@@ -203,16 +191,35 @@ def joint_diagonal(union: KronUnion) -> JointDiagonal | None:
     """
     transforms, diagonals = [], []
     for fs in union.factors:
-        grams = [_dense_gram(f) for f in fs]
-        n = grams[0].shape[0]
-        found = _together(grams + [np.ones((n, n))])
-        found = None if found is None else (found[0], found[1][:-1])
-        found = found or _together(grams)
+        found = _attribute_diagonal(fs)
         if found is None:
             return None
         transforms.append(found[0])
         diagonals.append(np.array(found[1]))
     return JointDiagonal(transforms, diagonals, union)
+
+
+def _attribute_diagonal(factors: list[Matrix]) -> tuple[np.ndarray, list[np.ndarray]] | None:
+    """One attribute's ``T`` and Gram diagonals (the all-ones direction with them when it fits), or ``None``."""
+    grams = [_dense_gram(f) for f in factors]
+    n = grams[0].shape[0]
+    found = _together(grams + [np.ones((n, n))])
+    found = None if found is None else (found[0], found[1][:-1])
+    return found or _together(grams)
+
+
+def factors_diagonalise(factors: list[Matrix]) -> bool:
+    """Whether one attribute's strategy factors have Grams that diagonalise together (densely affordable).
+
+    :func:`joint_diagonal` of a union is not ``None`` exactly when this holds for every attribute's
+    distinct factors. Monotone: a list that fails (or has a factor too large to diagonalise densely)
+    keeps failing as factors are added, since a congruence diagonalising all the Grams diagonalises
+    any of them.
+    """
+    try:
+        return _attribute_diagonal(list(factors)) is not None
+    except DenseLimitError:
+        return False
 
 
 @dataclass

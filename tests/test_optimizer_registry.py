@@ -435,3 +435,21 @@ def test_opt_union_is_never_abandoned_when_its_exact_error_would_win(monkeypatch
     every = hdmm.optimize(W, privacy, seed=0, exhaustive=True)
     default = hdmm.optimize(W, privacy, seed=0)
     assert (default.optimizer, float(default.error)) == (every.optimizer, float(every.error))
+
+
+def test_opt_union_diagonalises_its_factors_only_when_the_bound_would_abandon(monkeypatch):
+    W = prefix_marginals()
+    calls = []
+    real = registry.factors_diagonalise
+    monkeypatch.setattr(registry, "factors_diagonalise", lambda fs: calls.append(len(fs)) or real(fs))
+    won = registry.REGISTRY["opt_union"].run(Problem(W, GAUSS, rng=np.random.default_rng(0), abandon=False))
+    groups = len(registry.default_groups(W, Problem(W, GAUSS).union))
+    # a best far above the bound: nothing to decide, no Gram diagonalised
+    monkeypatch.setattr(Problem, "best_unit_error", lambda self: won.unit_error * 100)
+    registry.REGISTRY["opt_union"].run(Problem(W, GAUSS, rng=np.random.default_rng(0)))
+    assert calls == []
+    # a best just above the exact error, under the bound's floor: an attribute is diagonalised once per new factor
+    monkeypatch.setattr(Problem, "best_unit_error", lambda self: won.unit_error * 1.01)
+    run = registry.REGISTRY["opt_union"].run(Problem(W, GAUSS, rng=np.random.default_rng(0)))
+    assert run.exact and 0 < len(calls) <= 4 * groups
+    assert all(n <= groups + 2 for n in calls)

@@ -85,7 +85,7 @@ from ..marginals import trace_spectrum
 from ..matrix import DenseLimitError, Identity, Matrix, VStack
 from ..privacy import Privacy
 from ..structure import classify, in_marginal_algebra
-from ..union_gram import diagonalises
+from ..union_gram import factors_diagonalise
 from .kron import opt_kron_union
 from .marginals import marginal_candidate_count, opt_marginals_strategy, residual_strategy
 from .residual_bases import SOLVE_MAX_N, residual_bases_applies, residual_bases_solve_size, residual_bases_strategy
@@ -312,15 +312,18 @@ def _union_check(problem: Problem, groups: list[np.ndarray]) -> Callable[[list[M
     wherever that judges it:
 
     * always the sum of the groups' SVD bounds, under its exact error and so under its bound;
-    * once the stack of the groups so far has no exact route (:func:`hdmm.error.exact_route`)
-      and its factor Grams do not diagonalise together (:func:`hdmm.union_gram.diagonalises`),
-      the whole will not either (the groups share the workload's attribute sizes, and a
-      congruence diagonalising every Gram diagonalises the stack's; a factor outside the closed
-      forms stays in the stack), so the whole is judged by its upper bound: that bound with the
-      groups still to come at their SVD bounds is a floor, rising as groups are found.
+    * once the factor Grams of the groups so far do not diagonalise together on some attribute
+      (:func:`hdmm.union_gram.factors_diagonalise`) and their stack has no closed-form error
+      (:func:`hdmm.error.exact_route`), the whole will not have an exact route either (the groups
+      share the workload's attribute sizes, a congruence diagonalising every Gram diagonalises
+      any of them, and a factor outside the closed forms stays in the stack), so the whole is
+      judged by its upper bound: that bound with the groups still to come at their SVD bounds is
+      a floor, rising as groups are found.
 
-    Up to ``UNION_EXACT_MAX_N`` cells OPT_+ is judged exactly and cheaply: no check (``None``),
-    nor for fewer than two groups.
+    The groups' factors are taken in as they come, and an attribute's Grams are diagonalised
+    again only when a new distinct factor appears there, and only once the second floor would
+    abandon. Up to ``UNION_EXACT_MAX_N`` cells OPT_+ is judged exactly and cheaply: no check
+    (``None``), nor for fewer than two groups.
     """
     W, union = problem.workload, problem.union
     # the groups as opt_union_groups measures them: terms of weight zero, and groups of only those, left out
@@ -329,7 +332,28 @@ def _union_check(problem: Problem, groups: list[np.ndarray]) -> Callable[[list[M
     if not problem.abandon or W.shape[1] <= UNION_EXACT_MAX_N or len(groups) < 2:
         return None
     floors: list[float] = []
-    exact_possible = [True]
+    seen: list[dict[Matrix, None]] = [{} for _ in range(union.dim)]  # per attribute, the distinct factors so far
+    state = {"taken": 0, "diagonal": True, "exact": True}
+
+    def exact_possible(parts: list[Matrix]) -> bool:
+        """Whether the stack of ``parts`` may still have an exact route (False is final)."""
+        if not state["exact"]:
+            return False
+        for part in parts[state["taken"]:]:
+            factors = kron_union(part).factors
+            if len(factors) != union.dim or any(len(fs) != 1 or fs[0].shape[1] != n
+                                                for fs, n in zip(factors, union.sizes)):
+                state["exact"] = None  # not one product on the workload's attributes: no claim either way
+                return True
+            for i, (f,) in enumerate(factors):
+                if f not in seen[i]:
+                    seen[i][f] = None
+                    state["diagonal"] = state["diagonal"] and factors_diagonalise(list(seen[i]))
+        state["taken"] = len(parts)
+        if state["diagonal"] or exact_route(W, VStack(list(parts))) != "dense":
+            return True
+        state["exact"] = False
+        return False
 
     def abandon(floor: float, best: float, found: int, judged: str) -> None:
         if floor >= best * (1.0 + 1e-9):
@@ -344,14 +368,10 @@ def _union_check(problem: Problem, groups: list[np.ndarray]) -> Callable[[list[M
         if not floors:
             floors.extend(_group_floors(problem, groups))
             abandon(float(np.sum(floors)), best, len(errors), "exact error, the sum of its groups' SVD bounds,")
-        if exact_possible[0] and parts:
-            stack = VStack(list(parts))
-            # a stack with no exact route whose Grams do not diagonalise together stays so as groups are added
-            exact_possible[0] = diagonalises(kron_union(stack)) or exact_route(W, stack) != "dense"
-        if exact_possible[0]:
-            return
         e = np.array(list(errors) + floors[len(errors):])
         floor = float(np.sum(np.cbrt(e)) ** 3) if problem.privacy.norm == 1 else float(np.sum(np.sqrt(e)) ** 2)
+        if floor < best * (1.0 + 1e-9) or state["exact"] is None or exact_possible(parts):
+            return
         abandon(floor, best, len(errors), "error bound, which judges it here,")
 
     return check
