@@ -453,3 +453,22 @@ def test_opt_union_diagonalises_its_factors_only_when_the_bound_would_abandon(mo
     run = registry.REGISTRY["opt_union"].run(Problem(W, GAUSS, rng=np.random.default_rng(0)))
     assert run.exact and 0 < len(calls) <= 4 * groups
     assert all(n <= groups + 2 for n in calls)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: prefix_marginals((12, 10, 3, 4)),
+    lambda: hdmm.union([hdmm.product(hdmm.Domain(list("abc"), [12, 10, 12]), {"abc"[i]: hdmm.AllRange((12, 10, 12)[i])
+                                                                               for i in S})
+                        for S in [(0,), (1,), (2,), (0, 1), (1, 2)]]),
+    lambda: hdmm.union([Kronecker([hdmm.Prefix(40), hdmm.Identity(30)]), Kronecker([hdmm.AllRange(40), hdmm.Total(30)]),
+                        Kronecker([hdmm.Total(40), hdmm.Prefix(30)])]),
+], ids=["prefix-marginals", "range-marginals", "three-products"])
+@pytest.mark.parametrize("privacy", [LAPLACE, GAUSS], ids=["laplace", "gaussian"])
+def test_abandoning_never_changes_what_optimize_chooses(make, privacy):
+    W = make()
+    assert W.shape[1] > registry.UNION_EXACT_MAX_N
+    default, every = hdmm.optimize(W, privacy, seed=0), hdmm.optimize(W, privacy, seed=0, exhaustive=True)
+    assert (default.optimizer, float(default.error)) == (every.optimizer, float(every.error))
+    row = default.report.set_index("optimizer").loc["opt_union"]
+    if row["note"].startswith("abandoned"):
+        assert every.report.set_index("optimizer").loc["opt_union", "total squared error"] >= float(every.error)
