@@ -46,7 +46,7 @@ from .matrix import DENSE_LIMIT, DenseLimitError, Matrix
 from .privacy import Privacy
 from .structure import ZERO_RTOL, Structure, aligned_unions, classify
 from .traces import SUPPORT_TOL, factor_rows, factor_trace, gram_pinv, row_projections
-from .union_gram import term_variances, union_terms
+from .union_gram import term_variances, union_route, union_terms
 
 __all__ = [
     "ErrorResult",
@@ -308,11 +308,18 @@ def exact_route(W: Matrix, A: Matrix, *, structure: Structure | None = None) -> 
 
     ``"kronecker"``, ``"spectral"`` (the marginals algebra) or ``"residual"`` (residual bases):
     closed forms, at any domain size;
+    ``"union"``: a union strategy whose factor Grams diagonalise together (:mod:`hdmm.union_gram`),
+    at any domain size where every workload term's grid of eigenvalues fits (deciding it
+    diagonalises the strategy's factors, once per strategy union);
     ``"dense"``: a dense pseudo-inverse of ``A^TA``, for at most a few thousand cells.
     ``structure`` is ``A``'s (:func:`hdmm.structure.classify`) when known.
     """
-    form = aligned_unions(W, classify(A) if structure is None else structure)[0]
-    return {"kronecker": "kronecker", "marginals": "spectral", "residual": "residual"}.get(form, "dense")
+    structure = classify(A) if structure is None else structure
+    form = aligned_unions(W, structure)[0]
+    route = {"kronecker": "kronecker", "marginals": "spectral", "residual": "residual"}.get(form)
+    if route is not None:
+        return route
+    return "union" if union_route(W, structure.union) else "dense"
 
 
 def _traces(W: Matrix, A: Matrix, structure: Structure) -> _Traces:

@@ -146,7 +146,11 @@ class KronUnion:
 
     @classmethod
     def concatenate(cls, unions: Sequence[KronUnion]) -> KronUnion:
-        """The union of several unions (rows in order), lined up on common factor sizes."""
+        """The union of several unions (rows in order), lined up on common factor sizes.
+
+        Factors with equal keys (:meth:`hdmm.matrix.Matrix._key`: the same object, or equal building
+        blocks built separately, such as one ``Prefix(100)`` per marginal) are kept once per attribute.
+        """
         unions = list(unions)
         if len({u.sizes for u in unions}) > 1:
             sizes = cls.common_sizes(unions)

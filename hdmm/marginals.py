@@ -533,6 +533,9 @@ class Helmert(Matrix):
     def __repr__(self):
         return f"Helmert(n={self.n})"
 
+    def _key(self):
+        return ("Helmert", self.n)
+
 
 class Residuals(SubsetProducts):
     r"""Residual measurements: for each subset ``T`` the queries :math:`\sqrt{\lambda_T}\,R_T`

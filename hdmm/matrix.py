@@ -274,8 +274,24 @@ class Matrix:
         return f"{type(self).__name__}(shape={self.shape})"
 
     def _key(self):
-        """A hashable key: equal keys mean equal matrices (used to share work)."""
+        """A hashable key: equal keys mean equal matrices (used to share work, and by ``==`` and ``hash``).
+
+        By default the object's identity. Building blocks fixed by a few parameters (``Identity(n)``,
+        ``Ones(m, n)``, ``Prefix(n)``, ...) key by their class and parameters, and products and weights
+        by their parts' keys, so that equal ones built separately compare equal; never by dense content.
+        """
         return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        """Equality by :meth:`_key` within one class: by value for keyed building blocks, else identity."""
+        if self is other:
+            return True
+        if not isinstance(other, Matrix):
+            return NotImplemented
+        return type(self) is type(other) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
 
 # ====================================================================== Kronecker vectors

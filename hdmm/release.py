@@ -164,7 +164,10 @@ class Combined:
         r"""Per-query variances of workload ``W`` (unweighted) answered from the combined estimate, and whether exact.
 
         Exact, :math:`\mathrm{diag}(W (B^TB)^+ W^T)`, when :math:`B`'s structure has a closed form
-        (Kronecker, marginals algebra) or the domain is small enough (``N^2 <= DENSE_LIMIT``) for
+        (Kronecker, marginals algebra, residual bases), when the factor Grams of its terms
+        diagonalise together (:mod:`hdmm.union_gram`: any two strategies of Kronecker products on
+        the workload's attributes, OPT_+'s unions, at any domain size where the grids fit;
+        :func:`hdmm.error.exact_route`), or when the domain is small enough (``N^2 <= DENSE_LIMIT``) for
         a dense inverse of :math:`B^TB`, computed once per combination (Cholesky, or the
         pseudo-inverse when singular; :func:`hdmm.traces.gram_inverse`) and reused by
         :meth:`Release.answer`. Otherwise an upper bound: least squares on all measurements (the

@@ -54,8 +54,9 @@ from .matrix import DenseLimitError, Matrix
 from .traces import FACTOR_DENSE_LIMIT, PINV_RCOND, SUPPORT_TOL
 from .validation import ZERO_RTOL
 
-__all__ = ["JointDiagonal", "joint_diagonal", "TermGrid", "term_grid", "GRID_LIMIT", "DIAGONAL_RTOL",
-           "union_terms", "contract", "term_variances"]
+__all__ = ["JointDiagonal", "joint_diagonal", "cached_joint_diagonal", "factors_diagonalise",
+           "TermGrid", "term_grid",
+           "GRID_LIMIT", "DIAGONAL_RTOL", "union_terms", "union_route", "contract", "term_variances"]
 
 #: Largest grid of :math:`1/\delta` values one workload term may need (entries, 128 MiB of floats).
 GRID_LIMIT = 2**24
@@ -95,6 +96,15 @@ class JointDiagonal:
             self._labels.append(labels.ravel()[self.union.index[:, len(self._labels)]])
         largest = [d.max(axis=1, initial=0.0) for d in self.diagonals]
         self._scale = float(np.sum(self.union.weights ** 2 * self.union.products(largest)))
+        self._squares: dict[tuple[int, int], tuple[Matrix, tuple[np.ndarray, np.ndarray]]] = {}
+
+    def squares(self, i: int, f: Matrix) -> tuple[np.ndarray, np.ndarray]:
+        r"""A workload factor's :math:`(fT_i)^{\circ 2}` on attribute ``i`` where it has mass, and those columns
+        (computed once per factor object)."""
+        hit = self._squares.get((i, id(f)))
+        if hit is None or hit[0] is not f:
+            hit = self._squares[(i, id(f))] = (f, _squares(f, self.transforms[i]))
+        return hit[1]
 
     def delta(self, cols: list[np.ndarray]) -> np.ndarray:
         r""":math:`\delta` on the grid ``cols[0] x cols[1] x ...`` (index arrays), zero where it is rounding.
@@ -164,6 +174,14 @@ def _together(grams: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]] | 
     return T, diagonals
 
 
+def cached_joint_diagonal(union: KronUnion) -> JointDiagonal | None:
+    """:func:`joint_diagonal` of ``union``, computed once per union (kept in its ``memo``); raises as it does."""
+    cached = union.memo.get("joint_diagonal", False)
+    if cached is False:
+        cached = union.memo["joint_diagonal"] = joint_diagonal(union)
+    return cached
+
+
 def joint_diagonal(union: KronUnion) -> JointDiagonal | None:
     """The joint diagonalisation of a union strategy's factor Grams (module docstring), or ``None``.
 
@@ -173,16 +191,35 @@ def joint_diagonal(union: KronUnion) -> JointDiagonal | None:
     """
     transforms, diagonals = [], []
     for fs in union.factors:
-        grams = [_dense_gram(f) for f in fs]
-        n = grams[0].shape[0]
-        found = _together(grams + [np.ones((n, n))])
-        found = None if found is None else (found[0], found[1][:-1])
-        found = found or _together(grams)
+        found = _attribute_diagonal(fs)
         if found is None:
             return None
         transforms.append(found[0])
         diagonals.append(np.array(found[1]))
     return JointDiagonal(transforms, diagonals, union)
+
+
+def _attribute_diagonal(factors: list[Matrix]) -> tuple[np.ndarray, list[np.ndarray]] | None:
+    """One attribute's ``T`` and Gram diagonals (the all-ones direction with them when it fits), or ``None``."""
+    grams = [_dense_gram(f) for f in factors]
+    n = grams[0].shape[0]
+    found = _together(grams + [np.ones((n, n))])
+    found = None if found is None else (found[0], found[1][:-1])
+    return found or _together(grams)
+
+
+def factors_diagonalise(factors: list[Matrix]) -> bool:
+    """Whether one attribute's strategy factors have Grams that diagonalise together (densely affordable).
+
+    :func:`joint_diagonal` of a union is not ``None`` exactly when this holds for every attribute's
+    distinct factors. Monotone: a list that fails (or has a factor too large to diagonalise densely)
+    keeps failing as factors are added, since a congruence diagonalising all the Grams diagonalises
+    any of them.
+    """
+    try:
+        return _attribute_diagonal(list(factors)) is not None
+    except DenseLimitError:
+        return False
 
 
 @dataclass
@@ -279,6 +316,38 @@ def term_variances(term: TermGrid) -> np.ndarray:
     return np.where(bad > SUPPORT_TOL * mass, np.inf, values)
 
 
+def _lined_up(W: Matrix, a_union: KronUnion | None) -> tuple[KronUnion, JointDiagonal] | None:
+    """The workload's union and the strategy's joint diagonalisation on common attributes, or ``None``."""
+    if a_union is None:
+        return None
+    pair = aligned_pair(W, a_union)
+    if pair is None:
+        return None
+    w_union, a_union = pair
+    diagonal = cached_joint_diagonal(a_union)
+    return None if diagonal is None else (w_union, diagonal)
+
+
+def _term_squares(w_union: KronUnion, diagonal: JointDiagonal) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    """Per workload term, its factors' :meth:`JointDiagonal.squares`."""
+    per_factor = [[diagonal.squares(i, f) for f in fs] for i, fs in enumerate(w_union.factors)]
+    return [[per_factor[i][k] for i, k in enumerate(w_union.index[j])] for j in range(w_union.num_terms)]
+
+
+def union_route(W: Matrix, a_union: KronUnion | None) -> bool:
+    """Whether :func:`union_terms` gives the workload's terms under ``a_union`` (no error raised), without
+    forming the grids: the two line up, the strategy's Grams diagonalise together and every term's grid
+    fits in ``GRID_LIMIT``."""
+    try:
+        found = _lined_up(W, a_union)
+        if found is None:
+            return False
+        terms = _term_squares(*found)
+    except DenseLimitError:
+        return False
+    return all(math.prod(len(keep) for _, keep in squares) <= GRID_LIMIT for squares in terms)
+
+
 def union_terms(W: Matrix, a_union: KronUnion | None) -> list[TermGrid] | None:
     """Every workload term of ``W`` as a :class:`TermGrid` under the union strategy ``a_union``, or ``None``.
 
@@ -286,17 +355,9 @@ def union_terms(W: Matrix, a_union: KronUnion | None) -> list[TermGrid] | None:
     diagonalise together; :class:`~hdmm.matrix.DenseLimitError` when a factor or a term's grid is
     too large (then only bounds are cheap).
     """
-    if a_union is None:
+    found = _lined_up(W, a_union)
+    if found is None:
         return None
-    pair = aligned_pair(W, a_union)
-    if pair is None:
-        return None
-    w_union, a_union = pair
-    cached = a_union.memo.get("joint_diagonal", False)
-    diagonal = joint_diagonal(a_union) if cached is False else cached
-    a_union.memo["joint_diagonal"] = diagonal
-    if diagonal is None:
-        return None
-    per_factor = [[_squares(f, T) for f in fs] for T, fs in zip(diagonal.transforms, w_union.factors)]
-    return [term_grid(diagonal, *w_union.term(j), [per_factor[i][k] for i, k in enumerate(w_union.index[j])])
-            for j in range(w_union.num_terms)]
+    w_union, diagonal = found
+    return [term_grid(diagonal, w_union.weights[j], w_union.term(j)[1], squares)
+            for j, squares in enumerate(_term_squares(w_union, diagonal))]

@@ -17,6 +17,7 @@ in :math:`O(n)` with cumulative sums.
 
 from __future__ import annotations
 
+import hashlib
 from functools import cached_property
 from typing import Callable, Mapping, Sequence
 
@@ -166,6 +167,14 @@ class Ranges(Matrix):
     def __repr__(self):
         return f"{type(self).__name__}(n={self.n}, {self.shape[0]:,} ranges)"
 
+    @cached_property
+    def _digest(self) -> bytes:
+        """The intervals' fingerprint (a hash of their end points, computed once)."""
+        return hashlib.sha1(np.ascontiguousarray(np.stack([self.lo, self.hi])).tobytes()).digest()
+
+    def _key(self):
+        return (type(self).__name__, self.n, self._digest)
+
 
 class _SymmetricStructured(Matrix):
     """A symmetric ``n x n`` matrix with a closed-form entry formula and an O(n) product."""
@@ -183,6 +192,9 @@ class _SymmetricStructured(Matrix):
 
     def trace(self):
         return float(np.sum(self.diag()))
+
+    def _key(self):
+        return (type(self).__name__, self.n)
 
 
 class RangesGram(_SymmetricStructured):
@@ -215,6 +227,9 @@ class RangesGram(_SymmetricStructured):
 
     def __repr__(self):
         return f"RangesGram(n={self.n}, {self.ranges.shape[0]:,} ranges)"
+
+    def _key(self):
+        return ("RangesGram", self.ranges._key())
 
 
 class PrefixGram(_SymmetricStructured):
@@ -288,6 +303,9 @@ class Prefix(Ranges):
     def _coverage(self):
         return self.n - np.arange(self.n, dtype=float)
 
+    def _key(self):
+        return ("Prefix", self.n)
+
 
 class AllRange(Ranges):
     """All ``n(n+1)/2`` range queries ``[a, b)``, ordered by ``a`` then ``b``.
@@ -318,6 +336,9 @@ class AllRange(Ranges):
     def _coverage(self):
         i = np.arange(self.n, dtype=float)
         return (i + 1) * (self.n - i)
+
+    def _key(self):
+        return ("AllRange", self.n)
 
 
 def WidthKRange(n: int, k: int) -> Ranges:

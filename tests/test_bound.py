@@ -376,9 +376,10 @@ def test_marginal_type_unions_cheap_bound_is_certain(mix):
 def test_equal_factors_and_terms_are_merged():
     """Equal Grams built as separate objects are kept once, repeated terms merge into one with the
     summed squared weight, and the bound is unchanged (docs/math.md, section 5.4)."""
-    W, ref = _marginal_union([lambda: wl.Prefix(5), lambda: Identity(3), lambda: Identity(2)], 2)
+    # explicit prefix matrices: a Prefix(5) equals every other one and the union keeps it once already
+    W, ref = _marginal_union([lambda: Explicit(wl.Prefix(5).dense()), lambda: Identity(3), lambda: Identity(2)], 2)
     union = kron_union(W)
-    assert len(union.factors[0]) > 2  # one Prefix(5) object per marginal on attribute 0
+    assert len(union.factors[0]) > 2  # one explicit prefix object per marginal on attribute 0
     ops = [[f.gram() for f in fs] for fs in union.factors]
     grams = [[G.dense() for G in gs] for gs in ops]
     kept, _, index, w2 = hdmm_bound._distinct(grams, ops, union.index, union.weights**2)

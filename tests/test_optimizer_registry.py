@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import itertools
 import warnings
 
 import numpy as np
@@ -25,6 +26,7 @@ from hdmm.optimizers import (
     opt_residual,
     opt_union,
 )
+from hdmm.error import exact_route, expected_error
 from hdmm.matrix import Kronecker
 
 LAPLACE, GAUSS = hdmm.PureDP(1.0), hdmm.ZCDP(0.5)
@@ -302,12 +304,19 @@ def test_opt_union_abandons_once_its_bound_cannot_win_and_never_where_its_error_
         assert floor <= run.unit_error * problem.unit_variance * (1 + 1e-6)
         monkeypatch.undo()
         monkeypatch.setattr(registry, "UNION_EXACT_MAX_N", 4)
-    # groups of identities and totals may give a strategy with its exact error: no abandoning
+    # groups of identities and totals may give a strategy with its exact error: no abandoning on the bound,
+    # only below the sum of the groups' SVD bounds, which no strategy's exact error goes under
     M = hdmm.AllMarginals((3, 4, 2), 1)
     problem = Problem(M, LAPLACE, rng=np.random.default_rng(0))
     problem.expected_error(hdmm.Identity(24))
-    monkeypatch.setattr(Problem, "best_unit_error", lambda self: 1e-12)
-    assert registry.REGISTRY["opt_union"].run(problem).exact
+    groups = registry.default_groups(M, problem.union)
+    floor = sum(registry._group_floors(problem, groups))
+    monkeypatch.setattr(Problem, "best_unit_error", lambda self: floor * 1.001)
+    run = registry.REGISTRY["opt_union"].run(problem)
+    assert run.exact and run.unit_error >= floor * (1 - 1e-9)
+    monkeypatch.setattr(Problem, "best_unit_error", lambda self: floor * 0.999)
+    with pytest.raises(registry.Abandoned, match="exact error, the sum of its groups' SVD bounds, is at least"):
+        registry.REGISTRY["opt_union"].run(Problem(M, LAPLACE, rng=np.random.default_rng(0)))
 
 
 def test_a_time_limit_returns_the_best_found_so_far_and_reports_the_rest_as_skipped(monkeypatch):
@@ -354,17 +363,20 @@ def test_under_laplace_opt_union_is_left_to_opt_m_on_identities_and_totals(make)
 
 def test_opt_union_check_counts_only_the_groups_it_measures(monkeypatch):
     # a group of weight zero is not measured: the check must not pair errors with the wrong groups
+    # (three measured groups: two would always diagonalise together and be judged exactly, not by the bound)
     W = hdmm.union([Kronecker([hdmm.Prefix(32), hdmm.Prefix(16)]), Kronecker([hdmm.AllRange(32), hdmm.Total(16)]),
-                    Kronecker([hdmm.Total(32), hdmm.AllRange(16)])], weights=[1.0, 0.0, 1.0])
+                    Kronecker([hdmm.Total(32), hdmm.AllRange(16)]), Kronecker([hdmm.AllRange(32), hdmm.Prefix(16)])],
+                   weights=[1.0, 0.0, 1.0, 1.0])
     monkeypatch.setattr(registry, "UNION_EXACT_MAX_N", 4)
     problem = Problem(W, LAPLACE, rng=np.random.default_rng(0))
     groups = registry.default_groups(W, problem.union)
-    assert len(groups) == 3
+    assert len(groups) == 4
     problem.expected_error(hdmm.Identity(512))
     check = registry._union_check(problem, groups)
     run = registry.REGISTRY["opt_union"].run(Problem(W, LAPLACE, rng=np.random.default_rng(0), abandon=False))
+    assert not run.exact
     monkeypatch.setattr(Problem, "best_unit_error", lambda self, v=run.unit_error: v * 0.999)
-    with pytest.raises(registry.Abandoned, match="of 2 groups"):
+    with pytest.raises(registry.Abandoned, match="of 3 groups: its error bound"):
         registry.REGISTRY["opt_union"].run(Problem(W, LAPLACE, rng=np.random.default_rng(0)))
     assert check is not None
     # one measured group left: OPT_+ is one Kronecker strategy with its exact error, so no check
@@ -372,3 +384,91 @@ def test_opt_union_check_counts_only_the_groups_it_measures(monkeypatch):
                          Kronecker([hdmm.AllRange(32), hdmm.Total(16)])], weights=[1.0, 0.0])
     one = Problem(single, LAPLACE)
     assert registry._union_check(one, registry.default_groups(single, one.union)) is None
+
+
+def prefix_marginals(sizes=(16, 12, 4, 3)):
+    """Every 0-2-way marginal, Prefix on the first two attributes and Identity on the rest (2,304 cells)."""
+    dom = hdmm.Domain(list("abcd"), list(sizes))
+    return hdmm.union([hdmm.product(dom, {"abcd"[i]: hdmm.Prefix(sizes[i]) if i < 2 else hdmm.Identity(sizes[i])
+                                          for i in S})
+                       for k in range(3) for S in itertools.combinations(range(4), k)])
+
+
+@pytest.mark.parametrize("privacy", [LAPLACE, GAUSS], ids=["laplace", "gaussian"])
+def test_opt_union_above_the_dense_limit_is_judged_by_its_exact_error_where_its_grams_diagonalise(privacy):
+    W = prefix_marginals()
+    assert W.shape[1] > registry.UNION_EXACT_MAX_N
+    result = hdmm.optimize(W, privacy, seed=0, optimizers=["identity", "opt_kron", "opt_union"])
+    row = result.report.set_index("optimizer").loc["opt_union"]
+    problem = Problem(W, privacy, rng=np.random.default_rng(0))
+    A, bound = registry.opt_union_groups(problem.union, registry.default_groups(W, problem.union), privacy,
+                                         rng=np.random.default_rng(0))
+    assert exact_route(W, A) == "union"
+    candidate = registry.union_candidate(problem, A, bound)
+    assert candidate.exact and candidate.unit_error < bound
+    # against numpy's dense pseudo-inverse (2,304 cells)
+    Ad, Wd = A.dense(), W.dense()
+    dense = np.sum((Wd @ np.linalg.pinv(Ad.T @ Ad, rcond=1e-10, hermitian=True)) * Wd)
+    np.testing.assert_allclose(candidate.unit_error, dense, rtol=1e-8)
+    assert bool(row["exact"])
+    if privacy is GAUSS:  # the exact error wins here; judged by its bound (1.75x) it lost to opt_kron
+        assert result.optimizer == "opt_union"
+        np.testing.assert_allclose(float(result.error), float(expected_error(W, result.strategy, privacy)), rtol=1e-12)
+        assert float(result.error) < row["total squared error"] * (1 + 1e-12)
+        np.testing.assert_allclose(row["total squared error"], dense * problem.unit_variance, rtol=1e-8)
+
+
+@pytest.mark.parametrize("privacy", [LAPLACE, GAUSS], ids=["laplace", "gaussian"])
+def test_opt_union_is_never_abandoned_when_its_exact_error_would_win(monkeypatch, privacy):
+    W = prefix_marginals()
+    won = registry.REGISTRY["opt_union"].run(Problem(W, privacy, rng=np.random.default_rng(0), abandon=False))
+    assert won.exact
+    problem = Problem(W, privacy, rng=np.random.default_rng(0))
+    floors = registry._group_floors(problem, [g for g in registry.default_groups(W, problem.union)])
+    assert sum(floors) <= won.unit_error * (1 + 1e-9)  # the exact floor is under the exact error
+    # any best so far above OPT_+'s exact error, however close: it runs to the end and wins
+    for margin in (1e-6, 0.01, 0.5):
+        monkeypatch.setattr(Problem, "best_unit_error", lambda self, v=won.unit_error * (1 + margin): v)
+        run = registry.REGISTRY["opt_union"].run(Problem(W, privacy, rng=np.random.default_rng(0)))
+        assert run.exact and run.unit_error == pytest.approx(won.unit_error, rel=1e-12)
+    # with abandoning as optimize does it, the same winner and error as without
+    every = hdmm.optimize(W, privacy, seed=0, exhaustive=True)
+    default = hdmm.optimize(W, privacy, seed=0)
+    assert (default.optimizer, float(default.error)) == (every.optimizer, float(every.error))
+
+
+def test_opt_union_diagonalises_its_factors_only_when_the_bound_would_abandon(monkeypatch):
+    W = prefix_marginals()
+    calls = []
+    real = registry.factors_diagonalise
+    monkeypatch.setattr(registry, "factors_diagonalise", lambda fs: calls.append(len(fs)) or real(fs))
+    won = registry.REGISTRY["opt_union"].run(Problem(W, GAUSS, rng=np.random.default_rng(0), abandon=False))
+    groups = len(registry.default_groups(W, Problem(W, GAUSS).union))
+    # a best far above the bound: nothing to decide, no Gram diagonalised
+    monkeypatch.setattr(Problem, "best_unit_error", lambda self: won.unit_error * 100)
+    registry.REGISTRY["opt_union"].run(Problem(W, GAUSS, rng=np.random.default_rng(0)))
+    assert calls == []
+    # a best just above the exact error, under the bound's floor: an attribute is diagonalised once per new factor
+    monkeypatch.setattr(Problem, "best_unit_error", lambda self: won.unit_error * 1.01)
+    run = registry.REGISTRY["opt_union"].run(Problem(W, GAUSS, rng=np.random.default_rng(0)))
+    assert run.exact and 0 < len(calls) <= 4 * groups
+    assert all(n <= groups + 2 for n in calls)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: prefix_marginals((12, 10, 3, 4)),
+    lambda: hdmm.union([hdmm.product(hdmm.Domain(list("abc"), [12, 10, 12]), {"abc"[i]: hdmm.AllRange((12, 10, 12)[i])
+                                                                               for i in S})
+                        for S in [(0,), (1,), (2,), (0, 1), (1, 2)]]),
+    lambda: hdmm.union([Kronecker([hdmm.Prefix(40), hdmm.Identity(30)]), Kronecker([hdmm.AllRange(40), hdmm.Total(30)]),
+                        Kronecker([hdmm.Total(40), hdmm.Prefix(30)])]),
+], ids=["prefix-marginals", "range-marginals", "three-products"])
+@pytest.mark.parametrize("privacy", [LAPLACE, GAUSS], ids=["laplace", "gaussian"])
+def test_abandoning_never_changes_what_optimize_chooses(make, privacy):
+    W = make()
+    assert W.shape[1] > registry.UNION_EXACT_MAX_N
+    default, every = hdmm.optimize(W, privacy, seed=0), hdmm.optimize(W, privacy, seed=0, exhaustive=True)
+    assert (default.optimizer, float(default.error)) == (every.optimizer, float(every.error))
+    row = default.report.set_index("optimizer").loc["opt_union"]
+    if row["note"].startswith("abandoned"):
+        assert every.report.set_index("optimizer").loc["opt_union", "total squared error"] >= float(every.error)

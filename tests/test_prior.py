@@ -105,10 +105,14 @@ def test_variances_are_upper_bounds_where_no_exact_route_applies(monkeypatch):
     x = np.arange(n, dtype=float)
     W = hdmm.union([hdmm.Prefix(n), hdmm.Identity(n)])
     r1 = hdmm.run(W, x, ZCDP(0.5), strategy=hdmm.Identity(n), rng=1)
-    A2 = Explicit(np.random.default_rng(3).normal(size=(8, n)))
-    exact = hdmm.run(W, x, ZCDP(0.5), strategy=A2, rng=2, prior=r1)
+    # three unrelated Grams (the identity's and two random ones) do not diagonalise together, so no
+    # hdmm.union_gram route either (two always would)
+    A2, A3 = (Explicit(np.random.default_rng(seed).normal(size=(8, n))) for seed in (3, 4))
+    r2 = hdmm.run(W, x, ZCDP(0.5), strategy=A2, rng=2, prior=r1)
+    exact = hdmm.run(W, x, ZCDP(0.5), strategy=A3, rng=3, prior=r2)
+    assert hdmm.error.exact_route(W, exact.combined.stacked) == "dense"
     monkeypatch.setattr(hdmm.release, "DENSE_LIMIT", 10)  # no dense inverse: bounds only
-    bounded = hdmm.run(W, x, ZCDP(0.5), strategy=A2, rng=2, prior=r1)
+    bounded = hdmm.run(W, x, ZCDP(0.5), strategy=A3, rng=3, prior=r2)
     assert exact.variance_exact and not bounded.variance_exact
     assert np.all(bounded.variances >= exact.variances * (1 - 1e-9))
     np.testing.assert_allclose(bounded.variances, r1.variances, rtol=1e-12)  # the identity alone, here
@@ -218,3 +222,28 @@ def test_dense_variances_by_column_blocks_when_the_workload_is_too_large_to_form
     monkeypatch.setattr(type(W), "quadratic_diag", refuse)
     monkeypatch.setattr(hdmm.release, "QUADRATIC_BLOCK", 5)
     np.testing.assert_allclose(hdmm.release._quadratic_diag(W, X), expected, rtol=1e-10)
+
+
+def test_combined_variances_are_exact_through_union_gram_without_a_dense_inverse(monkeypatch):
+    # two Kronecker strategies on three attributes: two Grams per attribute always diagonalise together
+    dom = hdmm.Domain(["a", "b", "c"], [6, 5, 4])
+    x = np.arange(dom.size, dtype=float) % 7
+    W1 = hdmm.product(dom, {"a": hdmm.Prefix(6), "b": hdmm.Identity(5)})
+    W2 = hdmm.union([W1, hdmm.product(dom, {"a": hdmm.Identity(6), "c": hdmm.Identity(4)}),
+                     hdmm.product(dom, {"b": hdmm.Prefix(5)})])
+    A1 = Kronecker([hdmm.Prefix(6), hdmm.Identity(5), hdmm.Total(4)])
+    A2 = Kronecker([hdmm.Identity(6), VStack([hdmm.Identity(5), hdmm.Total(5)]), hdmm.Identity(4)])
+    monkeypatch.setattr(hdmm.release, "DENSE_LIMIT", 10)  # no dense inverse of B^T B: union_gram or bounds
+    r1 = hdmm.run(W1, x, ZCDP(0.5), strategy=A1, rng=1)
+    r2 = hdmm.run(W2, x, PureDP(1.0), strategy=A2, rng=2, prior=r1)
+    assert hdmm.error.exact_route(W2, r2.combined.stacked) == "union"
+    assert r2.variance_exact
+    _, cov = _gls([r1, r2])
+    W2d = W2.dense()
+    np.testing.assert_allclose(r2.variances, np.einsum("ij,jk,ik->i", W2d, cov, W2d), rtol=1e-8)
+    again = r2.answer(W1)
+    assert again.variance_exact
+    np.testing.assert_allclose(again.std_errors**2, np.einsum("ij,jk,ik->i", W1.dense(), cov, W1.dense()),
+                               rtol=1e-8)
+    # no worse than either measurement alone
+    assert np.all(again.std_errors <= r1.std_errors * (1 + 1e-9))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import hdmm
-from hdmm.error import expected_error, per_query_variance, unit_query_variances
+from hdmm.error import exact_route, expected_error, per_query_variance, unit_query_variances
 from hdmm.kron_union import kron_union
 from hdmm.optimizers import opt_union
 from hdmm.matrix import Explicit, Identity, Kronecker, Ones, VStack, Weighted
@@ -31,6 +31,7 @@ def check(W, A, *, diagonalises=True):
     structure = classify(A)
     assert structure.form == "general"
     assert (joint_diagonal(structure.union) is not None) == diagonalises
+    assert exact_route(W, A) == ("union" if diagonalises else "dense")
     got, want = unit_query_variances(W, A, structure), dense_unit_variances(W, A)
     np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
     finite = np.isfinite(want)
@@ -155,3 +156,14 @@ def test_random_unions_against_dense(seed):
     np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
     finite = np.isfinite(want)
     np.testing.assert_allclose(got[finite], want[finite], rtol=1e-7)
+
+
+def test_the_union_route_is_taken_only_where_every_grid_fits(monkeypatch):
+    import hdmm.union_gram as union_gram
+
+    W = readme_like((2, 20, 5))
+    A = opt_union(W, hdmm.ZCDP(0.5), groups=[[0], [1, 2, 3]], seed=0)
+    assert union_gram.union_route(W, classify(A).union) and exact_route(W, A) == "union"
+    monkeypatch.setattr(union_gram, "GRID_LIMIT", 1)  # every term's grid now too large: no exact route but dense
+    assert not union_gram.union_route(W, classify(A).union) and exact_route(W, A) == "dense"
+    assert not union_gram.union_route(W, None)

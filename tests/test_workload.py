@@ -234,3 +234,63 @@ def test_product_bad_inputs():
         wl.product(dom, {"age": wl.Prefix(4)})
     with pytest.raises(TypeError):
         wl.product(dom, {"age": np.eye(5)})
+
+
+def test_building_blocks_compare_and_hash_by_class_and_parameters():
+    from hdmm.marginals import Helmert
+    from hdmm.matrix import Explicit, Kronecker, Ones
+
+    equal = [(wl.Prefix(5), wl.Prefix(5)), (wl.AllRange(7), wl.AllRange(7)), (Identity(4), Identity(4)),
+             (Ones(2, 3), Ones(2, 3)), (wl.WidthKRange(6, 2), wl.WidthKRange(6, 2)),
+             (wl.Ranges(5, [(0, 2), (1, 4)]), wl.Ranges(5, [(0, 2), (1, 4)])),
+             (wl.PrefixGram(5), wl.Prefix(5).gram()), (wl.AllRangeGram(6), wl.AllRange(6).gram()),
+             (wl.RangesGram(wl.Ranges(5, [(0, 3)])), wl.RangesGram(wl.Ranges(5, [(0, 3)]))), (Helmert(4), Helmert(4)),
+             (Kronecker([wl.Prefix(3), Identity(2)]), Kronecker([wl.Prefix(3), Identity(2)])),
+             (2.0 * wl.Prefix(3), 2.0 * wl.Prefix(3))]
+    for a, b in equal:
+        assert a is not b and a == b and hash(a) == hash(b) and not (a != b), (a, b)
+        np.testing.assert_array_equal(a.dense(), b.dense())
+    different = [(wl.Prefix(5), wl.Prefix(6)), (wl.Prefix(5), wl.AllRange(5)), (wl.AllRange(3), wl.Prefix(3)),
+                 (wl.Ranges(5, [(0, 2)]), wl.Ranges(5, [(0, 3)])), (wl.WidthKRange(6, 2), wl.WidthKRange(6, 3)),
+                 (Ones(1, 3), Ones(3, 1)), (2.0 * wl.Prefix(3), 3.0 * wl.Prefix(3)),
+                 (Kronecker([wl.Prefix(3), Identity(2)]), Kronecker([Identity(3), wl.Prefix(2)])),
+                 # by class: the same queries as another class are not the same building block
+                 (wl.Prefix(4), wl.Ranges(4, [(0, b) for b in range(1, 5)]))]
+    for a, b in different:
+        assert a != b and not (a == b), (a, b)
+    # one entry per value in dicts and sets
+    assert len({wl.Prefix(5), wl.Prefix(5), wl.Prefix(6)}) == 2
+    assert {wl.AllRange(4): 1}[wl.AllRange(4)] == 1
+    # matrices given by their entries stay compared by identity (no dense content is hashed)
+    M = np.arange(6.0).reshape(2, 3)
+    e = Explicit(M)
+    assert e == e and Explicit(M) != e and hash(e) == hash(e)
+    # against other objects: never equal, never an elementwise array
+    assert (wl.Prefix(3) == np.eye(3)) is False and (wl.Prefix(3) == 3) is False
+    assert (wl.Prefix(3) != np.eye(3)) is True
+
+
+def test_equality_of_large_blocks_never_forms_their_queries():
+    a, b = wl.AllRange(10**6), wl.AllRange(10**6)  # 5e11 ranges: its interval list would not fit in memory
+    assert a == b and hash(a) == hash(b)
+    assert "_bounds" not in vars(a) and "_bounds" not in vars(b)
+    assert wl.Prefix(10**7) == wl.Prefix(10**7) and wl.PrefixGram(10**7) == wl.Prefix(10**7).gram()
+
+
+def test_a_union_of_prefix_marginals_keeps_one_factor_per_attribute_value():
+    import itertools
+
+    from hdmm.kron_union import kron_union
+
+    sizes = [50, 100, 7, 4, 2]  # CPS: Prefix on the first two attributes, Identity on the rest
+    dom = Domain(list("abcde"), sizes)
+    W = wl.union([wl.product(dom, {"abcde"[i]: wl.Prefix(sizes[i]) if i < 2 else Identity(sizes[i]) for i in S})
+                  for k in range(4) for S in itertools.combinations(range(5), k)])
+    union = kron_union(W)
+    assert [len(fs) for fs in union.factors] == [2, 2, 2, 2, 2]  # the block and the total, each once
+    for fs, n in zip(union.factors, sizes):
+        kinds = sorted(type(f).__name__ for f in fs)
+        assert kinds == (["Ones", "Prefix"] if n in (50, 100) else ["Identity", "Ones"])
+    subsets = [S for k in range(4) for S in itertools.combinations(range(5), k)]
+    prefix = [k for k, f in enumerate(union.factors[0]) if f == wl.Prefix(50)]
+    assert np.count_nonzero(union.index[:, 0] == prefix[0]) == sum(0 in S for S in subsets)

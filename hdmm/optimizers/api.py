@@ -165,8 +165,9 @@ def opt_union(W: Matrix, privacy: Privacy | None = None, groups: Sequence[Sequen
     top-level block of a union (e.g. per Census table), else one per Kronecker term; but as
     separate groups cannot share measurements (on marginal workloads one group per marginal is
     often several times worse than the identity), the OPT_(x) strategy of all terms together is
-    returned instead when its error is smaller (OPT_+'s exact error where affordable, else its
-    upper bound; see :data:`~hdmm.optimizers.registry.UNION_EXACT_MAX_N`), both at unit noise.
+    returned instead when its error is smaller (OPT_+'s exact error where an exact route applies,
+    :func:`hdmm.error.exact_route`, or the domain is small, else its upper bound; see
+    :data:`~hdmm.optimizers.registry.UNION_EXACT_MAX_N`), both at unit noise.
     ``noise`` is the deprecated alias (module docstring).
     """
     privacy = _privacy("opt_union", privacy, noise)
@@ -272,8 +273,9 @@ def optimize(W: Matrix, privacy: Privacy, *, restarts: int | None = None, seed=N
     (reference), ``residual`` (Gaussian noise only), ``residual_bases`` (Gaussian noise, a basis
     per attribute, outside the marginals algebra), ``opt_kron`` (OPT_(x)), ``opt_marginals``
     (OPT_M) and ``opt_union`` (OPT_+, when the workload has several Kronecker terms; its exact
-    error up to :data:`~hdmm.optimizers.registry.UNION_EXACT_MAX_N` cells or when a closed form
-    applies, else the upper bound of :mod:`.union`, marked ``exact=False`` in the report). Each
+    error where an exact route applies (a closed form, or factor Grams that diagonalise together,
+    :mod:`hdmm.union_gram`) or up to :data:`~hdmm.optimizers.registry.UNION_EXACT_MAX_N` cells,
+    else the upper bound of :mod:`.union`, marked ``exact=False`` in the report). Each
     candidate's error is computed once, under ``privacy``; the best one's is the result's
     ``error``. ``optimizers`` names a subset of them (one name or a list). ``restarts``: random
     starts per optimizer; by default p-Identity makes 8 per attribute of up to 512 values and 3

@@ -299,9 +299,9 @@ def _total_supports(factors: list[Matrix]) -> bool:
 def _effective_gram(grams: list[Matrix], coef: np.ndarray) -> Matrix:
     """``sum_k coef_k grams[k]`` over the positive coefficients; dense when small and of several terms.
 
-    A workload built term by term repeats equal factors as distinct objects (13 prefix Grams on
-    one attribute of the 91 two-way products of 14 attributes): a small dense sum makes every
-    product one matrix multiplication instead of one pass per term.
+    A workload may carry several different factors on one attribute (a prefix, an identity and a
+    total), or equal ones that do not compare equal (explicit matrices built term by term): a small
+    dense sum makes every product one matrix multiplication instead of one pass per term.
     """
     terms = [Weighted(G, c) for G, c in zip(grams, coef) if c > 0]
     G = Sum(terms)
