@@ -170,7 +170,7 @@ class Ranges(Matrix):
     @cached_property
     def _digest(self) -> bytes:
         """The intervals' fingerprint (a hash of their end points, computed once)."""
-        return hashlib.sha1(np.ascontiguousarray(np.stack([self.lo, self.hi])).tobytes()).digest()
+        return hashlib.sha256(np.ascontiguousarray(np.stack([self.lo, self.hi]), dtype=np.int64).tobytes()).digest()
 
     def _key(self):
         return (type(self).__name__, self.n, self._digest)
