@@ -54,10 +54,11 @@ An optimizer's run may also stop itself once it cannot win, raising :class:`Aban
 the reason (``optimize`` reports it). OPT_+ is judged by its exact error where an exact route
 exists (:func:`hdmm.error.exact_route`; :mod:`hdmm.union_gram` for most of its strategies) and by
 its upper bound :math:`(\sum_g e_g^{1/3})^3` (Laplace) or :math:`(\sum_g e_g^{1/2})^2` (Gaussian)
-over its groups (:mod:`.union`) otherwise. Either way what judges it is at least its exact error,
-and that is at least :math:`\sum_g b_g`, the groups' SVD bounds: the error of a strategy on a
-union of groups is the sum of its errors on each group, and no strategy of sensitivity 1 does
-better on a group than the group's bound. Once the strategy of the groups found so far has no
+over its groups (:mod:`.union`) otherwise. Its exact error is at least :math:`\sum_g b_g`, the
+groups' SVD bounds (the error of a strategy on a union of groups is the sum of its errors on each
+group, and no strategy of sensitivity 1 does better on a group than the group's bound), but that
+sum is at most the workload's own bound, below every candidate's error: it never rules OPT_+
+out, so an exactly judged OPT_+ runs every group. Once the strategy of the groups found so far has no
 exact route for a reason that adding groups keeps, OPT_+ will be judged by its upper bound, and
 since each group's OPT_(x) error :math:`e_g` is at least :math:`b_g`, the bound with the groups
 still to come at :math:`b_g` is a floor under it (:func:`_union_check`).
@@ -309,21 +310,18 @@ def _group_floors(problem: Problem, groups: list[np.ndarray]) -> list[float]:
 def _union_check(problem: Problem, groups: list[np.ndarray]) -> Callable[[list[Matrix], list[float]], None] | None:
     """A check for OPT_+ after each group: raise :class:`Abandoned` once it cannot beat the best candidate so far.
 
-    Two floors under what OPT_+ will be judged by (module docstring), both below its exact error
-    wherever that judges it:
-
-    * always the sum of the groups' SVD bounds, under its exact error and so under its bound;
-    * once the factor Grams of the groups so far do not diagonalise together on some attribute
-      (:func:`hdmm.union_gram.factors_diagonalise`) and their stack has no closed-form error
-      (:func:`hdmm.error.exact_route`), the whole will not have an exact route either (the groups
-      share the workload's attribute sizes, a congruence diagonalising every Gram diagonalises
-      any of them, and a factor outside the closed forms stays in the stack), so the whole is
-      judged by its upper bound: that bound with the groups still to come at their SVD bounds is
-      a floor, rising as groups are found.
+    Where OPT_+ will be judged by its exact error, nothing cheap rules it out: the groups' SVD
+    bounds add up to at most the workload's, which is below every candidate's error, the best
+    one's included. Once the factor Grams of the groups so far do not diagonalise together on
+    some attribute (:func:`hdmm.union_gram.factors_diagonalise`) and their stack has no
+    closed-form error (:func:`hdmm.error.exact_route`), the whole will not have an exact route
+    either (the groups share the workload's attribute sizes, a congruence diagonalising every
+    Gram diagonalises any of them, and a factor outside the closed forms stays in the stack), so
+    the whole is judged by its upper bound: that bound with the groups still to come at their SVD
+    bounds is a floor, rising as groups are found.
 
     The groups' factors are taken in as they come, and an attribute's Grams are diagonalised
-    again only when a new distinct factor appears there, and only once the second floor would
-    abandon. Up to ``UNION_EXACT_MAX_N`` cells OPT_+ is judged exactly and cheaply: no check
+    again only when a new distinct factor appears there, and only once the floor would abandon. Up to ``UNION_EXACT_MAX_N`` cells OPT_+ is judged exactly and cheaply: no check
     (``None``), nor for fewer than two groups.
     """
     W, union = problem.workload, problem.union
@@ -356,24 +354,19 @@ def _union_check(problem: Problem, groups: list[np.ndarray]) -> Callable[[list[M
         state["exact"] = False
         return False
 
-    def abandon(floor: float, best: float, found: int, judged: str) -> None:
-        if floor >= best * (1.0 + 1e-9):
-            unit = problem.unit_variance
-            raise Abandoned(f"abandoned after {found} of {len(groups)} groups: its {judged} is at least "
-                            f"{floor * unit:.6g}, above the best so far ({best * unit:.6g})")
-
     def check(parts: list[Matrix], errors: list[float]) -> None:
         best = problem.best_unit_error()
         if best is None:
             return
         if not floors:
             floors.extend(_group_floors(problem, groups))
-            abandon(float(np.sum(floors)), best, len(errors), "exact error, the sum of its groups' SVD bounds,")
         e = np.array(list(errors) + floors[len(errors):])
         floor = float(np.sum(np.cbrt(e)) ** 3) if problem.privacy.norm == 1 else float(np.sum(np.sqrt(e)) ** 2)
         if floor < best * (1.0 + 1e-9) or state["exact"] is None or exact_possible(parts):
             return
-        abandon(floor, best, len(errors), "error bound, which judges it here,")
+        unit = problem.unit_variance
+        raise Abandoned(f"abandoned after {len(errors)} of {len(groups)} groups: its error bound, which judges it "
+                        f"here, is at least {floor * unit:.6g}, above the best so far ({best * unit:.6g})")
 
     return check
 
