@@ -51,6 +51,7 @@ import scipy.sparse as sp
 from .marginals import trace_spectrum
 from .matrix import Explicit, Identity, Kronecker, Matrix, Ones, Sum, Weighted
 from .privacy import Privacy
+from .bound_rows import RowGram, trace_sqrt_rows
 from .slq import trace_sqrt
 from .spectral import blocks
 from .kron_union import KronUnion, kron_union
@@ -73,6 +74,21 @@ SCALAR_TAIL_LIMIT = 2**25
 #: the lower bound :math:`\|W\|_* \ge (\sum_j \|W_j\|_*^2)^{1/2}` over its Kronecker terms
 #: :math:`W_j` instead (docs/math.md, section 5.4), and the bound is no longer exact.
 SLQ_MAX_N = 2**21
+#: Largest row Gram (in rows, the sum over terms of the product of their factors' ranks) whose
+#: trace square root is estimated on the row side (:mod:`hdmm.bound_rows`) when it has fewer rows
+#: than the block has columns; each probe holds about eight vectors of this length.
+ROW_SLQ_MAX_N = 2**24
+#: Row-side estimates take ``probes * ROW_PROBE_ROWS / rows`` probes (at least 2, at most
+#: ``probes``), at least ``ROW_MIN_STEPS`` Lanczos steps, and reorthogonalise up to
+#: ``ROW_REORTHOGONALIZE_N`` rows.
+ROW_PROBE_ROWS = 2**13
+ROW_MIN_STEPS = 60
+ROW_REORTHOGONALIZE_N = 2**13
+#: Default largest work (probes x steps x rows) of one row-side estimate: about a minute of
+#: products at one BLAS thread; past it steps, then probes are cut (to 2 and ``ROW_MIN_STEPS``),
+#: and a block needing more gets the row-block lower bound.
+LANCZOS_WORK = 2**32
+
 #: Largest block solved by a dense eigensolver by default (the solve costs the cube of the block
 #: size); larger blocks are estimated.
 EXACT_LIMIT = 8192
@@ -396,9 +412,14 @@ def _rank(G: np.ndarray, eig: _Eigen) -> int:
 
 def _compressed(G: np.ndarray, eig: _Eigen) -> np.ndarray:
     """``R`` with ``R^T R = G`` and one row per non-zero eigenvalue (:func:`_rank` many)."""
+    return _compressed_pair(G, eig)[0]
+
+
+def _compressed_pair(G: np.ndarray, eig: _Eigen) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_compressed`'s ``R`` and the eigenvalues of its rows (``R R^T`` is their diagonal)."""
     vals, vecs = eig(G)
     keep = _nonzero(vals)
-    return (vecs[:, keep] * np.sqrt(vals[keep])).T
+    return (vecs[:, keep] * np.sqrt(vals[keep])).T, vals[keep]
 
 
 def _kron(scale: float, factors: list[np.ndarray]) -> np.ndarray:
@@ -412,8 +433,36 @@ def _kron(scale: float, factors: list[np.ndarray]) -> np.ndarray:
     return np.full((1, 1), scale) if out is None else scale * out
 
 
+def _row_plan(rows: int, probes: int, steps: int, lanczos_work: float) -> tuple[int, int] | None:
+    r"""Probes and Lanczos steps of a row-side estimate within ``lanczos_work`` (probes x steps x rows),
+    or ``None`` when even the fewest (2 probes, ``ROW_MIN_STEPS`` steps) exceed it.
+
+    Hutchinson's variance is :math:`2\|A^{1/2}\|_F^2` less the diagonal's share, which relative to
+    :math:`(\operatorname{tr} A^{1/2})^2` falls like ``1/rows`` for a spread spectrum: ``probes``
+    is scaled down by ``ROW_PROBE_ROWS / rows`` (at least 2). Probes are cut first, then steps."""
+    m = min(steps, rows)
+    p = int(min(probes, max(2, math.ceil(probes * ROW_PROBE_ROWS / rows))))
+    while p > 2 and p * m * rows > lanczos_work:
+        p -= 1
+    while m > min(ROW_MIN_STEPS, rows) and p * m * rows > lanczos_work:
+        m = max(min(ROW_MIN_STEPS, rows), m // 2)
+    return (p, m) if p * m * rows <= lanczos_work else None
+
+
+def _row_estimate(w2: np.ndarray, index: np.ndarray, grams: list[list[np.ndarray]], eig: _Eigen, probes: int,
+                  steps: int, rng: np.random.Generator) -> _Norm:
+    """A block's trace square root estimated on its row Gram (:mod:`hdmm.bound_rows`)."""
+    pairs = [[_compressed_pair(G, eig) for G in gs] for gs in grams]
+    op = RowGram(w2, index, [[R for R, _ in ps] for ps in pairs], [[v for _, v in ps] for ps in pairs])
+    est = trace_sqrt_rows(op, probes=probes, steps=steps, seed=int(rng.integers(2**63)),
+                          reorthogonalize=op.n <= ROW_REORTHOGONALIZE_N)
+    return _Norm(est.value, est.stderr, f"stochastic Lanczos quadrature on the {op.n:,}-row Gram, diagonal control "
+                                        f"variate ({est.probes} probes, {est.steps} steps)")
+
+
 def _block_norm(w2: np.ndarray, index: np.ndarray, parts: list[_AttributeSplit], exact_limit: int,
-                probes: int, steps: int, rng: np.random.Generator, eig: _Eigen, estimate: bool = True) -> _Norm:
+                probes: int, steps: int, rng: np.random.Generator, eig: _Eigen, estimate: bool = True,
+                lanczos_work: float = math.inf) -> _Norm:
     """The trace of ``(sum_j w2_j (x)_i parts[i].rest[index[j, i]])^(1/2)`` (or, for a block beyond
     ``exact_limit`` when ``estimate`` is false, the lower bound from its Kronecker row blocks)."""
     grams = [part.rest for part in parts]
@@ -446,7 +495,11 @@ def _block_norm(w2: np.ndarray, index: np.ndarray, parts: list[_AttributeSplit],
         M = np.block(blocks)
         return _Norm(_eig_sqrt_sum(M), 0.0, f"dense eigenvalues ({M.shape[0]:,} x {M.shape[0]:,} row Gram)",
                      work=float(M.shape[0])**3)
-    if cols > SLQ_MAX_N or not estimate:
+    if estimate and rows < cols and rows <= ROW_SLQ_MAX_N:
+        plan = _row_plan(rows, probes, steps, lanczos_work)
+        if plan is not None:
+            return _row_estimate(w2, index, grams, eig, *plan, rng)
+    if cols > SLQ_MAX_N or not estimate or rows < cols and rows <= ROW_SLQ_MAX_N:
         # too large to probe (or no estimate wanted): a valid lower bound from the row blocks (one per term), exact=False
         term_norms = [math.sqrt(float(w)) * math.prod(_sqrt_sum(eig.values(grams[i][k])) for i, k in enumerate(ix))
                       for w, ix in zip(w2, index)]
@@ -583,7 +636,8 @@ def _subset_route(grams: list[list[np.ndarray]], ops: list[list[Matrix]], index:
 
 
 def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: int = 30, steps: int = 480,
-                 seed: int | None = None, estimate: bool = True, work_limit: float | None = None) -> _Norm:
+                 seed: int | None = None, estimate: bool = True, work_limit: float | None = None,
+                 lanczos_work: float = LANCZOS_WORK) -> _Norm:
     r""":math:`\|W\|_*` of a union of Kronecker products (see the module docstring, route 3).
 
     Each attribute is split into classes of common eigenvectors of its factor Grams (a scalar
@@ -661,7 +715,7 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
                     spent = work_limit is not None and work >= work_limit
                     solved[key] = [_block_norm(scale / top, index[:, list(rest_attrs)],
                                                [splits[i] for i in rest_attrs], 0 if spent else exact_limit, probes,
-                                               steps, rng, eig, estimate and not spent), 0.0]
+                                               steps, rng, eig, estimate and not spent, lanczos_work), 0.0]
                     work += solved[key][0].work
                 solved[key][1] += mult * math.sqrt(top)
     for norm, mult in solved.values():
@@ -674,7 +728,8 @@ def nuclear_norm(union: KronUnion, *, exact_limit: int = EXACT_LIMIT, probes: in
 
 @one_blas_thread
 def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, probes: int = 30, steps: int = 480,
-              seed: int | None = None, estimate: bool = True, work_limit: float | None = None) -> SVDBound:
+              seed: int | None = None, estimate: bool = True, work_limit: float | None = None,
+              lanczos_work: float = LANCZOS_WORK) -> SVDBound:
     r"""The SVD lower bound ``noise_variance(1) * ||W||_*^2 / N`` on any strategy's total squared error.
 
     Parameters
@@ -735,7 +790,7 @@ def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, pr
         return SVDBound(unit * trace_spectrum(union).residual_error, True, 0.0, method="marginals algebra (E_T basis)",
                         **common)
     norm = nuclear_norm(union, exact_limit=exact_limit, probes=probes, steps=steps, seed=seed, estimate=estimate,
-                        work_limit=work_limit)
+                        work_limit=work_limit, lanczos_work=lanczos_work)
     N = W.shape[1]
     return SVDBound(
         unit * norm.value**2 / N,
