@@ -31,9 +31,12 @@ In the other cases equal factor Grams are kept once per attribute and equal term
    otherwise. Blocks that are scalars are summed in one vectorised pass; the others are
    solved exactly by a dense eigensolver on the cheaper of their ``N_b x N_b`` Gram and their
    ``m_b x m_b`` row Gram (rows compressed to each factor's rank), else estimated by
-   stochastic Lanczos quadrature, reported with its standard error, or (without estimates, too
-   large to probe, or past a cap on the dense work) bounded from below by its Kronecker row
-   blocks. Blocks whose term weights are proportional are solved once.
+   stochastic Lanczos quadrature on the smaller of the two (the row Gram through its Kronecker
+   cross factors, :mod:`hdmm.bound_rows`, docs/math.md section 5.7: on Adult prefix-marginals
+   the block of the five prefix attributes has 8.4e9 columns but 9.1e6 rows), reported with
+   its standard error, or (without estimates, too large to probe, past the estimate's work
+   budget or past a cap on the dense work) bounded from below by its Kronecker row blocks.
+   Blocks whose term weights are proportional are solved once.
 """
 
 from __future__ import annotations
@@ -744,7 +747,8 @@ def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, pr
         stochastic Lanczos quadrature with ``probes`` probe vectors and up to ``steps`` Lanczos
         steps (doubled from 60 until the Gauss / Gauss-Radau bracket is within 2%), seeded by
         ``seed`` (for reproducible research). The reported ``stderr`` combines the sampling
-        error with the bracket's half-width.
+        error with the bracket's half-width. A block with fewer rows than columns (up to
+        ``ROW_SLQ_MAX_N`` rows) is estimated on its row Gram instead (see ``lanczos_work``).
     estimate
         ``False``: no stochastic estimate; a block beyond ``exact_limit`` contributes the lower
         bound from its Kronecker row blocks, so the result is exact or a certain (weaker) lower
@@ -755,6 +759,15 @@ def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, pr
         Kronecker row blocks, as with ``estimate=False``, so the time stays bounded whatever the
         workload (``optimize`` passes one) and the result still depends on nothing but the
         workload.
+    lanczos_work
+        Largest work of one row-side estimate (probes x Lanczos steps x rows of the block's row
+        Gram; default ``LANCZOS_WORK``, about a minute at one BLAS thread). Row-side estimates
+        take ``probes * ROW_PROBE_ROWS / rows`` probes (at least 2) and ``steps`` steps; past the
+        budget the probes are cut (to 2), then the steps (to ``ROW_MIN_STEPS``), and a block that
+        still does not fit gets the certain row-block lower bound instead (docs/math.md, 5.7).
+        Their ``stderr`` combines the sampling error with an *estimated* Lanczos error (the
+        changes of the estimate over the last two doublings of the steps), not a certified
+        bracket.
 
     Returns
     -------
