@@ -90,6 +90,7 @@ class RowGram:
         self.n = int(self.offsets[-1])
         self._cross: dict[tuple[int, int, int], np.ndarray] = {}
         self._diag: dict[tuple[int, _Key], np.ndarray] = {}
+        self._scales: dict[tuple[int, int, _Key], np.ndarray | float] = {}
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -101,6 +102,13 @@ class RowGram:
         if key not in self._cross:
             self._cross[key] = self.factors[i][k] @ self.factors[i][m].T
         return self._cross[key]
+
+    def _scale(self, a: int, b: int, axes: _Key) -> np.ndarray | float:
+        """Block ``(a, b)``'s weight times the eigenvalues of its equal Grams on ``axes``, remembered."""
+        key = (a, b, axes)
+        if key not in self._scales:
+            self._scales[key] = self.root[a] * self.root[b] * self._diagonal(a, axes)
+        return self._scales[key]
 
     def _diagonal(self, a: int, axes: _Key) -> np.ndarray | float:
         """The outer product of the eigenvalues on ``axes`` (equal Grams), shaped to broadcast on term ``a``'s tensor."""
@@ -131,14 +139,12 @@ class RowGram:
         XT = X.T
         p = XT.shape[0]
         terms = len(self.shapes)
-        inputs = [self.root[b] * XT[:, self.offsets[b]:self.offsets[b + 1]].reshape((p,) + self.shapes[b])
-                  for b in range(terms)]
+        inputs = [XT[:, self.offsets[b]:self.offsets[b + 1]].reshape((p,) + self.shapes[b]) for b in range(terms)]
         contracted: dict[tuple[int, _Key], np.ndarray] = {}
-
         out = np.empty((p, self.n))
         for a in range(terms):
             ka = self.index[a]
-            groups: dict[_Key, np.ndarray] = {}
+            groups: dict[_Key, np.ndarray] = {}  # every array here is this product's own: added to in place
             for b in range(terms):
                 if self.root[b] == 0.0 or self.root[a] == 0.0:
                     continue
@@ -150,14 +156,18 @@ class RowGram:
                 T = self._contract(inputs, contracted, b, tuple(shrink))
                 for i, k in turn:
                     T = self._mode(self.cross(i, k, kb[i]), T, i)
-                if same:
-                    T = T * self._diagonal(a, tuple(same))
+                T = T * self._scale(a, b, tuple(same))  # the weights and the equal Grams' eigenvalues
                 key = tuple((i, int(kb[i])) for i, _ in grow)
-                groups[key] = groups[key] + T if key in groups else T
+                if key in groups:
+                    groups[key] += T
+                else:
+                    groups[key] = T
             Y = self._expand(a, groups)
-            full = (p,) + self.shapes[a]
-            Y = np.zeros(full) if Y is None else np.broadcast_to(Y, full)
-            np.multiply(self.root[a], Y.reshape(p, -1), out=out[:, self.offsets[a]:self.offsets[a + 1]])
+            block = out[:, self.offsets[a]:self.offsets[a + 1]].reshape((p,) + self.shapes[a])
+            if Y is None:
+                block[...] = 0.0
+            else:
+                block[...] = Y
         return out.T
 
     def _contract(self, inputs: list[np.ndarray], contracted: dict[tuple[int, _Key], np.ndarray], b: int,
@@ -186,13 +196,21 @@ class RowGram:
             m = dict(key).get(axis)
             rest = tuple(e for e in key if e[0] != axis)
             sub = parts.setdefault(m, {})
-            sub[rest] = sub[rest] + T if rest in sub else T
+            if rest in sub:
+                sub[rest] += T
+            else:
+                sub[rest] = T
         total = None
         for m, sub in parts.items():
             T = self._expand(a, sub)
             if m is not None:
                 T = self._mode(self.cross(axis, ka[axis], m), T, axis)
-            total = T if total is None else total + T
+            if total is None:
+                total = T
+            elif np.broadcast_shapes(total.shape, T.shape) == total.shape:
+                total += T  # the groups' arrays and the expansions are this product's own
+            else:
+                total = total + T
         return total
 
     def matmat(self, X: np.ndarray) -> np.ndarray:

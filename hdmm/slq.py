@@ -514,8 +514,10 @@ def _lanczos(
             betas[active, k] = np.where(done, 0.0, beta)
             lengths[active[done]] = k + 1
             keep = ~done
-            active, r, q, beta, norm_t = (x[keep] for x in (active, r, q, beta, norm_t))
-            q_prev, q = q, r / beta[:, None]
+            if not keep.all():  # (indexing copies: only when a recurrence stops)
+                active, r, q, beta, norm_t = (x[keep] for x in (active, r, q, beta, norm_t))
+            r /= beta[:, None]  # r is this step's own array (_apply never aliases)
+            q_prev, q = q, r
             beta_prev = beta
         if k + 1 in stops:
             yield [
