@@ -506,8 +506,9 @@ def _block_norm(w2: np.ndarray, index: np.ndarray, parts: list[_AttributeSplit],
         # too large to probe (or no estimate wanted): a valid lower bound from the row blocks (one per term), exact=False
         term_norms = [math.sqrt(float(w)) * math.prod(_sqrt_sum(eig.values(grams[i][k])) for i, k in enumerate(ix))
                       for w, ix in zip(w2, index)]
+        why = "; past lanczos_work" if estimate and rows < cols and rows <= ROW_SLQ_MAX_N else ""
         return _Norm(math.sqrt(sum(v * v for v in term_norms)), 0.0,
-                     f"lower bound from its {len(term_norms)} Kronecker row blocks ({cols:,} columns)", lower=True)
+                     f"lower bound from its {len(term_norms)} Kronecker row blocks ({cols:,} columns{why})", lower=True)
     gram = Sum([Weighted(Kronecker([parts[i].rest_ops[k] for i, k in enumerate(ix)]), w) for w, ix in zip(w2, index)])
     est = trace_sqrt(gram._matmat, cols, probes=probes, max_steps=steps, rng=rng)
     # the quadrature bracket's half-width bounds the Lanczos bias; add it to the sampling error

@@ -283,9 +283,10 @@ def trace_sqrt_rows(op: RowGram, *, probes: int, steps: int, seed: int, reorthog
     changes of the mean over the last two doublings of the steps (``m/4 -> m/2 -> m``). That is
     no certified bracket: the Gauss and Gauss-Radau rules of :math:`A` alone bracket the truth,
     but after hundreds of steps on such spectra their gap is several times the value, while the
-    corrected estimate moves by a few percent per doubling; on the blocks tried, the sum of the
-    last two changes was larger than the error left, but a spectrum whose tail converges later
-    could defeat it (docs/math.md, section 5.7).
+    corrected estimate moves by a few percent per doubling. Where the estimate settled (blocks of
+    about 1e5 rows, 960 steps) the sum of the last two changes exceeded the error left; where it
+    keeps moving at the same pace over several doublings (a slowly converging tail), it can be
+    smaller than the error left (docs/math.md, section 5.7).
 
     Parameters
     ----------

@@ -161,6 +161,7 @@ def test_row_side_past_its_work_budget_gives_the_certain_lower_bound():
     truth = dense_svd_bound(ref, privacy)
     b = svd_bound(W, privacy, exact_limit=1, seed=0, lanczos_work=1)
     assert b.lower and b.certain and b.stderr == 0 and b.value <= truth * (1 + 1e-12)
+    assert "past lanczos_work" in b.method
 
 
 def test_row_plan_cuts_probes_then_steps():
