@@ -54,7 +54,7 @@ import scipy.sparse as sp
 from .marginals import trace_spectrum
 from .matrix import Explicit, Identity, Kronecker, Matrix, Ones, Sum, Weighted
 from .privacy import Privacy
-from .bound_rows import RowGram, trace_sqrt_rows
+from .bound_rows import RowGram, row_plan, trace_sqrt_rows
 from .slq import trace_sqrt
 from .spectral import blocks
 from .kron_union import KronUnion, kron_union
@@ -81,14 +81,11 @@ SLQ_MAX_N = 2**21
 #: trace square root is estimated on the row side (:mod:`hdmm.bound_rows`) when it has fewer rows
 #: than the block has columns; each probe holds about eight vectors of this length.
 ROW_SLQ_MAX_N = 2**24
-#: Row-side estimates take ``probes * ROW_PROBE_ROWS / rows`` probes (at least 2, at most
-#: ``probes``), at least ``ROW_MIN_STEPS`` Lanczos steps, and reorthogonalise up to
-#: ``ROW_REORTHOGONALIZE_N`` rows.
-ROW_PROBE_ROWS = 2**13
-ROW_MIN_STEPS = 60
+#: Row-side estimates reorthogonalise up to ``ROW_REORTHOGONALIZE_N`` rows (their probes and
+#: steps: :func:`hdmm.bound_rows.row_plan`).
 ROW_REORTHOGONALIZE_N = 2**13
 #: Default largest work (probes x steps x rows) of one row-side estimate: about a minute of
-#: products at one BLAS thread; past it steps, then probes are cut (to 2 and ``ROW_MIN_STEPS``),
+#: products at one BLAS thread; past it probes, then steps are cut (to 2 and ``ROW_MIN_STEPS``),
 #: and a block needing more gets the row-block lower bound.
 LANCZOS_WORK = 2**32
 
@@ -436,22 +433,6 @@ def _kron(scale: float, factors: list[np.ndarray]) -> np.ndarray:
     return np.full((1, 1), scale) if out is None else scale * out
 
 
-def _row_plan(rows: int, probes: int, steps: int, lanczos_work: float) -> tuple[int, int] | None:
-    r"""Probes and Lanczos steps of a row-side estimate within ``lanczos_work`` (probes x steps x rows),
-    or ``None`` when even the fewest (2 probes, ``ROW_MIN_STEPS`` steps) exceed it.
-
-    Hutchinson's variance is :math:`2\|A^{1/2}\|_F^2` less the diagonal's share, which relative to
-    :math:`(\operatorname{tr} A^{1/2})^2` falls like ``1/rows`` for a spread spectrum: ``probes``
-    is scaled down by ``ROW_PROBE_ROWS / rows`` (at least 2). Probes are cut first, then steps."""
-    m = min(steps, rows)
-    p = int(min(probes, max(2, math.ceil(probes * ROW_PROBE_ROWS / rows))))
-    while p > 2 and p * m * rows > lanczos_work:
-        p -= 1
-    while m > min(ROW_MIN_STEPS, rows) and p * m * rows > lanczos_work:
-        m = max(min(ROW_MIN_STEPS, rows), m // 2)
-    return (p, m) if p * m * rows <= lanczos_work else None
-
-
 def _row_estimate(w2: np.ndarray, index: np.ndarray, grams: list[list[np.ndarray]], eig: _Eigen, probes: int,
                   steps: int, rng: np.random.Generator) -> _Norm:
     """A block's trace square root estimated on its row Gram (:mod:`hdmm.bound_rows`)."""
@@ -499,7 +480,7 @@ def _block_norm(w2: np.ndarray, index: np.ndarray, parts: list[_AttributeSplit],
         return _Norm(_eig_sqrt_sum(M), 0.0, f"dense eigenvalues ({M.shape[0]:,} x {M.shape[0]:,} row Gram)",
                      work=float(M.shape[0])**3)
     if estimate and rows < cols and rows <= ROW_SLQ_MAX_N:
-        plan = _row_plan(rows, probes, steps, lanczos_work)
+        plan = row_plan(rows, probes, steps, lanczos_work)
         if plan is not None:
             return _row_estimate(w2, index, grams, eig, *plan, rng)
     if cols > SLQ_MAX_N or not estimate or rows < cols and rows <= ROW_SLQ_MAX_N:
@@ -764,7 +745,8 @@ def svd_bound(W: Matrix, privacy: Privacy, *, exact_limit: int = EXACT_LIMIT, pr
         Largest work of one row-side estimate (probes x Lanczos steps x rows of the block's row
         Gram; default ``LANCZOS_WORK``, about a minute at one BLAS thread). Row-side estimates
         take ``probes * ROW_PROBE_ROWS / rows`` probes (at least 2) and ``steps`` steps; past the
-        budget the probes are cut (to 2), then the steps (to ``ROW_MIN_STEPS``), and a block that
+        budget the probes are cut (to 2), then the steps (to ``ROW_MIN_STEPS``; both constants of
+        :mod:`hdmm.bound_rows`), and a block that
         still does not fit gets the certain row-block lower bound instead (docs/math.md, 5.7).
         Their ``stderr`` combines the sampling error with an *estimated* Lanczos error (the
         changes of the estimate over the last two doublings of the steps), not a certified

@@ -44,7 +44,12 @@ import numpy as np
 
 from .slq import probe_brackets
 
-__all__ = ["RowGram", "RowEstimate", "trace_sqrt_rows"]
+__all__ = ["RowGram", "RowEstimate", "row_plan", "trace_sqrt_rows"]
+
+#: Row-side estimates take ``probes * ROW_PROBE_ROWS / rows`` probes (at least 2, at most
+#: ``probes``) and at least ``ROW_MIN_STEPS`` Lanczos steps (:func:`row_plan`).
+ROW_PROBE_ROWS = 2**13
+ROW_MIN_STEPS = 60
 
 #: A key of the contractions or expansions still to apply: ``((axis, Gram index), ...)``, sorted.
 _Key = tuple
@@ -244,6 +249,22 @@ class RowGram:
                 row.append(block)
             blocks.append(row)
         return np.block(blocks)
+
+
+def row_plan(rows: int, probes: int, steps: int, lanczos_work: float) -> tuple[int, int] | None:
+    r"""Probes and Lanczos steps of a row-side estimate within ``lanczos_work`` (probes x steps x rows),
+    or ``None`` when even the fewest (2 probes, ``ROW_MIN_STEPS`` steps) exceed it.
+
+    Hutchinson's variance is :math:`2\|A^{1/2}\|_F^2` less the diagonal's share, which relative to
+    :math:`(\operatorname{tr} A^{1/2})^2` falls like ``1/rows`` for a spread spectrum: ``probes``
+    is scaled down by ``ROW_PROBE_ROWS / rows`` (at least 2). Probes are cut first, then steps."""
+    m = min(steps, rows)
+    p = int(min(probes, max(2, math.ceil(probes * ROW_PROBE_ROWS / rows))))
+    while p > 2 and p * m * rows > lanczos_work:
+        p -= 1
+    while m > min(ROW_MIN_STEPS, rows) and p * m * rows > lanczos_work:
+        m = max(min(ROW_MIN_STEPS, rows), m // 2)
+    return (p, m) if p * m * rows <= lanczos_work else None
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,9 @@ from functools import reduce
 import numpy as np
 import pytest
 
-import hdmm.bound as hdmm_bound
 from hdmm import workload as wl
 from hdmm.bound import svd_bound
-from hdmm.bound_rows import RowGram, trace_sqrt_rows
+from hdmm.bound_rows import RowGram, row_plan, trace_sqrt_rows
 from hdmm.matrix import Identity, Kronecker
 from hdmm.privacy import ZCDP
 from hdmm.slq import probe_brackets
@@ -165,7 +164,7 @@ def test_row_side_past_its_work_budget_gives_the_certain_lower_bound():
 
 
 def test_row_plan_cuts_probes_then_steps():
-    plan = hdmm_bound._row_plan
+    plan = row_plan
     assert plan(100, 30, 480, float("inf")) == (30, 100)
     rows = 10**7
     assert plan(rows, 30, 480, float("inf"))[0] == 2
