@@ -21,8 +21,14 @@ are the minimum over ``--repeats`` runs; run with one BLAS thread
 (``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1``). Values, exactness and the certified flag are
 printed in full so that two versions of hdmm can be compared.
 
+``--estimate`` also times ``hdmm.svd_bound(W, ZCDP(0.5), seed=0)`` itself, once (estimates with a
+standard error where blocks are too large to solve; ``--lanczos-work`` sets its work budget), with
+the process's peak resident memory after it (``ru_maxrss``: run one workload per process to read
+it as the estimate's).
+
 Run: ``python benchmarks/svd_bound_speed.py [--workloads adult cps ...] [--repeats 3]
-[--optimize-repeats 1] [--json out.json]`` (``--optimize-repeats 0``: the bound alone).
+[--optimize-repeats 1] [--estimate] [--lanczos-work W] [--json out.json]``
+(``--optimize-repeats 0``: the bound alone).
 """
 
 from __future__ import annotations
@@ -30,11 +36,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import resource
 import time
 
 import hdmm
 import hdmm.optimizers.api as api
-from hdmm.bound import svd_bound
+from hdmm.bound import LANCZOS_WORK, svd_bound
 from hdmm.kron_union import kron_union
 from hdmm.optimizers.registry import BOUND_EXACT_LIMIT
 
@@ -66,7 +73,19 @@ WORKLOADS = {
 }
 
 
-def run(name: str, repeats: int, optimize_repeats: int) -> dict:
+def estimate(W, privacy, lanczos_work: float) -> dict:
+    """``hdmm.svd_bound`` as a user calls it (estimates allowed), once, with the peak memory after it."""
+    start = time.perf_counter()
+    bound = svd_bound(W, privacy, seed=0, lanczos_work=lanczos_work)
+    seconds = time.perf_counter() - start
+    return {"estimate s": seconds, "estimate": bound.value, "estimate stderr": bound.stderr,
+            "estimate exact": bound.exact, "estimate certain": bound.certain, "estimate rmse": bound.rmse,
+            "estimate method": bound.method, "lanczos work": lanczos_work,
+            "peak rss MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def run(name: str, repeats: int, optimize_repeats: int, with_estimate: bool = False,
+        lanczos_work: float = LANCZOS_WORK) -> dict:
     privacy = hdmm.ZCDP(0.5)
     W = WORKLOADS[name]()
     start = time.perf_counter()
@@ -81,6 +100,8 @@ def run(name: str, repeats: int, optimize_repeats: int) -> dict:
     row = {"workload": name, "queries": W.shape[0], "normal form s": normal_form, "bound s": min(seconds),
            "bound": bound.value, "bound exact": bound.exact, "bound certain": bound.certain,
            "bound rmse": bound.rmse, "bound method": bound.method}
+    if with_estimate:
+        row.update(estimate(W, privacy, lanczos_work))
     if optimize_repeats < 1:
         return row
     inner = api.svd_bound
@@ -118,11 +139,13 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--optimize-repeats", type=int, default=1)
+    parser.add_argument("--estimate", action="store_true", help="also time hdmm.svd_bound itself, with estimates")
+    parser.add_argument("--lanczos-work", type=float, default=LANCZOS_WORK)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     rows = []
     for name in args.workloads:
-        row = run(name, args.repeats, args.optimize_repeats)
+        row = run(name, args.repeats, args.optimize_repeats, args.estimate, args.lanczos_work)
         print(json.dumps(row, default=str), flush=True)
         rows.append(row)
     if args.json:

@@ -64,7 +64,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 from scipy.linalg import eigh_tridiagonal
 
-__all__ = ["SLQEstimate", "trace_function", "trace_sqrt"]
+__all__ = ["SLQEstimate", "probe_brackets", "trace_function", "trace_sqrt"]
 
 #: Largest Lanczos basis (bytes) kept in memory at once; probes are processed in chunks
 #: so that ``chunk * steps * n * 8`` stays below this.
@@ -77,6 +77,10 @@ _BREAKDOWN_RTOL = 1e-10
 #: Ritz values within this many times their accuracy of the Gauss-Radau node are deflated
 #: onto the node (see ``_quadrature_bracket``).
 _RESOLVED = 100.0
+
+#: Vectors of length ``n`` per probe that the plain recurrence (no reorthogonalisation) and a
+#: product with ``M`` hold at once, for chunking probes within ``_BASIS_BYTES``.
+_PLAIN_VECTORS = 8
 
 #: Step count of the first bracket check in :func:`trace_sqrt`; later checks double it.
 _FIRST_STEPS = 60
@@ -263,6 +267,64 @@ def trace_sqrt(
     return _summary(lower, upper, used)
 
 
+def probe_brackets(
+    matvec: Callable[[np.ndarray], np.ndarray],
+    n: int,
+    levels: Sequence[int],
+    *,
+    probes: int = 30,
+    f: Callable[[np.ndarray], np.ndarray] = np.sqrt,
+    rng: np.random.Generator | int | None = None,
+    node: float = 0.0,
+    reorthogonalize: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""Each probe's quadrature bracket for :math:`v_i^\top f(M) v_i` after each of several step counts.
+
+    One Lanczos recurrence per probe, read at every level, so a caller can combine the probes
+    (a control variate on the same probes, say) and see how the rules move with the steps.
+
+    Parameters
+    ----------
+    matvec, n, f, rng, node
+        As for :func:`trace_function`; the probes are the same for equal ``rng`` seeds.
+    levels : sequence of int
+        Increasing step counts, each at most ``n``.
+    probes : int, default 30
+        Number of Rademacher probes (at least 1).
+    reorthogonalize : bool, default True
+        ``False`` runs the plain three-term recurrence: a few vectors per probe instead of the
+        whole basis (``m n`` numbers) and no :math:`O(m^2 n)` projections, for a huge ``n`` or
+        many steps. In floating point the basis then loses orthogonality once Ritz values
+        converge and the recurrence makes extra copies of them; the Gauss rule of such a run
+        is still that of a measure close to the true one (Greenbaum; Knizhnerman), so the
+        rules stay close, but the bracket is no longer guaranteed.
+
+    Returns
+    -------
+    lower, upper : ndarray, shape (len(levels), probes)
+        :math:`n \min(R_m, G_m)` and :math:`n \max(R_m, G_m)` per level and probe, as in
+        :func:`trace_function` (whose mean over probes is its ``lower`` and ``upper``).
+    """
+    n, probes = _check_size(n, "n", 1), _check_size(probes, "probes", 1)
+    levels = [_check_size(m, "level", 1) for m in levels]
+    if not levels or any(b <= a for a, b in zip(levels, levels[1:])) or levels[-1] > n:
+        raise ValueError(f"levels must be increasing step counts of at most n = {n}, got {levels!r}")
+    node = _check_real(node, "node")
+    children = np.random.default_rng(rng).spawn(probes)
+    signs = np.stack([g.integers(0, 2, size=n, dtype=np.int8) for g in children])
+    width = levels[-1] if reorthogonalize else _PLAIN_VECTORS
+    chunk = int(max(1, min(probes, _BASIS_BYTES // (8 * width * n))))
+    lower, upper = np.empty((len(levels), probes)), np.empty((len(levels), probes))
+    for first in range(0, probes, chunk):
+        index = np.arange(first, min(first + chunk, probes))
+        start = (2.0 * signs[index] - 1.0) / np.sqrt(n)
+        for row, prefixes in enumerate(_lanczos(matvec, start, levels, reorthogonalize)):
+            for i, (alpha, beta, beta_next) in zip(index, prefixes):
+                rules = _quadrature_bracket(alpha, beta, beta_next, f, node)
+                lower[row, i], upper[row, i] = n * min(rules), n * max(rules)
+    return lower, upper
+
+
 def _check_size(value: int, name: str, least: int) -> int:
     """Return ``value`` as an ``int`` after checking it is an integer ``>= least``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
@@ -372,7 +434,8 @@ def _apply(matvec: Callable[[np.ndarray], np.ndarray], q: np.ndarray) -> np.ndar
 
 
 def _lanczos(
-    matvec: Callable[[np.ndarray], np.ndarray], q: np.ndarray, checkpoints: Sequence[int]
+    matvec: Callable[[np.ndarray], np.ndarray], q: np.ndarray, checkpoints: Sequence[int],
+    reorthogonalize: bool = True,
 ) -> Iterator[list[tuple[np.ndarray, np.ndarray, float]]]:
     r"""Run independent Lanczos recurrences, one per row of ``q``, sharing ``matvec`` calls.
 
@@ -404,6 +467,9 @@ def _lanczos(
         Unit-norm start vectors, one per row.
     checkpoints : sequence of int
         Increasing step counts :math:`m \le n`; the last is the maximum number of steps.
+    reorthogonalize : bool, default True
+        ``False``: the plain three-term recurrence, keeping three vectors per probe instead of
+        the whole basis (see :func:`probe_brackets`).
 
     Yields
     ------
@@ -416,7 +482,7 @@ def _lanczos(
     """
     c, n = q.shape
     steps = checkpoints[-1]
-    basis = np.empty((steps, c, n))  # basis[:, i] holds Q_k of probe i
+    basis = np.empty((steps, c, n)) if reorthogonalize else None  # basis[:, i] holds Q_k of probe i
     alphas = np.zeros((c, steps))
     betas = np.zeros((c, steps))  # betas[:, k] = beta_{k+2}, the residual norm of step k (0-based)
     lengths = np.full(c, steps)  # number of steps before a breakdown
@@ -427,12 +493,15 @@ def _lanczos(
     stops = set(checkpoints)
     for k in range(steps):
         if active.size:
-            basis[k, active] = q
+            if basis is not None:
+                basis[k, active] = q
             r = _apply(matvec, q)
             alpha = np.einsum("cn,cn->c", q, r)
             alphas[active, k] = alpha
-            r -= alpha[:, None] * q + beta_prev[:, None] * q_prev
-            for _ in range(2):
+            r -= alpha[:, None] * q
+            r -= beta_prev[:, None] * q_prev
+            beta = np.linalg.norm(r, axis=1)
+            for _ in range(2 if basis is not None else 0):
                 before = np.linalg.norm(r, axis=1)
                 for i, r_i in zip(active, r):  # per probe: two BLAS gemv, faster than batched einsum
                     q_i = basis[: k + 1, i]  # Q_k of probe i, shape (k + 1, n)
@@ -445,8 +514,10 @@ def _lanczos(
             betas[active, k] = np.where(done, 0.0, beta)
             lengths[active[done]] = k + 1
             keep = ~done
-            active, r, q, beta, norm_t = (x[keep] for x in (active, r, q, beta, norm_t))
-            q_prev, q = q, r / beta[:, None]
+            if not keep.all():  # (indexing copies: only when a recurrence stops)
+                active, r, q, beta, norm_t = (x[keep] for x in (active, r, q, beta, norm_t))
+            r /= beta[:, None]  # r is this step's own array (_apply never aliases)
+            q_prev, q = q, r
             beta_prev = beta
         if k + 1 in stops:
             yield [

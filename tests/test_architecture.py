@@ -20,7 +20,7 @@ LAYERS = [
     {"hdmm.budget", "hdmm.ledger"},
     {"hdmm.traces", "hdmm.union_gram"},
     {"hdmm.geography"},
-    {"hdmm.error", "hdmm.bound", "hdmm.mechanism", "hdmm.query_variances"},
+    {"hdmm.error", "hdmm.bound", "hdmm.bound_rows", "hdmm.mechanism", "hdmm.query_variances"},
     {"hdmm.optimizers", "hdmm.strategies"},
     {"hdmm.io", "hdmm.exact"},
     {"hdmm.planning"},
