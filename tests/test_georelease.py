@@ -13,7 +13,8 @@ import hdmm
 from hdmm.geography import GeographyError, GeographyTree, TreeStrategy
 from hdmm.georelease import ArrayHistograms, RecordHistograms, geo_plan, optimize_level_weights, release_geography
 from hdmm.georelease.levels import tree_objective
-from hdmm.georelease.passes import Partition, TreePasses, partition_down, partition_up, top_passes
+from hdmm.georelease.passes import (Partition, TreePasses, partition_bounds, partition_down, partition_up,
+                                   top_passes)
 from hdmm.georelease.units import unit_seed
 from hdmm.records import cell_index
 from hdmm.budget import BudgetExceeded
@@ -69,6 +70,94 @@ def test_partitioned_passes_equal_the_dense_pseudo_inverse(trial):
         for p, o in zip(parts, owns):
             for d, values in partition_down(passes, p, o, c[p.unit:p.unit + 1], t[p.unit:p.unit + 1]).items():
                 np.testing.assert_allclose(values, whole[d][slice(*p.range(d))], atol=1e-10)
+
+
+def random_ranges(tree: GeographyTree, P: int, rng: np.random.Generator, cut: float) -> np.ndarray:
+    """Partition bounds of level ``P``: every parent's children cut into consecutive ranges (each gap cut with
+    probability ``cut``: 1 gives single units, 0 whole families)."""
+    n = tree.sizes[P]
+    if P == 0:
+        return np.array([0, 1])
+    gaps = np.arange(1, n)[rng.random(n - 1) < cut]
+    return np.union1d(np.union1d(gaps, tree.child_bounds(P - 1)), [0, n])
+
+
+@pytest.mark.parametrize("trial", range(16))
+def test_sibling_range_passes_equal_the_whole_tree_passes(trial):
+    """Partitions of consecutive siblings (single units, whole families and anything between) give the
+    unpartitioned passes' estimates at every level, those above ``P`` as sums of the partitions' sums."""
+    rng = np.random.default_rng(100 + trial)
+    depth = int(rng.integers(1, 5))
+    tree = random_tree(depth, rng, fanout=int(rng.integers(2, 6)))
+    w = rng.uniform(0.2, 2, depth + 1) * (rng.random(depth + 1) < 0.7)
+    if not (w > 0).any():
+        w[int(rng.integers(depth + 1))] = 1.0
+    passes = TreePasses(tree, w)
+    k = int(rng.integers(1, 4))
+    own = {d: rng.normal(size=(tree.sizes[d], k)) for d in passes.measured()}
+    whole = passes.solve(own)
+    for P in range(passes.finest + 1):
+        for cut in (0.0, 0.4, 1.0):
+            bounds = random_ranges(tree, P, rng, cut)
+            parts = [Partition.span(tree, P, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+            owns = [{d: own[d][slice(*p.range(d))] for d in passes.measured() if d >= P} for p in parts]
+            g = np.vstack([partition_up(passes, p, o) for p, o in zip(parts, owns)])
+            c, t = top_passes(passes, P, g, {d: own[d] for d in passes.measured() if d < P}, bounds)
+            assert c.shape == t.shape == (len(parts), k)
+            sums = []
+            for r, (p, o) in enumerate(zip(parts, owns)):
+                est = partition_down(passes, p, o, c[r:r + 1], t[r:r + 1])
+                assert sorted(est) == list(range(P, passes.finest + 1))
+                for d, values in est.items():
+                    np.testing.assert_allclose(values, whole[d][slice(*p.range(d))], atol=1e-10)
+                sums.append(est[P].sum(axis=0))
+            above = np.add.reduceat(np.array(sums), np.searchsorted(bounds, tree.child_bounds(P - 1)[:-1]),
+                                    axis=0) if P else None
+            for d in range(P - 1, -1, -1):
+                np.testing.assert_allclose(above, whole[d], atol=1e-9)
+                if d:
+                    above = np.add.reduceat(above, tree.child_bounds(d - 1)[:-1], axis=0)
+
+
+def test_single_unit_ranges_give_the_same_bits_as_unit_partitions():
+    """Bounds of one unit each are the partitions of one unit: ``top_passes`` with and without them agree bit
+    for bit, and a range's first pass is the sum of its units' (to rounding)."""
+    rng = np.random.default_rng(7)
+    tree = random_tree(3, rng, fanout=4)
+    passes = TreePasses(tree, np.array([0.5, 0.0, 1.1, 0.8]))
+    own = {d: rng.normal(size=(tree.sizes[d], 2)) for d in passes.measured()}
+    for P in range(4):
+        parts = [Partition.of(tree, P, u) for u in range(tree.sizes[P])]
+        assert all(p == Partition.span(tree, P, u, u + 1) for u, p in enumerate(parts))
+        owns = [{d: own[d][slice(*p.range(d))] for d in passes.measured() if d >= P} for p in parts]
+        g = np.vstack([partition_up(passes, p, o) for p, o in zip(parts, owns)])
+        top = {d: own[d] for d in passes.measured() if d < P}
+        c, t = top_passes(passes, P, g, top)
+        c1, t1 = top_passes(passes, P, g, top, np.arange(tree.sizes[P] + 1))
+        assert np.array_equal(c, c1) and np.array_equal(t, t1)
+        if P:
+            bounds = tree.child_bounds(P - 1)
+            for p in range(bounds.size - 1):
+                family = Partition.span(tree, P, int(bounds[p]), int(bounds[p + 1]))
+                assert family.parent == p and family.size == bounds[p + 1] - bounds[p]
+                mine = {d: own[d][slice(*family.range(d))] for d in passes.measured() if d >= P}
+                np.testing.assert_allclose(partition_up(passes, family, mine), g[bounds[p]:bounds[p + 1]].sum(0)[None],
+                                           atol=1e-12)
+
+
+def test_partitions_must_be_ranges_of_siblings():
+    tree = GeographyTree.from_parents({"a": "US", "b": "US", "a1": "a", "a2": "a", "b1": "b"},
+                                      ["nation", "state", "county"])
+    assert Partition.span(tree, 2, 0, 2).ranges == ((0, 2),)
+    with pytest.raises(ValueError, match="not siblings"):
+        Partition.span(tree, 2, 1, 3)
+    with pytest.raises(ValueError, match="0 <= lo < hi"):
+        Partition.span(tree, 2, 2, 2)
+    assert partition_bounds(tree, 2, None).tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="every parent's first child"):
+        partition_bounds(tree, 2, np.array([0, 3]))
+    with pytest.raises(ValueError, match="increasing integers"):
+        partition_bounds(tree, 2, np.array([0, 2, 2, 3]))
 
 
 def test_partition_passes_in_place_give_the_same_bits(monkeypatch):
