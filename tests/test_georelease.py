@@ -160,6 +160,51 @@ def test_partitions_must_be_ranges_of_siblings():
         partition_bounds(tree, 2, np.array([0, 2, 2, 3]))
 
 
+@pytest.mark.parametrize("trial", range(10))
+def test_partition_ranges_are_the_fewest_sibling_ranges_under_the_cap(trial):
+    from hdmm.georelease.plan import default_partition, partition_ranges
+
+    rng = np.random.default_rng(300 + trial)
+    depth = int(rng.integers(1, 5))
+    tree = random_tree(depth, rng, fanout=int(rng.integers(2, 7)))
+    finest = int(rng.integers(0, depth + 1))
+    width, values = int(rng.integers(1, 4)), int(rng.integers(1, 40))
+    cap = max(1, values // width)
+    P, bounds = partition_ranges(tree, finest, width, values=values)
+    assert P == default_partition(tree, finest, cap)
+    assert np.array_equal(partition_bounds(tree, P, bounds), bounds)
+    parts = [Partition.span(tree, P, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    held = [sum(p.range(d)[1] - p.range(d)[0] for d in range(P, finest + 1)) for p in parts]
+    for r, p in enumerate(parts):
+        assert held[r] <= cap or p.size == 1  # only a single unit may be over the cap
+        if r + 1 < len(parts) and parts[r + 1].parent == p.parent and P:  # the fewest: the next unit did not fit
+            grown = Partition.span(tree, P, p.units[0], p.units[1] + 1)
+            assert sum(grown.range(d)[1] - grown.range(d)[0] for d in range(P, finest + 1)) > cap
+    for level in range(finest + 1):  # at a level whose every unit is over the cap: the units of that level
+        given, one_each = partition_ranges(tree, finest, width, level=level, values=1, units=1)
+        assert given == level and np.array_equal(one_each, np.arange(tree.sizes[level] + 1))
+    with pytest.raises(GeographyError, match="partition level"):
+        partition_ranges(tree, finest, width, level=finest + 1)
+
+
+def test_partition_ranges_split_a_large_family_at_the_finer_level():
+    """A county of many tracts (Los Angeles' 4,669 under SF1's widths): the tracts, the county's in several
+    ranges under the cap and every small county's in one."""
+    from hdmm.georelease.plan import partition_ranges
+
+    pairs = {"s0": "US", "s1": "US", "s0c0": "s0", "s1c0": "s1", "s1c1": "s1"}
+    for t in range(100):
+        pairs[f"s0c0t{t}"] = "s0c0"
+    for c in ("s1c0", "s1c1"):
+        for t in range(3):
+            pairs[f"{c}t{t}"] = c
+    tree = GeographyTree.from_parents(pairs, ["nation", "state", "county", "tract"])
+    P, bounds = partition_ranges(tree, 3, width=10, values=300)  # 30 units a partition
+    assert P == 3 and bounds.tolist() == [0, 30, 60, 90, 100, 103, 106]
+    P, bounds = partition_ranges(tree, 3, width=10, values=10**4)
+    assert P == 1 and bounds.tolist() == [0, 2]
+
+
 def test_partition_passes_in_place_give_the_same_bits(monkeypatch):
     """The passes work in place and add ``a * own`` a block of rows at a time (memory): the same bits as the
     whole-array expressions ``b + a * own``, ``b / a`` and ``(b - offsets) / a``."""
