@@ -59,6 +59,46 @@ def test_a_written_release_is_the_in_memory_release(tmp_path, postprocess, held,
         assert sorted(os.listdir(tmp_path)) == [f"out{w}" for w in range(1, workers + 1)]
 
 
+@pytest.mark.parametrize("held", [None, "state", "county", "tract"])
+@pytest.mark.parametrize("values, level", [(30, None), (200, None), (10**6, None), (14, "tract")])
+def test_a_release_by_ranges_of_siblings_is_the_release_by_units(tmp_path, held, values, level):
+    """Partitions of several siblings (7 numbers a unit: 4, 28 or 2**14 units a partition: counties or states;
+    2 tracts) give the answers of one partition per unit to rounding, in memory or written, on one or two
+    processes."""
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP,
+                    invariants=None if held is None else _invariants(tree, H, held))
+    base = release_geography(plan, ArrayHistograms(H), seed=7, workers=1)
+    ranged = plan.with_partitions(values=values, level=level)
+    assert level is None or ranged.partition_level == tree.level_index(level)
+    assert ranged.ranged and any(ranged.partition(i).size > 1 for i in range(ranged.partitions))
+    for workers, out in ((1, None), (2, tmp_path / f"out{values}")):
+        got = release_geography(ranged, ArrayHistograms(H), seed=7, workers=workers, output=out)
+        for d in plan.levels:
+            np.testing.assert_allclose(got.answers(d), base.answers(d), rtol=1e-10, atol=1e-9)
+
+
+def test_ranges_of_single_units_give_the_same_bits():
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, partition="tract",
+                    invariants=_invariants(tree, H, "county"))
+    single = plan.with_partitions(values=1)  # every unit over the cap: one partition per tract
+    assert single.partition_level == plan.partition_level and single.partitions == tree.sizes[3]
+    base = release_geography(plan, ArrayHistograms(H), seed=7, workers=1)
+    got = release_geography(single, ArrayHistograms(H), seed=7, workers=2)
+    for d in plan.levels:
+        np.testing.assert_array_equal(got.answers(d), base.answers(d))
+
+
+def test_ranges_of_siblings_are_refused_where_not_wired_before_any_charge():
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP).with_partitions(values=30)
+    budget = hdmm.Budget(hdmm.PureDP(1.0))
+    with pytest.raises(NotImplementedError, match="least squares on the local engine"):
+        release_geography(plan, ArrayHistograms(H), seed=7, postprocess="nonnegative", budget=budget)
+    assert budget.spent == 0
+
+
 def test_a_written_release_copies_and_tabulates(tmp_path):
     tree, H = _data()
     plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP)

@@ -1,7 +1,9 @@
 r"""The steps of a geography release, written once; an engine only runs its tasks.
 
 A release works on *partitions*: the units of the partition level ``P`` (e.g. counties or
-tracts), each with its subtree. Its steps:
+tracts), each with its subtree, or ranges of consecutive siblings of ``P`` with their subtrees
+(:meth:`hdmm.georelease.plan.GeoPlan.with_partitions`: so far for least squares on the local
+engine, :func:`check_partitions`). Its steps:
 
 1. *measure* (a task per partition): measure every unit of the partition
    (:func:`hdmm.georelease.units.measure_partition`) and take the first tree pass
@@ -12,7 +14,8 @@ tracts), each with its subtree. Its steps:
    passes (:func:`~hdmm.georelease.passes.top_passes`).
 3. *estimate* (a task per partition): the second pass, every unit's least-squares estimate,
    back to the store; the rows of level ``P`` (and of the levels held by invariants or rounded
-   at once below it) come back here, and the levels above ``P`` are their sums.
+   at once below it) come back here, and the levels above ``P`` are their sums (for ranges of
+   siblings, each range's sum of its units' rows, and the rows of the invariants' levels only).
 4. *invariants* (here): the multipliers of :mod:`hdmm.georelease.invariants`, one per unit.
 5. *answers*:
 
@@ -62,7 +65,7 @@ from .steps import Progress, invariant_multipliers, measure_top
 from .units import measure_partition
 from .workers import map_partitions
 
-__all__ = ["Engine", "LocalEngine", "Outcome", "run_release"]
+__all__ = ["Engine", "LocalEngine", "Outcome", "check_partitions", "run_release"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -183,6 +186,15 @@ def _held_depth(plan: GeoPlan, integer: bool) -> int:
     return max(held_region(plan.tree, integer_totals(plan))) if integer else 0
 
 
+def check_partitions(plan: GeoPlan, engine: str, postprocess: str | None) -> None:
+    """Refuse a plan whose partitions are ranges of several siblings (:meth:`GeoPlan.with_partitions`) where they
+    are not wired yet: a release other than least squares, or an engine other than the local one."""
+    if plan.ranged and (postprocess is not None or engine != "local"):
+        raise NotImplementedError(f"partitions of several units (GeoPlan.with_partitions) are released by least "
+                                  f"squares on the local engine only so far, not {postprocess or engine!r}: use a "
+                                  f"plan with one partition per unit of its partition level")
+
+
 def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, postprocess: str | None,
                 progress: Progress) -> Outcome:
     """Run the steps of the module docstring on ``engine``; the answers go to ``output`` (an output of
@@ -190,8 +202,9 @@ def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, post
     data and charged the budget."""
     tree, P = plan.tree, plan.partition_level
     space = "answers" if postprocess is None else "measurements"
+    check_partitions(plan, engine.name, postprocess)
     out = Outcome()
-    n = tree.sizes[P]
+    n = plan.partitions
     if hasattr(engine, "observe"):  # an engine that can see a step's tasks before their results come back
         engine.observe(progress)
     the_plan = (engine.share(plan),)
@@ -202,7 +215,7 @@ def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, post
     for i, (g, root) in enumerate(engine.measure(_measure_task, the_plan + (engine.share((seed, space)),), n)):
         g_own.append(g)
         roots.append(root)
-        progress.done("measure", i + 1, tree.label(P, i))
+        progress.done("measure", i + 1, _label(plan, i))
     roots = sp.vstack(roots, format="csr")
     out.timings["measure"] = time.perf_counter() - start
 
@@ -210,9 +223,9 @@ def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, post
     integer = postprocess == "integer"
     held = _held_depth(plan, integer)
     inv = plan.invariants
-    kept = {P} | set(range(P, held + 1))  # the levels at and below P the driver needs in full
-    if inv is not None:
-        kept |= {d for d in np.unique(inv.levels).tolist() if d > P}
+    kept = set() if plan.ranged else {P} | set(range(P, held + 1))  # the levels at and below P the driver
+    if inv is not None:                                                   # needs in full
+        kept |= {d for d in np.unique(inv.levels).tolist() if d >= P and (d > P or plan.ranged)}
     top = measure_top(plan, roots, seed, space)
     del roots
     progress.start("estimate", n, "partition")
@@ -220,15 +233,25 @@ def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, post
         rows = _counted(engine.update(_collect_task, the_plan + (engine.share(kept),), n), progress, "estimate")
         estimates = {**top, **_stack_levels(rows)}
     else:
-        c, t = top_passes(plan.passes, P, np.vstack(g_own), top)
+        c, t = top_passes(plan.passes, P, np.vstack(g_own), top, plan.partition_bounds)
         del g_own
         reuse = bool(getattr(engine, "fresh_states", False))  # each task's state is its own copy: reused
-        rows = _counted(engine.update(_estimate_task, the_plan + (engine.share((kept, c, t, reuse)),), n), progress,
-                        "estimate")
+        results = _counted(engine.update(_estimate_task, the_plan + (engine.share((kept, c, t, reuse)),), n),
+                           progress, "estimate")
         del c, t
+        rows = [r for r, _ in results]
         estimates = _stack_levels(rows)
+        if plan.ranged:  # the levels above P: sums of the partitions' sums
+            sums = np.vstack([total for _, total in results])
+            starts = np.searchsorted(plan.partition_bounds, tree.child_bounds(P - 1)[:-1]) if P else None
+        else:
+            sums, starts = estimates[P], tree.child_bounds(P - 1)[:-1] if P else None
+        del results
         for d in range(P - 1, -1, -1):
-            estimates[d] = np.add.reduceat(estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
+            sums = estimates[d] = np.add.reduceat(sums, starts, axis=0)
+            if d:
+                starts = tree.child_bounds(d - 1)[:-1]
+        del sums
     del rows
     out.timings["estimate"] = time.perf_counter() - start
 
@@ -244,6 +267,13 @@ def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, post
     return out
 
 
+def _label(plan: GeoPlan, i: int) -> str:
+    """Partition ``i``'s name: its unit's label, or its first unit's with the number of units that follow."""
+    part = plan.partition(i)
+    label = plan.tree.label(part.level, part.unit)
+    return label if part.size == 1 else f"{label} (+{part.size - 1})"
+
+
 def _counted(results, progress: Progress, step: str) -> list:
     """The results of a step's tasks, each counted to ``progress`` as it comes."""
     out = []
@@ -257,7 +287,7 @@ def _counted(results, progress: Progress, step: str) -> list:
 def _measure_task(plan: GeoPlan, job: tuple, i: int, read) -> tuple[dict, tuple]:
     """Step 1 for partition ``i``: its units' own estimates (the state), its first-pass vector and total."""
     seed, space = job
-    part = Partition.of(plan.tree, plan.partition_level, i)
+    part = plan.partition(i)
     own, root = measure_partition(plan, part, read, seed, space)
     g = None if plan.per_level else partition_up(plan.passes, part, own)
     return own, (g, sp.csr_matrix(root[None, :]))
@@ -268,14 +298,16 @@ def _collect_task(plan: GeoPlan, kept: set, i: int, state: dict) -> tuple[None, 
     return None, {d: v for d, v in state.items() if d in kept}
 
 
-def _estimate_task(plan: GeoPlan, job: tuple, i: int, state: dict) -> tuple[dict, dict]:
-    """Step 3 for partition ``i``: its units' least-squares estimates (the new state) and the kept levels' rows."""
+def _estimate_task(plan: GeoPlan, job: tuple, i: int, state: dict) -> tuple[dict, tuple]:
+    """Step 3 for partition ``i``: its units' least-squares estimates (the new state), the kept levels' rows and
+    (for a range of siblings) the sum of its units' estimates at the partition level."""
     kept, c, t, reuse = job
-    part = Partition.of(plan.tree, plan.partition_level, i)
+    part = plan.partition(i)
     f = plan.passes.finest
     reuse = reuse and f in state and state[f].flags.writeable and state[f].flags.owndata
     est = partition_down(plan.passes, part, state, c[i:i + 1], t[i:i + 1], reuse=reuse)
-    return est, {d: est[d] for d in kept}
+    total = est[plan.partition_level].sum(axis=0, keepdims=True) if plan.ranged else None
+    return est, ({d: est[d] for d in kept}, total)
 
 
 def _corrected(plan: GeoPlan, lam, d: int, values: np.ndarray, lo: int) -> np.ndarray:
@@ -288,7 +320,7 @@ def _corrected(plan: GeoPlan, lam, d: int, values: np.ndarray, lo: int) -> np.nd
 def _answer_task(plan: GeoPlan, job: tuple, i: int, state: dict) -> tuple[None, object]:
     """Step 5 (least squares) for partition ``i``: its released units' answers, written to the output."""
     below, lam, output = job
-    part = Partition.of(plan.tree, plan.partition_level, i)
+    part = plan.partition(i)
     writer = output.writer(f"{i:07d}", plan)
     for d in below:
         lo, hi = part.range(d)
@@ -313,7 +345,7 @@ def _family_task(plan: GeoPlan, job: tuple, item: tuple) -> tuple:
 def _subtree_task(plan: GeoPlan, job: tuple, i: int, state: dict, cells: np.ndarray) -> tuple[None, tuple]:
     """Step 5 (top down) for partition ``i``: the walk below its units of level ``s`` (whose cells are ``cells``)."""
     s, lam, integer, output = job
-    part = Partition.of(plan.tree, plan.partition_level, i)
+    part = plan.partition(i)
     writer = output.writer(f"{i:07d}", plan)
     task = TopDown(plan, lambda e, units: state[e][units - part.range(e)[0]], lam, sink=writer.write,
                    integer=integer)
@@ -341,11 +373,11 @@ def _least_squares(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estim
     output.gather(writer.result())
     below = [d for d in plan.levels if d >= P]
     if below:
-        progress.start("answers", tree.sizes[P], "partition")
+        progress.start("answers", plan.partitions, "partition")
         for i, result in enumerate(engine.update(_answer_task, the_plan + (engine.share((below, lam, output)),),
-                                                 tree.sizes[P])):
+                                                 plan.partitions)):
             output.gather(result)
-            progress.done("answers", i + 1, tree.label(P, i))
+            progress.done("answers", i + 1, _label(plan, i))
 
 
 def _top_down(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates: dict[int, np.ndarray], lam,

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -59,7 +59,7 @@ from ..structure import classify
 from ..version import HDMM_VERSION
 from .invariants import Invariants
 from .levels import optimize_level_weights
-from .passes import TreePasses
+from .passes import Partition, TreePasses
 from ..threads import one_blas_thread
 
 __all__ = ["GeoPlan", "geo_plan", "default_partition", "partition_ranges", "PARTITION_UNITS", "PARTITION_VALUES"]
@@ -90,6 +90,10 @@ class GeoPlan:
         Laplace scale or Gaussian standard deviation of every noisy strategy answer.
     partition_level : int
         The level whose subtrees are processed independently (states by default).
+    partition_bounds : numpy.ndarray or None
+        The partitions as ranges of consecutive siblings of the partition level
+        (:func:`~hdmm.georelease.passes.partition_bounds`; :meth:`GeoPlan.with_partitions`), or ``None``:
+        one partition per unit of the partition level.
     invariants : Invariants or None
         Public unit totals held exactly (not privatized).
     origin : str
@@ -114,6 +118,7 @@ class GeoPlan:
     version: str = HDMM_VERSION
     spacing: float = 0.0
     level_persons: tuple[Plan | None, ...] | None = None
+    partition_bounds: np.ndarray | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ structure
@@ -132,6 +137,50 @@ class GeoPlan:
     def passes(self) -> TreePasses:
         """The tree passes (:mod:`hdmm.georelease.passes`) for the level weights, made once."""
         return self.memo("passes", lambda: TreePasses(self.tree, self.level_weights))
+
+    @property
+    def partitions(self) -> int:
+        """The number of partitions (tasks of a step)."""
+        if self.partition_bounds is None:
+            return int(self.tree.sizes[self.partition_level])
+        return int(self.partition_bounds.size - 1)
+
+    @property
+    def ranged(self) -> bool:
+        """Whether the partitions are ranges of siblings (:attr:`partition_bounds`) rather than single units."""
+        return self.partition_bounds is not None
+
+    def partition(self, i: int) -> Partition:
+        """Partition ``i``: its units at the partition level and below."""
+        if self.partition_bounds is None:
+            return Partition.of(self.tree, self.partition_level, i)
+        b = self.partition_bounds
+        return Partition.span(self.tree, self.partition_level, int(b[i]), int(b[i + 1]))
+
+    def with_partitions(self, values: int | None = None, level: str | int | None = None) -> GeoPlan:
+        """This plan with its partitions chosen by :func:`partition_ranges`: ranges of siblings whose units
+        hold at most ``values`` numbers (default ``PARTITION_VALUES``) (a unit holds the larger of its answers and its strategy answers), at
+        ``level`` (default: the coarsest level whose every unit fits). The release's answers are the same to
+        rounding.
+
+        >>> import hdmm
+        >>> tree = GeographyTree.from_parents({"a": "US", "b": "US", "a1": "a", "a2": "a", "b1": "b"},
+        ...                                   ["nation", "state", "county"])
+        >>> p = geo_plan(tree, hdmm.Identity(3), hdmm.PureDP(1.0), strategy=hdmm.Identity(3))
+        >>> q = p.with_partitions(values=8)          # 4 numbers a unit: 2 units a partition
+        >>> q.partition_level, q.partition_bounds.tolist(), q.partition(0).units
+        (2, [0, 2, 3], (0, 2))
+        """
+        if self.per_level:
+            raise GeographyError("a plan with per-level strategies is estimated top down unit by unit; its "
+                                 "partitions are the units of the partition level")
+        width = max(self.queries + 1, self.person.strategy.shape[0])
+        given = None if level is None else self.tree.level_index(level)
+        P, bounds = partition_ranges(self.tree, self.solver.finest, width, given,
+                                     PARTITION_VALUES if values is None else values)
+        if self.invariants is not None:
+            self.invariants.check_supported(self.tree, self.solver)
+        return replace(self, partition_level=P, partition_bounds=bounds, _cache=dict(self._cache))
 
     @property
     def solver(self) -> TreeSolver:
