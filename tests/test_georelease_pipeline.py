@@ -94,7 +94,7 @@ def test_ranges_of_siblings_are_refused_where_not_wired_before_any_charge():
     tree, H = _data()
     plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP).with_partitions(values=30)
     budget = hdmm.Budget(hdmm.PureDP(1.0))
-    with pytest.raises(NotImplementedError, match="least squares on the local engine"):
+    with pytest.raises(NotImplementedError, match="least squares only so far"):
         release_geography(plan, ArrayHistograms(H), seed=7, postprocess="nonnegative", budget=budget)
     assert budget.spent == 0
 

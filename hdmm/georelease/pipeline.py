@@ -2,8 +2,8 @@ r"""The steps of a geography release, written once; an engine only runs its task
 
 A release works on *partitions*: the units of the partition level ``P`` (e.g. counties or
 tracts), each with its subtree, or ranges of consecutive siblings of ``P`` with their subtrees
-(:meth:`hdmm.georelease.plan.GeoPlan.with_partitions`: so far for least squares on the local
-engine, :func:`check_partitions`). Its steps:
+(:meth:`hdmm.georelease.plan.GeoPlan.with_partitions`: so far for least squares,
+:func:`check_partitions`). Its steps:
 
 1. *measure* (a task per partition): measure every unit of the partition
    (:func:`hdmm.georelease.units.measure_partition`) and take the first tree pass
@@ -188,11 +188,12 @@ def _held_depth(plan: GeoPlan, integer: bool) -> int:
 
 def check_partitions(plan: GeoPlan, engine: str, postprocess: str | None) -> None:
     """Refuse a plan whose partitions are ranges of several siblings (:meth:`GeoPlan.with_partitions`) where they
-    are not wired yet: a release other than least squares, or an engine other than the local one."""
-    if plan.ranged and (postprocess is not None or engine != "local"):
+    are not wired yet: a release other than least squares (``engine``, its name, is not checked: every engine
+    runs this module's tasks on partitions by index)."""
+    if plan.ranged and postprocess is not None:
         raise NotImplementedError(f"partitions of several units (GeoPlan.with_partitions) are released by least "
-                                  f"squares on the local engine only so far, not {postprocess or engine!r}: use a "
-                                  f"plan with one partition per unit of its partition level")
+                                  f"squares only so far, not {postprocess!r}: use a plan with one partition per "
+                                  f"unit of its partition level")
 
 
 def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, postprocess: str | None,
