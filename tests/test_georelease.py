@@ -758,6 +758,51 @@ def test_families_too_large_to_project_at_once_are_projected_in_groups(monkeypat
     np.testing.assert_allclose(grouped.answers(0), whole.answers(0), atol=1e-6)  # the root is projected alone
 
 
+def test_a_family_walked_in_given_groups_in_separate_walks(monkeypatch):
+    """The two stages of a family in groups as separate calls (the groups' projection in one walk, each group's
+    children in a walk of its own, as a partition of siblings would run them): with the groups of
+    ``family_groups`` the one-walk answers bit for bit; with any groups, children adding up to their group's
+    cells and the groups to the parent's, all non-negative."""
+    import hdmm.georelease.nonneg as nonneg
+    from hdmm.georelease.nonneg import TopDown, family_groups
+
+    rng = np.random.default_rng(12)
+    tree = states_and_counties(3, 4, 7, rng)
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP)
+    z = {d: rng.normal(2.0, 1.0, size=(tree.sizes[d], AP.shape[0])) for d in range(3)}
+
+    def walk():
+        return TopDown(plan, lambda d, units: z[d][units], None)
+
+    states: dict[int, np.ndarray] = {}
+    top = walk()
+    top.descend(0, 0, top.root(), 1, states)
+    monkeypatch.setattr(nonneg, "MAX_FAMILY_CELLS", 3 * DOMAIN.size)  # groups of at most three counties
+    bounds_of = tree.child_bounds(1)
+    for u, x_plus in states.items():
+        n = int(bounds_of[u + 1] - bounds_of[u])
+        one = walk()
+        one.descend(1, u, x_plus)
+        for bounds in (family_groups(n, DOMAIN.size), np.array([0, 1, n]), np.array([0, n - 2, n - 1, n])):
+            stage1 = walk()
+            parts = stage1.group_parts(1, u, x_plus, bounds)
+            children = np.arange(bounds_of[u], bounds_of[u + 1])
+            sums = np.vstack([stage1.cells(2, children[a:b]).sum(axis=0) for a, b in zip(bounds, bounds[1:])])
+            assert np.array_equal(walk().group_parts(1, u, x_plus, bounds, sums=sums), parts)
+            np.testing.assert_allclose(parts.sum(axis=0), x_plus, rtol=1e-9, atol=1e-9)
+            answers = {}
+            for a, b, part in zip(bounds, bounds[1:], parts):
+                group, cells = walk(), {}
+                group.descend_group(1, u, int(a), int(b), part, reached=cells)
+                answers.update(group.answers[2])
+                got = np.vstack([cells[c] for c in children[a:b]])
+                assert np.all(got >= 0)
+                np.testing.assert_allclose(got.sum(axis=0), part, rtol=1e-9, atol=1e-9)
+            assert sorted(answers) == children.tolist()
+            if np.array_equal(bounds, family_groups(n, DOMAIN.size)):
+                assert all(np.array_equal(answers[c], one.answers[2][c]) for c in children)
+
+
 def test_a_geography_release_is_charged_once_to_a_budget(monkeypatch, tmp_path):
     tree = small_country()
     H = sp.csr_matrix(np.ones((tree.leaves, DOMAIN.size)))

@@ -776,31 +776,49 @@ class TopDown:
             return
         tree = self.plan.tree
         lo, hi = tree.child_bounds(d)[unit], tree.child_bounds(d)[unit + 1]
-        children = np.arange(lo, hi)
-        held = self.known[d + 1][lo:hi]
         space, _, dense = self.view(d + 1)
         bounds = family_groups(hi - lo, space.strategy.shape[1], None if dense is None else DENSE_FAMILY)
-        if len(bounds) > 2:  # first the groups' sums, weighted by one over their sizes
-            sums = np.vstack([self.cells(d + 1, children[a:b]).sum(axis=0) for a, b in zip(bounds, bounds[1:])])
-            group_held = np.add.reduceat(held, bounds[:-1])
-            parts = self.family(d + 1, sums, x_plus, group_held, 1.0 / np.diff(bounds),
-                                self.fitted_totals(d + 1, group_held, sums.sum(axis=1), x_plus, hi - lo))
-            if self.rounding:
-                parts = self._round(d + 1, parts, x_plus)
-        else:
-            parts = x_plus[None, :]
+        parts = self.group_parts(d, unit, x_plus, bounds) if len(bounds) > 2 else x_plus[None, :]
         for a, b, part in zip(bounds, bounds[1:], parts):
-            X = self.cells(d + 1, children[a:b])
-            P = part[None, :] if b - a == 1 else self.family(  # one child: the sum
-                d + 1, X, part, held[a:b], totals=self.fitted_totals(d + 1, held[a:b], X.sum(axis=1), part, b - a))
-            if self.rounding and b - a > 1:
-                P = self._round(d + 1, P, part)
-            self.record(d + 1, children[a:b], P, X)
-            del X
-            if a == 0:
-                self._count(d, unit)
-            for i, c in enumerate(children[a:b].tolist()):
-                self.descend(d + 1, c, P[i], stop, reached)
+            self.descend_group(d, unit, int(a), int(b), part, stop, reached)
+
+    def group_parts(self, d: int, unit: int, x_plus: np.ndarray, bounds: np.ndarray,
+                    sums: np.ndarray | None = None) -> np.ndarray:
+        """The first stage of a family projected in groups (module docstring): the cells of the groups of ``unit``'s
+        children (``bounds``, counted from its first child) projected onto its cells ``x_plus``, each group weighted
+        by one over its size. ``sums`` are the groups' sums of their children's least-squares cells, if known (a
+        partition's, summed where its children are); else they are made here."""
+        lo, hi = self.plan.tree.child_bounds(d)[unit], self.plan.tree.child_bounds(d)[unit + 1]
+        children = np.arange(lo, hi)
+        held = self.known[d + 1][lo:hi]
+        if sums is None:
+            sums = np.vstack([self.cells(d + 1, children[a:b]).sum(axis=0) for a, b in zip(bounds, bounds[1:])])
+        group_held = np.add.reduceat(held, bounds[:-1])
+        parts = self.family(d + 1, sums, x_plus, group_held, 1.0 / np.diff(bounds),
+                            self.fitted_totals(d + 1, group_held, sums.sum(axis=1), x_plus, hi - lo))
+        if self.rounding:
+            parts = self._round(d + 1, parts, x_plus)
+        return parts
+
+    def descend_group(self, d: int, unit: int, a: int, b: int, part: np.ndarray, stop: int | None = None,
+                      reached: dict[int, np.ndarray] | None = None) -> None:
+        """The second stage: ``unit``'s children ``a..b-1`` (counted from its first child) projected onto their
+        group's cells ``part`` (the parent's, for one group), then :meth:`descend` below each of them."""
+        stop = self.deepest if stop is None else stop
+        lo = int(self.plan.tree.child_bounds(d)[unit])
+        children = np.arange(lo + a, lo + b)
+        held = self.known[d + 1][lo + a:lo + b]
+        X = self.cells(d + 1, children)
+        P = part[None, :] if b - a == 1 else self.family(  # one child: the sum
+            d + 1, X, part, held, totals=self.fitted_totals(d + 1, held, X.sum(axis=1), part, b - a))
+        if self.rounding and b - a > 1:
+            P = self._round(d + 1, P, part)
+        self.record(d + 1, children, P, X)
+        del X
+        if a == 0:
+            self._count(d, unit)
+        for i, c in enumerate(children.tolist()):
+            self.descend(d + 1, c, P[i], stop, reached)
 
 
 def nonnegative_estimates(plan: GeoPlan, z: dict[int, np.ndarray], lam: dict[int, np.ndarray] | None,
