@@ -90,13 +90,49 @@ def test_ranges_of_single_units_give_the_same_bits():
         np.testing.assert_array_equal(got.answers(d), base.answers(d))
 
 
-def test_ranges_of_siblings_are_refused_where_not_wired_before_any_charge():
+def test_ranges_of_siblings_are_refused_where_not_wired_before_any_charge(monkeypatch):
+    import hdmm.georelease.nonneg as nonneg
+
     tree, H = _data()
     plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP).with_partitions(values=30)
     budget = hdmm.Budget(hdmm.PureDP(1.0))
-    with pytest.raises(NotImplementedError, match="least squares only so far"):
-        release_geography(plan, ArrayHistograms(H), seed=7, postprocess="nonnegative", budget=budget)
+    with pytest.raises(NotImplementedError, match="only so far"):
+        release_geography(plan, ArrayHistograms(H), seed=7, postprocess="integer", budget=budget)
+    monkeypatch.setattr(nonneg, "MAX_FAMILY_CELLS", DOMAIN.size)  # one unit at once: a split family cannot be
+    with pytest.raises(hdmm.geography.GeographyError, match="too many or too large"):
+        release_geography(plan.with_partitions(values=14, level="tract"), ArrayHistograms(H), seed=7,
+                          postprocess="nonnegative", budget=budget)
     assert budget.spent == 0
+
+
+@pytest.mark.parametrize("held", [None, "state", "county"])
+def test_a_nonnegative_release_by_ranges_of_siblings(tmp_path, held):
+    """Non-negative estimates by ranges of siblings: where no family is split, the unit partitions' answers to
+    the projections' tolerance; where families are split (two tracts a partition), each split family projected in
+    two stages (the partitions' sums, then each partition's children): non-negative, adding up, the invariants
+    held, and about as close to least squares."""
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP,
+                    invariants=None if held is None else _invariants(tree, H, held))
+    base = release_geography(plan, ArrayHistograms(H), seed=7, postprocess="nonnegative", workers=1)
+    whole = plan.with_partitions(values=10**6, level="county")  # every state's counties one partition
+    assert whole.partitions == tree.sizes[1]
+    got = release_geography(whole, ArrayHistograms(H), seed=7, postprocess="nonnegative", workers=2)
+    for d in plan.levels:
+        np.testing.assert_allclose(got.answers(d), base.answers(d), atol=1e-5)
+    split = plan.with_partitions(values=14, level="tract")
+    for out in (None, tmp_path / "split"):
+        got = release_geography(split, ArrayHistograms(H), seed=7, postprocess="nonnegative", workers=2,
+                                output=out)
+        for d in range(tree.depth):
+            children = np.add.reduceat(got.answers(d + 1), tree.child_bounds(d)[:-1], axis=0)
+            np.testing.assert_allclose(got.answers(d), children, rtol=1e-9, atol=1e-7)
+        for d in plan.levels:
+            assert np.all(got.answers(d) >= -1e-9)
+            assert got.change[d] <= 1.5 * base.change[d] + 0.1 * plan.expected_rmse(d), (d, got.change, base.change)
+        np.testing.assert_allclose(got.answers(1), base.answers(1), atol=1e-5)  # above the split families
+        if held is not None and out is None:  # (written files hold the queries, not the totals)
+            np.testing.assert_allclose(got.totals(held), list(_invariants(tree, H, held)[held].values()), rtol=1e-9)
 
 
 def test_a_written_release_copies_and_tabulates(tmp_path):

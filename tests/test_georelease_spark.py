@@ -114,6 +114,23 @@ def test_spark_releases_ranges_of_siblings_as_the_local_engine(spark, country, t
             np.testing.assert_allclose(merged["answer_local"], merged["answer_spark"], rtol=1e-12, atol=1e-9)
 
 
+def test_spark_nonnegative_by_ranges_of_siblings_equals_the_local_engine(spark, country, tmp_path):
+    """Non-negative estimates with families split into partitions (one tract a partition, as ranges: each
+    county's family of two tracts in two stages): Spark runs the local engine's tasks and gives its answers."""
+    tree, records = country
+    source = RecordHistograms.of(tree, DOMAIN, records)
+    plan = geo_plan(tree, WP, hdmm.ZCDP(0.5), strategy=AP).with_partitions(values=7, level="tract")
+    assert plan.ranged and plan.partitions == tree.sizes[3] and max(np.diff(tree.child_bounds(2))) == 2
+    local = _local_table(release_geography(plan, source, seed=3, postprocess="nonnegative"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        remote = release_geography(plan, spark.createDataFrame(records), engine="spark", seed=3, domain=DOMAIN,
+                                   postprocess="nonnegative", output=str(tmp_path / "o")).dataframe.toPandas()
+    merged = local.merge(remote, on=["level", "code", "query"], suffixes=("_local", "_spark"))
+    assert len(merged) == len(local) == sum(tree.sizes) * WP.shape[0]
+    np.testing.assert_allclose(merged["answer_local"], merged["answer_spark"], rtol=1e-12, atol=1e-9)
+
+
 def test_spark_reads_a_histogram_source(spark, country, tmp_path):
     tree, records = country
     source = RecordHistograms.of(tree, DOMAIN, records)

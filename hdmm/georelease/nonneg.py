@@ -540,19 +540,23 @@ class TopDown:
 
     def cells(self, d: int, units: np.ndarray) -> np.ndarray:
         """The least-squares cells of ``units`` of level ``d`` (with the invariants' correction), reduced."""
+        return self.summed_cells(d, self.z(d, units), None if self.lam is None else self.lam[d][units])
+
+    def summed_cells(self, d: int, Z: np.ndarray, lam: np.ndarray | None) -> np.ndarray:
+        """The reduced cells of rows ``Z`` of level ``d``'s estimates with multipliers ``lam`` (one per row, or
+        ``None``): :meth:`cells` of units, or, being linear, of sums of units (rows and multipliers summed)."""
         pinv = self.plan.level_pinv(d)
         space, _, dense = self.view(d)
-        Z = self.z(d, units)
         if dense is not None:  # one product for the whole family
             X = np.asarray(Z, dtype=float) @ dense[1].T
-            if self.lam is not None:
-                X -= np.outer(self.lam[d][units], self.plan.total_parts[1])
+            if lam is not None:
+                X -= np.outer(lam, self.plan.total_parts[1])
             return X
         out = []
-        for i in range(len(units)):  # one vector at a time: faster than a block, and one full vector in memory
+        for i in range(len(Z)):  # one vector at a time: faster than a block, and one full vector in memory
             x = pinv @ Z[i]
-            if self.lam is not None:
-                x = x - self.lam[d][units[i]] * self.plan.total_parts[1]
+            if lam is not None:
+                x = x - lam[i] * self.plan.total_parts[1]
             out.append(space.reduce(x[None, :])[0])
         return np.vstack(out)
 

@@ -2,8 +2,8 @@ r"""The steps of a geography release, written once; an engine only runs its task
 
 A release works on *partitions*: the units of the partition level ``P`` (e.g. counties or
 tracts), each with its subtree, or ranges of consecutive siblings of ``P`` with their subtrees
-(:meth:`hdmm.georelease.plan.GeoPlan.with_partitions`: so far for least squares,
-:func:`check_partitions`). Its steps:
+(:meth:`hdmm.georelease.plan.GeoPlan.with_partitions`: so far for least squares and
+non-negative estimates, :func:`check_partitions`). Its steps:
 
 1. *measure* (a task per partition): measure every unit of the partition
    (:func:`hdmm.georelease.units.measure_partition`) and take the first tree pass
@@ -24,7 +24,12 @@ tracts), each with its subtree, or ranges of consecutive siblings of ``P`` with 
    * non-negative or integer (:class:`hdmm.georelease.nonneg.TopDown`): the walk from the root
      runs here down to level ``a`` (the root's family, or for integer tables the held region,
      rounded at once); then, level by level down to ``P``, a task per unit projects its family;
-     then a task per partition walks its subtree and writes its units' answers.
+     then a task per partition walks its subtree and writes its units' answers. With ranges of
+     siblings the driver holds no row of level ``P``: the walk reaches ``P - 1``, a family of
+     ``P - 1`` in one partition is projected in that partition's task, and a family split over
+     several is projected in the two stages of :func:`~hdmm.georelease.nonneg.family_groups` with
+     the partitions as the groups: their sums here (each partition's sum of its units' estimates,
+     from step 3), then each partition's children onto its share, in its task.
 
 An *engine* (:class:`Engine`) runs a step's tasks and keeps each partition's estimates between
 steps (its *state*, ``{level: units x k}``):
@@ -57,7 +62,9 @@ from typing import Protocol, TypeVar
 import numpy as np
 import scipy.sparse as sp
 
-from .nonneg import TopDown, change_rmse, integer_totals
+from ..geography import GeographyError
+from .nonneg import (DENSE_FAMILY, MAX_FAMILY_CELLS, TopDown, cell_space, change_rmse, dense_parts, family_groups,
+                     integer_totals)
 from .passes import Partition, partition_down, partition_up, top_passes
 from .plan import GeoPlan
 from .roundtree import held_region
@@ -190,10 +197,29 @@ def check_partitions(plan: GeoPlan, engine: str, postprocess: str | None) -> Non
     """Refuse a plan whose partitions are ranges of several siblings (:meth:`GeoPlan.with_partitions`) where they
     are not wired yet: a release other than least squares (``engine``, its name, is not checked: every engine
     runs this module's tasks on partitions by index)."""
-    if plan.ranged and postprocess is not None:
+    if not plan.ranged or postprocess is None:
+        return
+    if postprocess != "nonnegative" or plan.partition_level == 0:
         raise NotImplementedError(f"partitions of several units (GeoPlan.with_partitions) are released by least "
-                                  f"squares only so far, not {postprocess!r}: use a plan with one partition per "
-                                  f"unit of its partition level")
+                                  f"squares or non-negative estimates below the root only so far, not "
+                                  f"{postprocess!r}: use a plan with one partition per unit of its partition level")
+    tree, P, bounds = plan.tree, plan.partition_level, plan.partition_bounds
+    space, _ = cell_space(plan)
+    cells = space.strategy.shape[1]
+    most = None if dense_parts(plan) is None else DENSE_FAMILY
+    parents = np.searchsorted(bounds, tree.child_bounds(P - 1))
+    def at_once(n: int) -> bool:  # n units of the cells projected in one piece
+        groups = family_groups(n, cells, most)
+        return groups is not None and len(groups) == 2
+
+    for p in range(parents.size - 1):  # a family in several partitions: stage 1 on their sums, stage 2 in each
+        sizes = np.diff(bounds[parents[p]:parents[p + 1] + 1])
+        if sizes.size > 1 and not all(at_once(int(n)) for n in (sizes.size, *sizes.tolist())):
+            raise GeographyError(
+                f"non-negative estimates project a family split into partitions in two stages, each at most "
+                f"{MAX_FAMILY_CELLS:,} units x cells at once: the {sizes.size} partitions of the children of "
+                f"{tree.label(P - 1, p)} (up to {int(sizes.max())} units each, {cells:,} cells) are too many or too "
+                f"large; choose partitions of fewer values (GeoPlan.with_partitions)")
 
 
 def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, postprocess: str | None,
@@ -243,7 +269,7 @@ def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, post
         rows = [r for r, _ in results]
         estimates = _stack_levels(rows)
         if plan.ranged:  # the levels above P: sums of the partitions' sums
-            sums = np.vstack([total for _, total in results])
+            sums = ranges = np.vstack([total for _, total in results])
             starts = np.searchsorted(plan.partition_bounds, tree.child_bounds(P - 1)[:-1]) if P else None
         else:
             sums, starts = estimates[P], tree.child_bounds(P - 1)[:-1] if P else None
@@ -262,7 +288,10 @@ def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, post
         out.timings["answers"] = time.perf_counter() - start
         return out
     lam = None if plan.per_level else invariant_multipliers(plan, estimates, space)
-    squared = _top_down(plan, engine, the_plan, output, estimates, lam, integer, held, progress)
+    if plan.ranged:
+        squared = _top_down_ranged(plan, engine, the_plan, output, estimates, ranges, lam, progress)
+    else:
+        squared = _top_down(plan, engine, the_plan, output, estimates, lam, integer, held, progress)
     out.timings[postprocess.replace("nonnegative", "non-negative")] = time.perf_counter() - start
     out.change = change_rmse(plan, squared)
     return out
@@ -429,3 +458,82 @@ def _top_down(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates:
         projected += count
         progress.done(step, projected, tree.label(P, i))
     return squared
+
+
+def _top_down_ranged(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates: dict[int, np.ndarray],
+                     ranges: np.ndarray, lam, progress: Progress) -> dict[int, float]:
+    """The non-negative walk of a plan whose partitions are ranges of siblings (``ranges``: each one's sum of its
+    units' estimates at the partition level ``P``, which the driver does not hold): the walk here and in family
+    tasks down to level ``P - 1``; a family of ``P - 1`` in one partition is walked in its task, one in several
+    is projected here in two stages' first (the partitions' sums, :meth:`TopDown.group_parts`) and each
+    partition projects its children onto its share and walks below (:meth:`TopDown.descend_group`)."""
+    tree, P, bounds = plan.tree, plan.partition_level, plan.partition_bounds
+    writer = output.writer("driver", plan)
+    step = "non-negative"
+    walk = TopDown(plan, lambda d, units: estimates[d][units], lam, sink=writer.write, progress=progress.say,
+                   counted=lambda done, where: progress.done(step, done, where))
+    progress.start(step, walk.families, "family")
+    a = min(1, P - 1)  # the driver's walk: the root's family if its children are above P
+    cells: dict[int, np.ndarray] = {}
+    if walk.deepest <= P - 1:
+        walk.start()
+        walk.flush()
+        output.gather(writer.result())
+        return walk.squared
+    walk.start(stop=a, reached=cells)
+    squared, projected = dict(walk.squared), walk.projected
+    for d in range(a, P - 1):  # families level by level above P - 1, a task per unit
+        child = tree.child_bounds(d)
+        items = [(u, x, estimates[d + 1][child[u]:child[u + 1]]) for u, x in sorted(cells.items())]
+        cells = {}
+        job = the_plan + (engine.share((d, lam, False, output)),)
+        for k, (reached, result, sq, count) in enumerate(engine.map(_family_task, job, items)):
+            cells.update(reached)
+            output.gather(result)
+            if d + 1 in squared:
+                squared[d + 1] += sq
+            projected += count
+            progress.done(step, projected, tree.label(d, items[k][0]))
+    parents = tree.child_bounds(P - 1)
+    first = np.searchsorted(bounds, parents)  # each parent's first partition
+    lam_sums = None if lam is None else np.add.reduceat(lam[P], bounds[:-1])
+    inputs: list = []
+    for p in range(parents.size - 1):
+        r0, r1 = int(first[p]), int(first[p + 1])
+        x_plus = cells.pop(p)
+        if r1 - r0 == 1:
+            inputs.append((p, None, x_plus))
+            continue
+        sums = walk.summed_cells(P, ranges[r0:r1], None if lam_sums is None else lam_sums[r0:r1])
+        parts = walk.group_parts(P - 1, p, x_plus, bounds[r0:r1 + 1] - bounds[r0], sums)
+        inputs.extend((p, int(bounds[r] - parents[p]), part) for r, part in zip(range(r0, r1), parts))
+    walk.flush()
+    output.gather(writer.result())
+    job = the_plan + (engine.share((lam, output)),)
+    for i, (result, sq, count) in enumerate(engine.update(_range_walk_task, job, plan.partitions, inputs)):
+        output.gather(result)
+        for e, value in sq.items():
+            squared[e] += value
+        projected += count
+        progress.done(step, projected, _label(plan, i))
+    return squared
+
+
+def _range_walk_task(plan: GeoPlan, job: tuple, i: int, state: dict, start: tuple) -> tuple[None, tuple]:
+    """Step 5 (non-negative, ranges of siblings) for partition ``i``: its units' family (all of it, from the
+    parent's cells; or its share of it, from the first stage's cells of its sum), then the walk below."""
+    lam, output = job
+    p, a, cells = start
+    part = plan.partition(i)
+    writer = output.writer(f"{i:07d}", plan)
+    task = TopDown(plan, lambda e, units: state[e][units - part.range(e)[0]], lam, sink=writer.write)
+    if a is None:
+        task.descend(plan.partition_level - 1, p, cells)
+    else:
+        task.descend_group(plan.partition_level - 1, p, a, a + part.size, cells)
+    task.flush()
+    return None, (writer.result(), {e: task.squared[e] for e in plan.levels if e >= plan.partition_level},
+                  task.projected)
+
+
+_range_walk_task.reads_rows = True  # its walk reads a family's (or group's) rows at a time (Engine.update)
