@@ -281,3 +281,36 @@ def test_progress_counts_every_step_from_the_engine(workers, tmp_path):
                       output=tmp_path / "o")
     assert any(line.startswith(f"  measure: {partitions}/{partitions} partitions") and "/s" in line for line in lines)
     assert any(line.startswith(f"  answers: {partitions}/{partitions} partitions") for line in lines)
+
+
+def test_ranges_of_siblings_keep_the_partition_level_off_the_driver_in_the_memory_check():
+    from hdmm.georelease.nonneg import held_measurements
+
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, partition="tract")
+    rows = AP.shape[0]
+    assert held_measurements(plan, partitioned=True) == sum(tree.sizes) * rows  # the driver holds every tract
+    ranged = plan.with_partitions(values=14, level="tract")
+    assert held_measurements(ranged, partitioned=True) == sum(tree.sizes[:3]) * rows  # only the levels above
+
+
+def test_a_range_of_siblings_with_many_leaves_is_measured_unit_by_unit(monkeypatch):
+    import hdmm.georelease.units as units
+
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP)
+    base = release_geography(plan, ArrayHistograms(H), seed=7)
+    ranged = plan.with_partitions(values=10**6)  # the states, in one partition
+    assert ranged.partition_level == 1 and ranged.partitions == 1
+    calls, original = [], units._measure_subtree
+
+    def measured(plan, level, unit, *rest):
+        calls.append((level, unit))
+        return original(plan, level, unit, *rest)
+
+    monkeypatch.setattr(units, "LEAVES_PER_READ", 2)  # too many leaves to read at once: state by state
+    monkeypatch.setattr(units, "_measure_subtree", measured)
+    got = release_geography(ranged, ArrayHistograms(H), seed=7)
+    assert (1, 0) in calls and (1, 2) in calls
+    for d in plan.levels:
+        np.testing.assert_allclose(got.answers(d), base.answers(d), rtol=1e-10, atol=1e-9)

@@ -60,7 +60,6 @@ from ..matrix import Explicit, Kronecker, Matrix, Ones, VStack, Weighted
 from ..postprocess import (NONNEGATIVE_MAXITER, largest_gram_eigenvalue, metric_projection,
                            project_nonnegative)
 from .activeset import family_gap, family_projection, root_projection
-from .passes import Partition
 from .plan import GeoPlan
 from .rootfit import workload_projection
 from .rounding import round_below
@@ -228,12 +227,13 @@ def held_measurements(plan: GeoPlan, partitioned: bool = False) -> int:
         units = sum(tree.sizes[d] for d in range(finest + 1))
     else:
         widest = 0
-        for u in range(tree.sizes[P]):
-            part = Partition.of(tree, P, u)
+        for i in range(plan.partitions):
+            part = plan.partition(i)
             widest = max(widest, sum(hi - lo for lo, hi in (part.range(d) for d in range(P, finest + 1))))
-        deeper = set() if plan.invariants is None else {d for d in np.unique(plan.invariants.levels).tolist() if d > P}
+        top = P if plan.ranged else P + 1  # the driver's levels: above P, and P itself unless the partitions are ranges
+        deeper = set() if plan.invariants is None else {d for d in np.unique(plan.invariants.levels).tolist() if d >= top}
         deeper |= set(range(P + 1, max(held_region(tree, known_totals(plan))) + 1))  # rounded at once, above
-        units = max(sum(tree.sizes[d] for d in range(P + 1)) + sum(tree.sizes[d] for d in deeper), widest)
+        units = max(sum(tree.sizes[d] for d in range(top)) + sum(tree.sizes[d] for d in deeper), widest)
     return units * max(plan.person_plan(d).strategy.shape[0] for d in plan.measured)
 
 

@@ -337,7 +337,13 @@ def measure_partition(plan: GeoPlan, part: Partition, histograms, seed: int | No
             return histograms[lo - base:hi - base]
     if part.size == 1:
         return _measure_subtree(plan, part.level, part.unit, read, seed, space)
-    below, total = [], np.zeros(plan.person.cells)  # a range of siblings: unit by unit
+    lo, hi = part.leaves()
+    if part.level >= plan.solver.finest - 1 or hi - lo <= LEAVES_PER_READ:  # a range of siblings, as a unit: its
+        H = read(lo, hi)                                                 # leaves at once, each level in one call
+        own = {d: measure_units(plan, d, part.range(d)[0], unit_histograms(plan.tree, part, d, H), seed, space)
+               for d in plan.measured if d >= part.level}
+        return own, np.asarray(H.sum(axis=0)).ravel()
+    below, total = [], np.zeros(plan.person.cells)  # else unit by unit
     for unit in range(*part.units):
         own, unit_total = _measure_subtree(plan, part.level, unit, read, seed, space)
         below.append(own)
