@@ -13,7 +13,8 @@ import hdmm
 from hdmm.geography import GeographyError, GeographyTree, TreeStrategy
 from hdmm.georelease import ArrayHistograms, RecordHistograms, geo_plan, optimize_level_weights, release_geography
 from hdmm.georelease.levels import tree_objective
-from hdmm.georelease.passes import Partition, TreePasses, partition_down, partition_up, top_passes
+from hdmm.georelease.passes import (Partition, TreePasses, partition_bounds, partition_down, partition_up,
+                                   top_passes)
 from hdmm.georelease.units import unit_seed
 from hdmm.records import cell_index
 from hdmm.budget import BudgetExceeded
@@ -69,6 +70,139 @@ def test_partitioned_passes_equal_the_dense_pseudo_inverse(trial):
         for p, o in zip(parts, owns):
             for d, values in partition_down(passes, p, o, c[p.unit:p.unit + 1], t[p.unit:p.unit + 1]).items():
                 np.testing.assert_allclose(values, whole[d][slice(*p.range(d))], atol=1e-10)
+
+
+def random_ranges(tree: GeographyTree, P: int, rng: np.random.Generator, cut: float) -> np.ndarray:
+    """Partition bounds of level ``P``: every parent's children cut into consecutive ranges (each gap cut with
+    probability ``cut``: 1 gives single units, 0 whole families)."""
+    n = tree.sizes[P]
+    if P == 0:
+        return np.array([0, 1])
+    gaps = np.arange(1, n)[rng.random(n - 1) < cut]
+    return np.union1d(np.union1d(gaps, tree.child_bounds(P - 1)), [0, n])
+
+
+@pytest.mark.parametrize("trial", range(16))
+def test_sibling_range_passes_equal_the_whole_tree_passes(trial):
+    """Partitions of consecutive siblings (single units, whole families and anything between) give the
+    unpartitioned passes' estimates at every level, those above ``P`` as sums of the partitions' sums."""
+    rng = np.random.default_rng(100 + trial)
+    depth = int(rng.integers(1, 5))
+    tree = random_tree(depth, rng, fanout=int(rng.integers(2, 6)))
+    w = rng.uniform(0.2, 2, depth + 1) * (rng.random(depth + 1) < 0.7)
+    if not (w > 0).any():
+        w[int(rng.integers(depth + 1))] = 1.0
+    passes = TreePasses(tree, w)
+    k = int(rng.integers(1, 4))
+    own = {d: rng.normal(size=(tree.sizes[d], k)) for d in passes.measured()}
+    whole = passes.solve(own)
+    for P in range(passes.finest + 1):
+        for cut in (0.0, 0.4, 1.0):
+            bounds = random_ranges(tree, P, rng, cut)
+            parts = [Partition.span(tree, P, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+            owns = [{d: own[d][slice(*p.range(d))] for d in passes.measured() if d >= P} for p in parts]
+            g = np.vstack([partition_up(passes, p, o) for p, o in zip(parts, owns)])
+            c, t = top_passes(passes, P, g, {d: own[d] for d in passes.measured() if d < P}, bounds)
+            assert c.shape == t.shape == (len(parts), k)
+            sums = []
+            for r, (p, o) in enumerate(zip(parts, owns)):
+                est = partition_down(passes, p, o, c[r:r + 1], t[r:r + 1])
+                assert sorted(est) == list(range(P, passes.finest + 1))
+                for d, values in est.items():
+                    np.testing.assert_allclose(values, whole[d][slice(*p.range(d))], atol=1e-10)
+                sums.append(est[P].sum(axis=0))
+            above = np.add.reduceat(np.array(sums), np.searchsorted(bounds, tree.child_bounds(P - 1)[:-1]),
+                                    axis=0) if P else None
+            for d in range(P - 1, -1, -1):
+                np.testing.assert_allclose(above, whole[d], atol=1e-9)
+                if d:
+                    above = np.add.reduceat(above, tree.child_bounds(d - 1)[:-1], axis=0)
+
+
+def test_single_unit_ranges_give_the_same_bits_as_unit_partitions():
+    """Bounds of one unit each are the partitions of one unit: ``top_passes`` with and without them agree bit
+    for bit, and a range's first pass is the sum of its units' (to rounding)."""
+    rng = np.random.default_rng(7)
+    tree = random_tree(3, rng, fanout=4)
+    passes = TreePasses(tree, np.array([0.5, 0.0, 1.1, 0.8]))
+    own = {d: rng.normal(size=(tree.sizes[d], 2)) for d in passes.measured()}
+    for P in range(4):
+        parts = [Partition.of(tree, P, u) for u in range(tree.sizes[P])]
+        assert all(p == Partition.span(tree, P, u, u + 1) for u, p in enumerate(parts))
+        owns = [{d: own[d][slice(*p.range(d))] for d in passes.measured() if d >= P} for p in parts]
+        g = np.vstack([partition_up(passes, p, o) for p, o in zip(parts, owns)])
+        top = {d: own[d] for d in passes.measured() if d < P}
+        c, t = top_passes(passes, P, g, top)
+        c1, t1 = top_passes(passes, P, g, top, np.arange(tree.sizes[P] + 1))
+        assert np.array_equal(c, c1) and np.array_equal(t, t1)
+        if P:
+            bounds = tree.child_bounds(P - 1)
+            for p in range(bounds.size - 1):
+                family = Partition.span(tree, P, int(bounds[p]), int(bounds[p + 1]))
+                assert family.parent == p and family.size == bounds[p + 1] - bounds[p]
+                mine = {d: own[d][slice(*family.range(d))] for d in passes.measured() if d >= P}
+                np.testing.assert_allclose(partition_up(passes, family, mine), g[bounds[p]:bounds[p + 1]].sum(0)[None],
+                                           atol=1e-12)
+
+
+def test_partitions_must_be_ranges_of_siblings():
+    tree = GeographyTree.from_parents({"a": "US", "b": "US", "a1": "a", "a2": "a", "b1": "b"},
+                                      ["nation", "state", "county"])
+    assert Partition.span(tree, 2, 0, 2).ranges == ((0, 2),)
+    with pytest.raises(ValueError, match="not siblings"):
+        Partition.span(tree, 2, 1, 3)
+    with pytest.raises(ValueError, match="0 <= lo < hi"):
+        Partition.span(tree, 2, 2, 2)
+    assert partition_bounds(tree, 2, None).tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="every parent's first child"):
+        partition_bounds(tree, 2, np.array([0, 3]))
+    with pytest.raises(ValueError, match="increasing integers"):
+        partition_bounds(tree, 2, np.array([0, 2, 2, 3]))
+
+
+@pytest.mark.parametrize("trial", range(10))
+def test_partition_ranges_are_the_fewest_sibling_ranges_under_the_cap(trial):
+    from hdmm.georelease.plan import default_partition, partition_ranges
+
+    rng = np.random.default_rng(300 + trial)
+    depth = int(rng.integers(1, 5))
+    tree = random_tree(depth, rng, fanout=int(rng.integers(2, 7)))
+    finest = int(rng.integers(0, depth + 1))
+    width, values = int(rng.integers(1, 4)), int(rng.integers(1, 40))
+    cap = max(1, values // width)
+    P, bounds = partition_ranges(tree, finest, width, values=values)
+    assert P == default_partition(tree, finest, cap)
+    assert np.array_equal(partition_bounds(tree, P, bounds), bounds)
+    parts = [Partition.span(tree, P, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    held = [sum(p.range(d)[1] - p.range(d)[0] for d in range(P, finest + 1)) for p in parts]
+    for r, p in enumerate(parts):
+        assert held[r] <= cap or p.size == 1  # only a single unit may be over the cap
+        if r + 1 < len(parts) and parts[r + 1].parent == p.parent and P:  # the fewest: the next unit did not fit
+            grown = Partition.span(tree, P, p.units[0], p.units[1] + 1)
+            assert sum(grown.range(d)[1] - grown.range(d)[0] for d in range(P, finest + 1)) > cap
+    for level in range(finest + 1):  # at a level whose every unit is over the cap: the units of that level
+        given, one_each = partition_ranges(tree, finest, width, level=level, values=1, units=1)
+        assert given == level and np.array_equal(one_each, np.arange(tree.sizes[level] + 1))
+    with pytest.raises(GeographyError, match="partition level"):
+        partition_ranges(tree, finest, width, level=finest + 1)
+
+
+def test_partition_ranges_split_a_large_family_at_the_finer_level():
+    """A county of many tracts (Los Angeles' 4,669 under SF1's widths): the tracts, the county's in several
+    ranges under the cap and every small county's in one."""
+    from hdmm.georelease.plan import partition_ranges
+
+    pairs = {"s0": "US", "s1": "US", "s0c0": "s0", "s1c0": "s1", "s1c1": "s1"}
+    for t in range(100):
+        pairs[f"s0c0t{t}"] = "s0c0"
+    for c in ("s1c0", "s1c1"):
+        for t in range(3):
+            pairs[f"{c}t{t}"] = c
+    tree = GeographyTree.from_parents(pairs, ["nation", "state", "county", "tract"])
+    P, bounds = partition_ranges(tree, 3, width=10, values=300)  # 30 units a partition
+    assert P == 3 and bounds.tolist() == [0, 30, 60, 90, 100, 103, 106]
+    P, bounds = partition_ranges(tree, 3, width=10, values=10**4)
+    assert P == 1 and bounds.tolist() == [0, 2]
 
 
 def test_partition_passes_in_place_give_the_same_bits(monkeypatch):
@@ -622,6 +756,51 @@ def test_families_too_large_to_project_at_once_are_projected_in_groups(monkeypat
     if held:
         np.testing.assert_allclose(grouped.totals("state"), list(invariants["state"].values()), rtol=1e-9)
     np.testing.assert_allclose(grouped.answers(0), whole.answers(0), atol=1e-6)  # the root is projected alone
+
+
+def test_a_family_walked_in_given_groups_in_separate_walks(monkeypatch):
+    """The two stages of a family in groups as separate calls (the groups' projection in one walk, each group's
+    children in a walk of its own, as a partition of siblings would run them): with the groups of
+    ``family_groups`` the one-walk answers bit for bit; with any groups, children adding up to their group's
+    cells and the groups to the parent's, all non-negative."""
+    import hdmm.georelease.nonneg as nonneg
+    from hdmm.georelease.nonneg import TopDown, family_groups
+
+    rng = np.random.default_rng(12)
+    tree = states_and_counties(3, 4, 7, rng)
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP)
+    z = {d: rng.normal(2.0, 1.0, size=(tree.sizes[d], AP.shape[0])) for d in range(3)}
+
+    def walk():
+        return TopDown(plan, lambda d, units: z[d][units], None)
+
+    states: dict[int, np.ndarray] = {}
+    top = walk()
+    top.descend(0, 0, top.root(), 1, states)
+    monkeypatch.setattr(nonneg, "MAX_FAMILY_CELLS", 3 * DOMAIN.size)  # groups of at most three counties
+    bounds_of = tree.child_bounds(1)
+    for u, x_plus in states.items():
+        n = int(bounds_of[u + 1] - bounds_of[u])
+        one = walk()
+        one.descend(1, u, x_plus)
+        for bounds in (family_groups(n, DOMAIN.size), np.array([0, 1, n]), np.array([0, n - 2, n - 1, n])):
+            stage1 = walk()
+            parts = stage1.group_parts(1, u, x_plus, bounds)
+            children = np.arange(bounds_of[u], bounds_of[u + 1])
+            sums = np.vstack([stage1.cells(2, children[a:b]).sum(axis=0) for a, b in zip(bounds, bounds[1:])])
+            assert np.array_equal(walk().group_parts(1, u, x_plus, bounds, sums=sums), parts)
+            np.testing.assert_allclose(parts.sum(axis=0), x_plus, rtol=1e-9, atol=1e-9)
+            answers = {}
+            for a, b, part in zip(bounds, bounds[1:], parts):
+                group, cells = walk(), {}
+                group.descend_group(1, u, int(a), int(b), part, reached=cells)
+                answers.update(group.answers[2])
+                got = np.vstack([cells[c] for c in children[a:b]])
+                assert np.all(got >= 0)
+                np.testing.assert_allclose(got.sum(axis=0), part, rtol=1e-9, atol=1e-9)
+            assert sorted(answers) == children.tolist()
+            if np.array_equal(bounds, family_groups(n, DOMAIN.size)):
+                assert all(np.array_equal(answers[c], one.answers[2][c]) for c in children)
 
 
 def test_a_geography_release_is_charged_once_to_a_budget(monkeypatch, tmp_path):

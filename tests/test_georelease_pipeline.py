@@ -59,6 +59,82 @@ def test_a_written_release_is_the_in_memory_release(tmp_path, postprocess, held,
         assert sorted(os.listdir(tmp_path)) == [f"out{w}" for w in range(1, workers + 1)]
 
 
+@pytest.mark.parametrize("held", [None, "state", "county", "tract"])
+@pytest.mark.parametrize("values, level", [(30, None), (200, None), (10**6, None), (14, "tract")])
+def test_a_release_by_ranges_of_siblings_is_the_release_by_units(tmp_path, held, values, level):
+    """Partitions of several siblings (7 numbers a unit: 4, 28 or 2**14 units a partition: counties or states;
+    2 tracts) give the answers of one partition per unit to rounding, in memory or written, on one or two
+    processes."""
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP,
+                    invariants=None if held is None else _invariants(tree, H, held))
+    base = release_geography(plan, ArrayHistograms(H), seed=7, workers=1)
+    ranged = plan.with_partitions(values=values, level=level)
+    assert level is None or ranged.partition_level == tree.level_index(level)
+    assert ranged.ranged and any(ranged.partition(i).size > 1 for i in range(ranged.partitions))
+    for workers, out in ((1, None), (2, tmp_path / f"out{values}")):
+        got = release_geography(ranged, ArrayHistograms(H), seed=7, workers=workers, output=out)
+        for d in plan.levels:
+            np.testing.assert_allclose(got.answers(d), base.answers(d), rtol=1e-10, atol=1e-9)
+
+
+def test_ranges_of_single_units_give_the_same_bits():
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, partition="tract",
+                    invariants=_invariants(tree, H, "county"))
+    single = plan.with_partitions(values=1)  # every unit over the cap: one partition per tract
+    assert single.partition_level == plan.partition_level and single.partitions == tree.sizes[3]
+    base = release_geography(plan, ArrayHistograms(H), seed=7, workers=1)
+    got = release_geography(single, ArrayHistograms(H), seed=7, workers=2)
+    for d in plan.levels:
+        np.testing.assert_array_equal(got.answers(d), base.answers(d))
+
+
+def test_ranges_of_siblings_are_refused_where_not_wired_before_any_charge(monkeypatch):
+    import hdmm.georelease.nonneg as nonneg
+
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP).with_partitions(values=30)
+    budget = hdmm.Budget(hdmm.PureDP(1.0))
+    with pytest.raises(NotImplementedError, match="only so far"):
+        release_geography(plan, ArrayHistograms(H), seed=7, postprocess="integer", budget=budget)
+    monkeypatch.setattr(nonneg, "MAX_FAMILY_CELLS", DOMAIN.size)  # one unit at once: a split family cannot be
+    with pytest.raises(hdmm.geography.GeographyError, match="too many or too large"):
+        release_geography(plan.with_partitions(values=14, level="tract"), ArrayHistograms(H), seed=7,
+                          postprocess="nonnegative", budget=budget)
+    assert budget.spent == 0
+
+
+@pytest.mark.parametrize("held", [None, "state", "county"])
+def test_a_nonnegative_release_by_ranges_of_siblings(tmp_path, held):
+    """Non-negative estimates by ranges of siblings: where no family is split, the unit partitions' answers to
+    the projections' tolerance; where families are split (two tracts a partition), each split family projected in
+    two stages (the partitions' sums, then each partition's children): non-negative, adding up, the invariants
+    held, and about as close to least squares."""
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP,
+                    invariants=None if held is None else _invariants(tree, H, held))
+    base = release_geography(plan, ArrayHistograms(H), seed=7, postprocess="nonnegative", workers=1)
+    whole = plan.with_partitions(values=10**6, level="county")  # every state's counties one partition
+    assert whole.partitions == tree.sizes[1]
+    got = release_geography(whole, ArrayHistograms(H), seed=7, postprocess="nonnegative", workers=2)
+    for d in plan.levels:
+        np.testing.assert_allclose(got.answers(d), base.answers(d), atol=1e-5)
+    split = plan.with_partitions(values=14, level="tract")
+    for out in (None, tmp_path / "split"):
+        got = release_geography(split, ArrayHistograms(H), seed=7, postprocess="nonnegative", workers=2,
+                                output=out)
+        for d in range(tree.depth):
+            children = np.add.reduceat(got.answers(d + 1), tree.child_bounds(d)[:-1], axis=0)
+            np.testing.assert_allclose(got.answers(d), children, rtol=1e-9, atol=1e-7)
+        for d in plan.levels:
+            assert np.all(got.answers(d) >= -1e-9)
+            assert got.change[d] <= 1.5 * base.change[d] + 0.1 * plan.expected_rmse(d), (d, got.change, base.change)
+        np.testing.assert_allclose(got.answers(1), base.answers(1), atol=1e-5)  # above the split families
+        if held is not None and out is None:  # (written files hold the queries, not the totals)
+            np.testing.assert_allclose(got.totals(held), list(_invariants(tree, H, held)[held].values()), rtol=1e-9)
+
+
 def test_a_written_release_copies_and_tabulates(tmp_path):
     tree, H = _data()
     plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP)
@@ -205,3 +281,36 @@ def test_progress_counts_every_step_from_the_engine(workers, tmp_path):
                       output=tmp_path / "o")
     assert any(line.startswith(f"  measure: {partitions}/{partitions} partitions") and "/s" in line for line in lines)
     assert any(line.startswith(f"  answers: {partitions}/{partitions} partitions") for line in lines)
+
+
+def test_ranges_of_siblings_keep_the_partition_level_off_the_driver_in_the_memory_check():
+    from hdmm.georelease.nonneg import held_measurements
+
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, partition="tract")
+    rows = AP.shape[0]
+    assert held_measurements(plan, partitioned=True) == sum(tree.sizes) * rows  # the driver holds every tract
+    ranged = plan.with_partitions(values=14, level="tract")
+    assert held_measurements(ranged, partitioned=True) == sum(tree.sizes[:3]) * rows  # only the levels above
+
+
+def test_a_range_of_siblings_with_many_leaves_is_measured_unit_by_unit(monkeypatch):
+    import hdmm.georelease.units as units
+
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP)
+    base = release_geography(plan, ArrayHistograms(H), seed=7)
+    ranged = plan.with_partitions(values=10**6)  # the states, in one partition
+    assert ranged.partition_level == 1 and ranged.partitions == 1
+    calls, original = [], units._measure_subtree
+
+    def measured(plan, level, unit, *rest):
+        calls.append((level, unit))
+        return original(plan, level, unit, *rest)
+
+    monkeypatch.setattr(units, "LEAVES_PER_READ", 2)  # too many leaves to read at once: state by state
+    monkeypatch.setattr(units, "_measure_subtree", measured)
+    got = release_geography(ranged, ArrayHistograms(H), seed=7)
+    assert (1, 0) in calls and (1, 2) in calls
+    for d in plan.levels:
+        np.testing.assert_allclose(got.answers(d), base.answers(d), rtol=1e-10, atol=1e-9)

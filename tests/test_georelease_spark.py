@@ -90,6 +90,47 @@ def test_spark_and_local_engines_agree(spark, country, tmp_path):
     assert _persistent(spark) <= held  # the steps' checkpoints, which hold exact totals, are gone
 
 
+@pytest.mark.parametrize("values, level", [(14, "tract"), (40, None)])
+def test_spark_releases_ranges_of_siblings_as_the_local_engine(spark, country, tmp_path, values, level):
+    """Partitions of several siblings (GeoPlan.with_partitions) on Spark, from records and from histograms held
+    on the driver: the local engine's answers, and the unit partitions' to rounding."""
+    tree, records = country
+    source = RecordHistograms.of(tree, DOMAIN, records)
+    plan = geo_plan(tree, WP, hdmm.ZCDP(0.5), strategy=AP)
+    ranged = plan.with_partitions(values=values, level=level)
+    assert any(ranged.partition(i).size > 1 for i in range(ranged.partitions))
+    units = _local_table(release_geography(plan, source, seed=11))
+    local = _local_table(release_geography(ranged, source, seed=11))
+    np.testing.assert_allclose(local["answer"], units["answer"], rtol=1e-10, atol=1e-9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        for data, options in ((spark.createDataFrame(records), {"domain": DOMAIN}),
+                              (ArrayHistograms(source.histograms(0, tree.leaves)), {})):
+            out = tmp_path / f"r{len(options)}"
+            remote = release_geography(ranged, data, engine="spark", seed=11, output=str(out),
+                                       **options).dataframe.toPandas()
+            merged = local.merge(remote, on=["level", "code", "query"], suffixes=("_local", "_spark"))
+            assert len(merged) == len(local) == sum(tree.sizes) * WP.shape[0]
+            np.testing.assert_allclose(merged["answer_local"], merged["answer_spark"], rtol=1e-12, atol=1e-9)
+
+
+def test_spark_nonnegative_by_ranges_of_siblings_equals_the_local_engine(spark, country, tmp_path):
+    """Non-negative estimates with families split into partitions (one tract a partition, as ranges: each
+    county's family of two tracts in two stages): Spark runs the local engine's tasks and gives its answers."""
+    tree, records = country
+    source = RecordHistograms.of(tree, DOMAIN, records)
+    plan = geo_plan(tree, WP, hdmm.ZCDP(0.5), strategy=AP).with_partitions(values=7, level="tract")
+    assert plan.ranged and plan.partitions == tree.sizes[3] and max(np.diff(tree.child_bounds(2))) == 2
+    local = _local_table(release_geography(plan, source, seed=3, postprocess="nonnegative"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        remote = release_geography(plan, spark.createDataFrame(records), engine="spark", seed=3, domain=DOMAIN,
+                                   postprocess="nonnegative", output=str(tmp_path / "o")).dataframe.toPandas()
+    merged = local.merge(remote, on=["level", "code", "query"], suffixes=("_local", "_spark"))
+    assert len(merged) == len(local) == sum(tree.sizes) * WP.shape[0]
+    np.testing.assert_allclose(merged["answer_local"], merged["answer_spark"], rtol=1e-12, atol=1e-9)
+
+
 def test_spark_reads_a_histogram_source(spark, country, tmp_path):
     tree, records = country
     source = RecordHistograms.of(tree, DOMAIN, records)

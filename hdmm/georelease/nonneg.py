@@ -60,7 +60,6 @@ from ..matrix import Explicit, Kronecker, Matrix, Ones, VStack, Weighted
 from ..postprocess import (NONNEGATIVE_MAXITER, largest_gram_eigenvalue, metric_projection,
                            project_nonnegative)
 from .activeset import family_gap, family_projection, root_projection
-from .passes import Partition
 from .plan import GeoPlan
 from .rootfit import workload_projection
 from .rounding import round_below
@@ -228,12 +227,13 @@ def held_measurements(plan: GeoPlan, partitioned: bool = False) -> int:
         units = sum(tree.sizes[d] for d in range(finest + 1))
     else:
         widest = 0
-        for u in range(tree.sizes[P]):
-            part = Partition.of(tree, P, u)
+        for i in range(plan.partitions):
+            part = plan.partition(i)
             widest = max(widest, sum(hi - lo for lo, hi in (part.range(d) for d in range(P, finest + 1))))
-        deeper = set() if plan.invariants is None else {d for d in np.unique(plan.invariants.levels).tolist() if d > P}
+        top = P if plan.ranged else P + 1  # the driver's levels: above P, and P itself unless the partitions are ranges
+        deeper = set() if plan.invariants is None else {d for d in np.unique(plan.invariants.levels).tolist() if d >= top}
         deeper |= set(range(P + 1, max(held_region(tree, known_totals(plan))) + 1))  # rounded at once, above
-        units = max(sum(tree.sizes[d] for d in range(P + 1)) + sum(tree.sizes[d] for d in deeper), widest)
+        units = max(sum(tree.sizes[d] for d in range(top)) + sum(tree.sizes[d] for d in deeper), widest)
     return units * max(plan.person_plan(d).strategy.shape[0] for d in plan.measured)
 
 
@@ -540,19 +540,23 @@ class TopDown:
 
     def cells(self, d: int, units: np.ndarray) -> np.ndarray:
         """The least-squares cells of ``units`` of level ``d`` (with the invariants' correction), reduced."""
+        return self.summed_cells(d, self.z(d, units), None if self.lam is None else self.lam[d][units])
+
+    def summed_cells(self, d: int, Z: np.ndarray, lam: np.ndarray | None) -> np.ndarray:
+        """The reduced cells of rows ``Z`` of level ``d``'s estimates with multipliers ``lam`` (one per row, or
+        ``None``): :meth:`cells` of units, or, being linear, of sums of units (rows and multipliers summed)."""
         pinv = self.plan.level_pinv(d)
         space, _, dense = self.view(d)
-        Z = self.z(d, units)
         if dense is not None:  # one product for the whole family
             X = np.asarray(Z, dtype=float) @ dense[1].T
-            if self.lam is not None:
-                X -= np.outer(self.lam[d][units], self.plan.total_parts[1])
+            if lam is not None:
+                X -= np.outer(lam, self.plan.total_parts[1])
             return X
         out = []
-        for i in range(len(units)):  # one vector at a time: faster than a block, and one full vector in memory
+        for i in range(len(Z)):  # one vector at a time: faster than a block, and one full vector in memory
             x = pinv @ Z[i]
-            if self.lam is not None:
-                x = x - self.lam[d][units[i]] * self.plan.total_parts[1]
+            if lam is not None:
+                x = x - lam[i] * self.plan.total_parts[1]
             out.append(space.reduce(x[None, :])[0])
         return np.vstack(out)
 
@@ -776,31 +780,49 @@ class TopDown:
             return
         tree = self.plan.tree
         lo, hi = tree.child_bounds(d)[unit], tree.child_bounds(d)[unit + 1]
-        children = np.arange(lo, hi)
-        held = self.known[d + 1][lo:hi]
         space, _, dense = self.view(d + 1)
         bounds = family_groups(hi - lo, space.strategy.shape[1], None if dense is None else DENSE_FAMILY)
-        if len(bounds) > 2:  # first the groups' sums, weighted by one over their sizes
-            sums = np.vstack([self.cells(d + 1, children[a:b]).sum(axis=0) for a, b in zip(bounds, bounds[1:])])
-            group_held = np.add.reduceat(held, bounds[:-1])
-            parts = self.family(d + 1, sums, x_plus, group_held, 1.0 / np.diff(bounds),
-                                self.fitted_totals(d + 1, group_held, sums.sum(axis=1), x_plus, hi - lo))
-            if self.rounding:
-                parts = self._round(d + 1, parts, x_plus)
-        else:
-            parts = x_plus[None, :]
+        parts = self.group_parts(d, unit, x_plus, bounds) if len(bounds) > 2 else x_plus[None, :]
         for a, b, part in zip(bounds, bounds[1:], parts):
-            X = self.cells(d + 1, children[a:b])
-            P = part[None, :] if b - a == 1 else self.family(  # one child: the sum
-                d + 1, X, part, held[a:b], totals=self.fitted_totals(d + 1, held[a:b], X.sum(axis=1), part, b - a))
-            if self.rounding and b - a > 1:
-                P = self._round(d + 1, P, part)
-            self.record(d + 1, children[a:b], P, X)
-            del X
-            if a == 0:
-                self._count(d, unit)
-            for i, c in enumerate(children[a:b].tolist()):
-                self.descend(d + 1, c, P[i], stop, reached)
+            self.descend_group(d, unit, int(a), int(b), part, stop, reached)
+
+    def group_parts(self, d: int, unit: int, x_plus: np.ndarray, bounds: np.ndarray,
+                    sums: np.ndarray | None = None) -> np.ndarray:
+        """The first stage of a family projected in groups (module docstring): the cells of the groups of ``unit``'s
+        children (``bounds``, counted from its first child) projected onto its cells ``x_plus``, each group weighted
+        by one over its size. ``sums`` are the groups' sums of their children's least-squares cells, if known (a
+        partition's, summed where its children are); else they are made here."""
+        lo, hi = self.plan.tree.child_bounds(d)[unit], self.plan.tree.child_bounds(d)[unit + 1]
+        children = np.arange(lo, hi)
+        held = self.known[d + 1][lo:hi]
+        if sums is None:
+            sums = np.vstack([self.cells(d + 1, children[a:b]).sum(axis=0) for a, b in zip(bounds, bounds[1:])])
+        group_held = np.add.reduceat(held, bounds[:-1])
+        parts = self.family(d + 1, sums, x_plus, group_held, 1.0 / np.diff(bounds),
+                            self.fitted_totals(d + 1, group_held, sums.sum(axis=1), x_plus, hi - lo))
+        if self.rounding:
+            parts = self._round(d + 1, parts, x_plus)
+        return parts
+
+    def descend_group(self, d: int, unit: int, a: int, b: int, part: np.ndarray, stop: int | None = None,
+                      reached: dict[int, np.ndarray] | None = None) -> None:
+        """The second stage: ``unit``'s children ``a..b-1`` (counted from its first child) projected onto their
+        group's cells ``part`` (the parent's, for one group), then :meth:`descend` below each of them."""
+        stop = self.deepest if stop is None else stop
+        lo = int(self.plan.tree.child_bounds(d)[unit])
+        children = np.arange(lo + a, lo + b)
+        held = self.known[d + 1][lo + a:lo + b]
+        X = self.cells(d + 1, children)
+        P = part[None, :] if b - a == 1 else self.family(  # one child: the sum
+            d + 1, X, part, held, totals=self.fitted_totals(d + 1, held, X.sum(axis=1), part, b - a))
+        if self.rounding and b - a > 1:
+            P = self._round(d + 1, P, part)
+        self.record(d + 1, children, P, X)
+        del X
+        if a == 0:
+            self._count(d, unit)
+        for i, c in enumerate(children.tolist()):
+            self.descend(d + 1, c, P[i], stop, reached)
 
 
 def nonnegative_estimates(plan: GeoPlan, z: dict[int, np.ndarray], lam: dict[int, np.ndarray] | None,

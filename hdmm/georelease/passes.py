@@ -19,15 +19,22 @@ measured level and the quantities :math:`\sigma, \rho, \beta, s` of
 4. the estimate of unit ``u`` at a level :math:`l \le l^*` is :math:`\sum_{v \subseteq u} z_v`.
 
 The units of a level are numbered depth first, so the subtree of any unit is a contiguous range
-at every level below it. A *partition* is the subtree of one unit of the partition level ``P``
-(a state): steps 1-4 inside it need only the partition's own measurements and two vectors from
-above, :math:`c` (the sum of :math:`a_u e_u` over its ancestors) and :math:`t` (its offset). The
-coarse levels above ``P`` need only each partition's :math:`g` computed without :math:`c`
-(:math:`g = g^{\text{own}} + s\,c` by linearity, since the pass of a constant gives :math:`s`).
-So a release is: every partition's first pass (:func:`partition_up`), the top
-(:func:`top_passes`, on ``units above P`` vectors), and every partition's second pass
-(:func:`partition_down`), each partition independent of the others: one process unit by unit, or
-one Spark task per partition.
+at every level below it, and so are the subtrees of consecutive siblings. A *partition* is a range
+of consecutive siblings of the partition level ``P`` (units ``lo..hi-1``, children of one unit
+``p`` of level ``P - 1``; a state, or a few tracts of a county) with their subtrees: steps 1-4
+inside it need only the partition's own measurements and two vectors from above, :math:`c` (the
+sum of :math:`a_u e_u` over the ancestors of its units) and :math:`t` (their offset), both the
+same for every child of ``p`` (``t`` is repeated over children in step 3). The coarse levels
+above ``P`` need only :math:`\gamma_p`, the sum over the children of ``p`` of
+:math:`g = g^{\text{own}} + s\,c` (by linearity, :math:`g^{\text{own}}` computed without
+:math:`c`, since the pass of a constant gives :math:`s`): so a partition hands up the sum of its
+units' :math:`g^{\text{own}}` (:func:`partition_up`), the top (:func:`top_passes`, on ``units
+above P`` vectors) adds :math:`c` times the sum of their ``s`` (:math:`\sigma_p` over all of
+``p``'s partitions), and every partition's second pass (:func:`partition_down`) gets its
+parent's :math:`c` and its children's ``t``. The estimates of the levels above ``P`` are sums of
+the partitions' sums of their units' estimates. Each partition is independent of the others: one
+process partition by partition, or one Spark task per partition; how large a partition may be is
+:func:`hdmm.georelease.plan.partition_ranges`'s choice.
 
 >>> import numpy as np
 >>> from hdmm.geography import GeographyTree, TreeStrategy
@@ -52,35 +59,66 @@ import numpy as np
 from ..geography import GeographyTree
 from ..geography.solver import TreeSolver
 
-__all__ = ["Partition", "TreePasses", "partition_up", "partition_down", "top_passes"]
+__all__ = ["Partition", "TreePasses", "partition_bounds", "partition_up", "partition_down", "top_passes"]
 
 
 @dataclass(frozen=True)
 class Partition:
-    """The subtree of one unit of the partition level: its unit ranges level by level.
+    """Consecutive siblings of the partition level (units ``lo..hi-1`` of level ``P``, all children of one
+    unit of level ``P - 1``) with their subtrees: their unit ranges level by level.
 
     Attributes
     ----------
     level : int
         The partition level ``P``.
     unit : int
-        The unit's position at level ``P``.
+        The position of the first unit at level ``P``.
     ranges : tuple of (int, int)
-        ``(lo, hi)`` of the subtree's units at levels ``P, P + 1, ...`` (to the finest level).
+        ``(lo, hi)`` of the subtrees' units at levels ``P, P + 1, ...`` (to the finest level).
+    parent : int
+        The units' parent's position at level ``P - 1`` (0 when ``P`` is the root level).
     """
 
     level: int
     unit: int
     ranges: tuple[tuple[int, int], ...]
+    parent: int = 0
 
     @classmethod
     def of(cls, tree: GeographyTree, level: int, unit: int) -> Partition:
-        ranges = [(unit, unit + 1)]
+        """The subtree of one unit of ``level``."""
+        return cls.span(tree, level, unit, unit + 1)
+
+    @classmethod
+    def span(cls, tree: GeographyTree, level: int, lo: int, hi: int) -> Partition:
+        """Units ``lo..hi-1`` of ``level`` with their subtrees; they must be children of one parent."""
+        if not 0 <= level < len(tree.levels) or not 0 <= lo < hi <= tree.sizes[level]:
+            raise ValueError(f"a partition is units lo..hi-1 of a level with 0 <= lo < hi <= its units; got level "
+                             f"{level}, units {lo}..{hi - 1}")
+        parent = 0
+        if level:
+            bounds = tree.child_bounds(level - 1)
+            parent = int(np.searchsorted(bounds, lo, side="right")) - 1
+            if hi > bounds[parent + 1]:
+                raise ValueError(f"units {lo}..{hi - 1} of level {tree.levels[level]!r} are not siblings (unit {lo}'s "
+                                 f"parent has children {int(bounds[parent])}..{int(bounds[parent + 1]) - 1}): split "
+                                 f"the range at its parents' boundaries")
+        ranges = [(int(lo), int(hi))]
         for d in range(level, tree.depth):
             bounds = tree.child_bounds(d)
             lo, hi = ranges[-1]
             ranges.append((int(bounds[lo]), int(bounds[hi])))
-        return cls(level, unit, tuple(ranges))
+        return cls(level, ranges[0][0], tuple(ranges), parent)
+
+    @property
+    def units(self) -> tuple[int, int]:
+        """``(lo, hi)`` of the partition's units at level ``P``."""
+        return self.ranges[0]
+
+    @property
+    def size(self) -> int:
+        """The number of the partition's units at level ``P``."""
+        return self.ranges[0][1] - self.ranges[0][0]
 
     def range(self, d: int) -> tuple[int, int]:
         """``(lo, hi)`` of the partition's units at level ``d >= P``."""
@@ -184,24 +222,48 @@ class TreePasses:
 
 
 def partition_up(passes: TreePasses, part: Partition, own: dict[int, np.ndarray]) -> np.ndarray:
-    """A partition's first pass: its :math:`g^{\\text{own}}` (``1 x k``), without anything from above."""
+    """A partition's first pass: the sum of its units' :math:`g^{\\text{own}}` (``1 x k``), without anything
+    from above (for one unit, its :math:`g^{\\text{own}}`)."""
     f, P = passes.finest, part.level
     k = own[max(d for d in own)].shape[1]
-    b = passes.accumulate(P, part.range, own, np.zeros((1, k)))
+    b = passes.accumulate(P, part.range, own, np.zeros((part.size, k)))
     b /= passes.a[f]  # in place: b is this function's own array
     _, g = passes.up(f, part.range, b, P)
-    return g
+    return g if part.size == 1 else g.sum(axis=0, keepdims=True)
 
 
-def top_passes(passes: TreePasses, level: int, g_own: np.ndarray, own: dict[int, np.ndarray]
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """The coarse levels ``0..P-1``: each partition's ``c`` and ``t`` (``units of P x k`` each).
+def partition_bounds(tree: GeographyTree, level: int, bounds: np.ndarray | None = None) -> np.ndarray:
+    """``bounds`` checked as the partitions of ``level`` (the first unit of each partition, then the level's size:
+    consecutive ranges, none across two parents); ``None``: one partition per unit."""
+    n = tree.sizes[level]
+    if bounds is None:
+        return np.arange(n + 1)
+    bounds = np.asarray(bounds)
+    if (bounds.ndim != 1 or bounds.size < 2 or not np.issubdtype(bounds.dtype, np.integer) or bounds[0] != 0
+            or bounds[-1] != n or np.any(np.diff(bounds) <= 0)):
+        raise ValueError(f"partition bounds must be increasing integers from 0 to the {n} units of level "
+                         f"{tree.levels[level]!r}; got {bounds}")
+    if level and not np.isin(tree.child_bounds(level - 1), bounds).all():
+        raise ValueError(f"partition bounds of level {tree.levels[level]!r} must split it at every parent's first "
+                         f"child (a partition is siblings): add tree.child_bounds({level - 1}) to them")
+    return bounds
 
-    ``g_own`` holds every partition's first-pass :math:`g` (one row per unit of level ``P``) and
-    ``own`` the own estimates of the measured levels above ``P``.
+
+def top_passes(passes: TreePasses, level: int, g_own: np.ndarray, own: dict[int, np.ndarray],
+               bounds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The coarse levels ``0..P-1``: each partition's ``c`` and ``t`` (``partitions x k`` each; the same for
+    every unit of a partition, since its units are siblings).
+
+    ``g_own`` holds every partition's first pass (:func:`partition_up`, one row per partition), ``own`` the
+    own estimates of the measured levels above ``P`` and ``bounds`` the partitions (:func:`partition_bounds`;
+    ``None``: one per unit of level ``P``). A parent's :math:`\\gamma` is the sum over its partitions of
+    :math:`G + S c`, with :math:`G` a partition's row of ``g_own`` and :math:`S` the sum of its units' ``s``.
     """
     tree, P = passes.tree, level
     k = g_own.shape[1]
+    bounds = partition_bounds(tree, P, bounds)
+    if g_own.shape[0] != bounds.size - 1:
+        raise ValueError(f"g_own has {g_own.shape[0]} rows for {bounds.size - 1} partitions")
     if P == 0:
         return np.zeros((1, k)), np.zeros((1, k))
     full = Partition.of(tree, 0, 0).range
@@ -211,11 +273,16 @@ def top_passes(passes: TreePasses, level: int, g_own: np.ndarray, own: dict[int,
             C = np.repeat(C, np.diff(tree.child_bounds(d - 1)), axis=0)
         if passes.a[d] > 0:
             C = C + passes.a[d] * own[d]
-    c = np.repeat(C, np.diff(tree.child_bounds(P - 1)), axis=0)
-    g = g_own + passes.solver.s[P][:, None] * c
-    gammas, _ = passes.up(P, full, g, 0)
-    t = passes.down(0, full, gammas, np.zeros((1, k)), P)
-    return c, t
+    parents = tree.child_bounds(P - 1)
+    parent = np.searchsorted(parents, bounds[:-1], side="right") - 1  # each partition's parent
+    c = C[parent]
+    g = g_own + np.add.reduceat(passes.solver.s[P], bounds[:-1])[:, None] * c
+    gammas = {P - 1: np.add.reduceat(g, np.searchsorted(bounds, parents[:-1]), axis=0)}
+    above, _ = passes.up(P - 1, full, gammas[P - 1] * passes.solver.rho[P - 1][:, None], 0)
+    gammas.update(above)
+    t = passes.down(0, full, gammas, np.zeros((1, k)), P - 1)
+    t = t + passes.solver.beta[P - 1][:, None] * (gammas[P - 1] - t * passes.solver.sigma[P - 1][:, None])
+    return c, t[parent]
 
 
 #: Rows of ``a * X`` made at a time by :func:`_add_scaled` (about 32 MB of SF1 strategy rows).
@@ -241,7 +308,7 @@ def partition_down(passes: TreePasses, part: Partition, own: dict[int, np.ndarra
     With ``reuse`` (a writable array the caller no longer needs), the finest level's ``own`` is overwritten by
     the estimates (one array of the partition's size less)."""
     f, P = passes.finest, part.level
-    b = passes.accumulate(P, part.range, own, c, reuse=reuse)
+    b = passes.accumulate(P, part.range, own, np.broadcast_to(c, (part.size, c.shape[1])), reuse=reuse)
     gammas, _ = passes.up(f, part.range, b / passes.a[f], P)
     z = b  # (b - offsets) / a, in place: b is this function's own array
     z -= passes.down(P, part.range, gammas, t, f)

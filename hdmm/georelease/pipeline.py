@@ -1,7 +1,9 @@
 r"""The steps of a geography release, written once; an engine only runs its tasks.
 
 A release works on *partitions*: the units of the partition level ``P`` (e.g. counties or
-tracts), each with its subtree. Its steps:
+tracts), each with its subtree, or ranges of consecutive siblings of ``P`` with their subtrees
+(:meth:`hdmm.georelease.plan.GeoPlan.with_partitions`: so far for least squares and
+non-negative estimates, :func:`check_partitions`). Its steps:
 
 1. *measure* (a task per partition): measure every unit of the partition
    (:func:`hdmm.georelease.units.measure_partition`) and take the first tree pass
@@ -12,7 +14,8 @@ tracts), each with its subtree. Its steps:
    passes (:func:`~hdmm.georelease.passes.top_passes`).
 3. *estimate* (a task per partition): the second pass, every unit's least-squares estimate,
    back to the store; the rows of level ``P`` (and of the levels held by invariants or rounded
-   at once below it) come back here, and the levels above ``P`` are their sums.
+   at once below it) come back here, and the levels above ``P`` are their sums (for ranges of
+   siblings, each range's sum of its units' rows, and the rows of the invariants' levels only).
 4. *invariants* (here): the multipliers of :mod:`hdmm.georelease.invariants`, one per unit.
 5. *answers*:
 
@@ -21,7 +24,12 @@ tracts), each with its subtree. Its steps:
    * non-negative or integer (:class:`hdmm.georelease.nonneg.TopDown`): the walk from the root
      runs here down to level ``a`` (the root's family, or for integer tables the held region,
      rounded at once); then, level by level down to ``P``, a task per unit projects its family;
-     then a task per partition walks its subtree and writes its units' answers.
+     then a task per partition walks its subtree and writes its units' answers. With ranges of
+     siblings the driver holds no row of level ``P``: the walk reaches ``P - 1``, a family of
+     ``P - 1`` in one partition is projected in that partition's task, and a family split over
+     several is projected in the two stages of :func:`~hdmm.georelease.nonneg.family_groups` with
+     the partitions as the groups: their sums here (each partition's sum of its units' estimates,
+     from step 3), then each partition's children onto its share, in its task.
 
 An *engine* (:class:`Engine`) runs a step's tasks and keeps each partition's estimates between
 steps (its *state*, ``{level: units x k}``):
@@ -54,7 +62,9 @@ from typing import Protocol, TypeVar
 import numpy as np
 import scipy.sparse as sp
 
-from .nonneg import TopDown, change_rmse, integer_totals
+from ..geography import GeographyError
+from .nonneg import (DENSE_FAMILY, MAX_FAMILY_CELLS, TopDown, cell_space, change_rmse, dense_parts, family_groups,
+                     integer_totals)
 from .passes import Partition, partition_down, partition_up, top_passes
 from .plan import GeoPlan
 from .roundtree import held_region
@@ -62,7 +72,7 @@ from .steps import Progress, invariant_multipliers, measure_top
 from .units import measure_partition
 from .workers import map_partitions
 
-__all__ = ["Engine", "LocalEngine", "Outcome", "run_release"]
+__all__ = ["Engine", "LocalEngine", "Outcome", "check_partitions", "run_release"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -183,6 +193,35 @@ def _held_depth(plan: GeoPlan, integer: bool) -> int:
     return max(held_region(plan.tree, integer_totals(plan))) if integer else 0
 
 
+def check_partitions(plan: GeoPlan, engine: str, postprocess: str | None) -> None:
+    """Refuse a plan whose partitions are ranges of several siblings (:meth:`GeoPlan.with_partitions`) where they
+    are not wired yet: a release other than least squares (``engine``, its name, is not checked: every engine
+    runs this module's tasks on partitions by index)."""
+    if not plan.ranged or postprocess is None:
+        return
+    if postprocess != "nonnegative" or plan.partition_level == 0:
+        raise NotImplementedError(f"partitions of several units (GeoPlan.with_partitions) are released by least "
+                                  f"squares or non-negative estimates below the root only so far, not "
+                                  f"{postprocess!r}: use a plan with one partition per unit of its partition level")
+    tree, P, bounds = plan.tree, plan.partition_level, plan.partition_bounds
+    space, _ = cell_space(plan)
+    cells = space.strategy.shape[1]
+    most = None if dense_parts(plan) is None else DENSE_FAMILY
+    parents = np.searchsorted(bounds, tree.child_bounds(P - 1))
+    def at_once(n: int) -> bool:  # n units of the cells projected in one piece
+        groups = family_groups(n, cells, most)
+        return groups is not None and len(groups) == 2
+
+    for p in range(parents.size - 1):  # a family in several partitions: stage 1 on their sums, stage 2 in each
+        sizes = np.diff(bounds[parents[p]:parents[p + 1] + 1])
+        if sizes.size > 1 and not all(at_once(int(n)) for n in (sizes.size, *sizes.tolist())):
+            raise GeographyError(
+                f"non-negative estimates project a family split into partitions in two stages, each at most "
+                f"{MAX_FAMILY_CELLS:,} units x cells at once: the {sizes.size} partitions of the children of "
+                f"{tree.label(P - 1, p)} (up to {int(sizes.max())} units each, {cells:,} cells) are too many or too "
+                f"large; choose partitions of fewer values (GeoPlan.with_partitions)")
+
+
 def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, postprocess: str | None,
                 progress: Progress) -> Outcome:
     """Run the steps of the module docstring on ``engine``; the answers go to ``output`` (an output of
@@ -190,8 +229,9 @@ def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, post
     data and charged the budget."""
     tree, P = plan.tree, plan.partition_level
     space = "answers" if postprocess is None else "measurements"
+    check_partitions(plan, engine.name, postprocess)
     out = Outcome()
-    n = tree.sizes[P]
+    n = plan.partitions
     if hasattr(engine, "observe"):  # an engine that can see a step's tasks before their results come back
         engine.observe(progress)
     the_plan = (engine.share(plan),)
@@ -202,7 +242,7 @@ def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, post
     for i, (g, root) in enumerate(engine.measure(_measure_task, the_plan + (engine.share((seed, space)),), n)):
         g_own.append(g)
         roots.append(root)
-        progress.done("measure", i + 1, tree.label(P, i))
+        progress.done("measure", i + 1, _label(plan, i))
     roots = sp.vstack(roots, format="csr")
     out.timings["measure"] = time.perf_counter() - start
 
@@ -210,9 +250,9 @@ def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, post
     integer = postprocess == "integer"
     held = _held_depth(plan, integer)
     inv = plan.invariants
-    kept = {P} | set(range(P, held + 1))  # the levels at and below P the driver needs in full
-    if inv is not None:
-        kept |= {d for d in np.unique(inv.levels).tolist() if d > P}
+    kept = set() if plan.ranged else {P} | set(range(P, held + 1))  # the levels at and below P the driver
+    if inv is not None:                                                   # needs in full
+        kept |= {d for d in np.unique(inv.levels).tolist() if d >= P and (d > P or plan.ranged)}
     top = measure_top(plan, roots, seed, space)
     del roots
     progress.start("estimate", n, "partition")
@@ -220,15 +260,25 @@ def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, post
         rows = _counted(engine.update(_collect_task, the_plan + (engine.share(kept),), n), progress, "estimate")
         estimates = {**top, **_stack_levels(rows)}
     else:
-        c, t = top_passes(plan.passes, P, np.vstack(g_own), top)
+        c, t = top_passes(plan.passes, P, np.vstack(g_own), top, plan.partition_bounds)
         del g_own
         reuse = bool(getattr(engine, "fresh_states", False))  # each task's state is its own copy: reused
-        rows = _counted(engine.update(_estimate_task, the_plan + (engine.share((kept, c, t, reuse)),), n), progress,
-                        "estimate")
+        results = _counted(engine.update(_estimate_task, the_plan + (engine.share((kept, c, t, reuse)),), n),
+                           progress, "estimate")
         del c, t
+        rows = [r for r, _ in results]
         estimates = _stack_levels(rows)
+        if plan.ranged:  # the levels above P: sums of the partitions' sums
+            sums = ranges = np.vstack([total for _, total in results])
+            starts = np.searchsorted(plan.partition_bounds, tree.child_bounds(P - 1)[:-1]) if P else None
+        else:
+            sums, starts = estimates[P], tree.child_bounds(P - 1)[:-1] if P else None
+        del results
         for d in range(P - 1, -1, -1):
-            estimates[d] = np.add.reduceat(estimates[d + 1], tree.child_bounds(d)[:-1], axis=0)
+            sums = estimates[d] = np.add.reduceat(sums, starts, axis=0)
+            if d:
+                starts = tree.child_bounds(d - 1)[:-1]
+        del sums
     del rows
     out.timings["estimate"] = time.perf_counter() - start
 
@@ -238,10 +288,20 @@ def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, post
         out.timings["answers"] = time.perf_counter() - start
         return out
     lam = None if plan.per_level else invariant_multipliers(plan, estimates, space)
-    squared = _top_down(plan, engine, the_plan, output, estimates, lam, integer, held, progress)
+    if plan.ranged:
+        squared = _top_down_ranged(plan, engine, the_plan, output, estimates, ranges, lam, progress)
+    else:
+        squared = _top_down(plan, engine, the_plan, output, estimates, lam, integer, held, progress)
     out.timings[postprocess.replace("nonnegative", "non-negative")] = time.perf_counter() - start
     out.change = change_rmse(plan, squared)
     return out
+
+
+def _label(plan: GeoPlan, i: int) -> str:
+    """Partition ``i``'s name: its unit's label, or its first unit's with the number of units that follow."""
+    part = plan.partition(i)
+    label = plan.tree.label(part.level, part.unit)
+    return label if part.size == 1 else f"{label} (+{part.size - 1})"
 
 
 def _counted(results, progress: Progress, step: str) -> list:
@@ -257,7 +317,7 @@ def _counted(results, progress: Progress, step: str) -> list:
 def _measure_task(plan: GeoPlan, job: tuple, i: int, read) -> tuple[dict, tuple]:
     """Step 1 for partition ``i``: its units' own estimates (the state), its first-pass vector and total."""
     seed, space = job
-    part = Partition.of(plan.tree, plan.partition_level, i)
+    part = plan.partition(i)
     own, root = measure_partition(plan, part, read, seed, space)
     g = None if plan.per_level else partition_up(plan.passes, part, own)
     return own, (g, sp.csr_matrix(root[None, :]))
@@ -268,14 +328,16 @@ def _collect_task(plan: GeoPlan, kept: set, i: int, state: dict) -> tuple[None, 
     return None, {d: v for d, v in state.items() if d in kept}
 
 
-def _estimate_task(plan: GeoPlan, job: tuple, i: int, state: dict) -> tuple[dict, dict]:
-    """Step 3 for partition ``i``: its units' least-squares estimates (the new state) and the kept levels' rows."""
+def _estimate_task(plan: GeoPlan, job: tuple, i: int, state: dict) -> tuple[dict, tuple]:
+    """Step 3 for partition ``i``: its units' least-squares estimates (the new state), the kept levels' rows and
+    (for a range of siblings) the sum of its units' estimates at the partition level."""
     kept, c, t, reuse = job
-    part = Partition.of(plan.tree, plan.partition_level, i)
+    part = plan.partition(i)
     f = plan.passes.finest
     reuse = reuse and f in state and state[f].flags.writeable and state[f].flags.owndata
     est = partition_down(plan.passes, part, state, c[i:i + 1], t[i:i + 1], reuse=reuse)
-    return est, {d: est[d] for d in kept}
+    total = est[plan.partition_level].sum(axis=0, keepdims=True) if plan.ranged else None
+    return est, ({d: est[d] for d in kept}, total)
 
 
 def _corrected(plan: GeoPlan, lam, d: int, values: np.ndarray, lo: int) -> np.ndarray:
@@ -288,7 +350,7 @@ def _corrected(plan: GeoPlan, lam, d: int, values: np.ndarray, lo: int) -> np.nd
 def _answer_task(plan: GeoPlan, job: tuple, i: int, state: dict) -> tuple[None, object]:
     """Step 5 (least squares) for partition ``i``: its released units' answers, written to the output."""
     below, lam, output = job
-    part = Partition.of(plan.tree, plan.partition_level, i)
+    part = plan.partition(i)
     writer = output.writer(f"{i:07d}", plan)
     for d in below:
         lo, hi = part.range(d)
@@ -313,7 +375,7 @@ def _family_task(plan: GeoPlan, job: tuple, item: tuple) -> tuple:
 def _subtree_task(plan: GeoPlan, job: tuple, i: int, state: dict, cells: np.ndarray) -> tuple[None, tuple]:
     """Step 5 (top down) for partition ``i``: the walk below its units of level ``s`` (whose cells are ``cells``)."""
     s, lam, integer, output = job
-    part = Partition.of(plan.tree, plan.partition_level, i)
+    part = plan.partition(i)
     writer = output.writer(f"{i:07d}", plan)
     task = TopDown(plan, lambda e, units: state[e][units - part.range(e)[0]], lam, sink=writer.write,
                    integer=integer)
@@ -341,11 +403,11 @@ def _least_squares(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estim
     output.gather(writer.result())
     below = [d for d in plan.levels if d >= P]
     if below:
-        progress.start("answers", tree.sizes[P], "partition")
+        progress.start("answers", plan.partitions, "partition")
         for i, result in enumerate(engine.update(_answer_task, the_plan + (engine.share((below, lam, output)),),
-                                                 tree.sizes[P])):
+                                                 plan.partitions)):
             output.gather(result)
-            progress.done("answers", i + 1, tree.label(P, i))
+            progress.done("answers", i + 1, _label(plan, i))
 
 
 def _top_down(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates: dict[int, np.ndarray], lam,
@@ -396,3 +458,82 @@ def _top_down(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates:
         projected += count
         progress.done(step, projected, tree.label(P, i))
     return squared
+
+
+def _top_down_ranged(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates: dict[int, np.ndarray],
+                     ranges: np.ndarray, lam, progress: Progress) -> dict[int, float]:
+    """The non-negative walk of a plan whose partitions are ranges of siblings (``ranges``: each one's sum of its
+    units' estimates at the partition level ``P``, which the driver does not hold): the walk here and in family
+    tasks down to level ``P - 1``; a family of ``P - 1`` in one partition is walked in its task, one in several
+    is projected here in two stages' first (the partitions' sums, :meth:`TopDown.group_parts`) and each
+    partition projects its children onto its share and walks below (:meth:`TopDown.descend_group`)."""
+    tree, P, bounds = plan.tree, plan.partition_level, plan.partition_bounds
+    writer = output.writer("driver", plan)
+    step = "non-negative"
+    walk = TopDown(plan, lambda d, units: estimates[d][units], lam, sink=writer.write, progress=progress.say,
+                   counted=lambda done, where: progress.done(step, done, where))
+    progress.start(step, walk.families, "family")
+    a = min(1, P - 1)  # the driver's walk: the root's family if its children are above P
+    cells: dict[int, np.ndarray] = {}
+    if walk.deepest <= P - 1:
+        walk.start()
+        walk.flush()
+        output.gather(writer.result())
+        return walk.squared
+    walk.start(stop=a, reached=cells)
+    squared, projected = dict(walk.squared), walk.projected
+    for d in range(a, P - 1):  # families level by level above P - 1, a task per unit
+        child = tree.child_bounds(d)
+        items = [(u, x, estimates[d + 1][child[u]:child[u + 1]]) for u, x in sorted(cells.items())]
+        cells = {}
+        job = the_plan + (engine.share((d, lam, False, output)),)
+        for k, (reached, result, sq, count) in enumerate(engine.map(_family_task, job, items)):
+            cells.update(reached)
+            output.gather(result)
+            if d + 1 in squared:
+                squared[d + 1] += sq
+            projected += count
+            progress.done(step, projected, tree.label(d, items[k][0]))
+    parents = tree.child_bounds(P - 1)
+    first = np.searchsorted(bounds, parents)  # each parent's first partition
+    lam_sums = None if lam is None else np.add.reduceat(lam[P], bounds[:-1])
+    inputs: list = []
+    for p in range(parents.size - 1):
+        r0, r1 = int(first[p]), int(first[p + 1])
+        x_plus = cells.pop(p)
+        if r1 - r0 == 1:
+            inputs.append((p, None, x_plus))
+            continue
+        sums = walk.summed_cells(P, ranges[r0:r1], None if lam_sums is None else lam_sums[r0:r1])
+        parts = walk.group_parts(P - 1, p, x_plus, bounds[r0:r1 + 1] - bounds[r0], sums)
+        inputs.extend((p, int(bounds[r] - parents[p]), part) for r, part in zip(range(r0, r1), parts))
+    walk.flush()
+    output.gather(writer.result())
+    job = the_plan + (engine.share((lam, output)),)
+    for i, (result, sq, count) in enumerate(engine.update(_range_walk_task, job, plan.partitions, inputs)):
+        output.gather(result)
+        for e, value in sq.items():
+            squared[e] += value
+        projected += count
+        progress.done(step, projected, _label(plan, i))
+    return squared
+
+
+def _range_walk_task(plan: GeoPlan, job: tuple, i: int, state: dict, start: tuple) -> tuple[None, tuple]:
+    """Step 5 (non-negative, ranges of siblings) for partition ``i``: its units' family (all of it, from the
+    parent's cells; or its share of it, from the first stage's cells of its sum), then the walk below."""
+    lam, output = job
+    p, a, cells = start
+    part = plan.partition(i)
+    writer = output.writer(f"{i:07d}", plan)
+    task = TopDown(plan, lambda e, units: state[e][units - part.range(e)[0]], lam, sink=writer.write)
+    if a is None:
+        task.descend(plan.partition_level - 1, p, cells)
+    else:
+        task.descend_group(plan.partition_level - 1, p, a, a + part.size, cells)
+    task.flush()
+    return None, (writer.result(), {e: task.squared[e] for e in plan.levels if e >= plan.partition_level},
+                  task.projected)
+
+
+_range_walk_task.reads_rows = True  # its walk reads a family's (or group's) rows at a time (Engine.update)

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -59,10 +59,10 @@ from ..structure import classify
 from ..version import HDMM_VERSION
 from .invariants import Invariants
 from .levels import optimize_level_weights
-from .passes import TreePasses
+from .passes import Partition, TreePasses
 from ..threads import one_blas_thread
 
-__all__ = ["GeoPlan", "geo_plan", "default_partition", "PARTITION_UNITS"]
+__all__ = ["GeoPlan", "geo_plan", "default_partition", "partition_ranges", "PARTITION_UNITS", "PARTITION_VALUES"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,6 +90,10 @@ class GeoPlan:
         Laplace scale or Gaussian standard deviation of every noisy strategy answer.
     partition_level : int
         The level whose subtrees are processed independently (states by default).
+    partition_bounds : numpy.ndarray or None
+        The partitions as ranges of consecutive siblings of the partition level
+        (:func:`~hdmm.georelease.passes.partition_bounds`; :meth:`GeoPlan.with_partitions`), or ``None``:
+        one partition per unit of the partition level.
     invariants : Invariants or None
         Public unit totals held exactly (not privatized).
     origin : str
@@ -114,6 +118,7 @@ class GeoPlan:
     version: str = HDMM_VERSION
     spacing: float = 0.0
     level_persons: tuple[Plan | None, ...] | None = None
+    partition_bounds: np.ndarray | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ structure
@@ -132,6 +137,50 @@ class GeoPlan:
     def passes(self) -> TreePasses:
         """The tree passes (:mod:`hdmm.georelease.passes`) for the level weights, made once."""
         return self.memo("passes", lambda: TreePasses(self.tree, self.level_weights))
+
+    @property
+    def partitions(self) -> int:
+        """The number of partitions (tasks of a step)."""
+        if self.partition_bounds is None:
+            return int(self.tree.sizes[self.partition_level])
+        return int(self.partition_bounds.size - 1)
+
+    @property
+    def ranged(self) -> bool:
+        """Whether the partitions are ranges of siblings (:attr:`partition_bounds`) rather than single units."""
+        return self.partition_bounds is not None
+
+    def partition(self, i: int) -> Partition:
+        """Partition ``i``: its units at the partition level and below."""
+        if self.partition_bounds is None:
+            return Partition.of(self.tree, self.partition_level, i)
+        b = self.partition_bounds
+        return Partition.span(self.tree, self.partition_level, int(b[i]), int(b[i + 1]))
+
+    def with_partitions(self, values: int | None = None, level: str | int | None = None) -> GeoPlan:
+        """This plan with its partitions chosen by :func:`partition_ranges`: ranges of siblings whose units
+        hold at most ``values`` numbers (default ``PARTITION_VALUES``) (a unit holds the larger of its answers and its strategy answers), at
+        ``level`` (default: the coarsest level whose every unit fits). The release's answers are the same to
+        rounding.
+
+        >>> import hdmm
+        >>> tree = GeographyTree.from_parents({"a": "US", "b": "US", "a1": "a", "a2": "a", "b1": "b"},
+        ...                                   ["nation", "state", "county"])
+        >>> p = geo_plan(tree, hdmm.Identity(3), hdmm.PureDP(1.0), strategy=hdmm.Identity(3))
+        >>> q = p.with_partitions(values=8)          # 4 numbers a unit: 2 units a partition
+        >>> q.partition_level, q.partition_bounds.tolist(), q.partition(0).units
+        (2, [0, 2, 3], (0, 2))
+        """
+        if self.per_level:
+            raise GeographyError("a plan with per-level strategies is estimated top down unit by unit; its "
+                                 "partitions are the units of the partition level")
+        width = max(self.queries + 1, self.person.strategy.shape[0])
+        given = None if level is None else self.tree.level_index(level)
+        P, bounds = partition_ranges(self.tree, self.solver.finest, width, given,
+                                     PARTITION_VALUES if values is None else values)
+        if self.invariants is not None:
+            self.invariants.check_supported(self.tree, self.solver)
+        return replace(self, partition_level=P, partition_bounds=bounds, _cache=dict(self._cache))
 
     @property
     def solver(self) -> TreeSolver:
@@ -326,9 +375,19 @@ class GeoPlan:
 PARTITION_UNITS = 2**14
 
 
-def default_partition(tree: GeographyTree, finest: int) -> int:
+def _subtree_units(tree: GeographyTree, d: int, finest: int) -> np.ndarray:
+    """Every unit of level ``d``'s units at levels ``d..finest`` (itself and those below it)."""
+    starts = tree.leaf_bounds(d)
+    per_unit = np.zeros(tree.sizes[d], dtype=np.int64)
+    for e in range(d, finest + 1):  # units of level e under each unit of level d
+        per_unit += np.diff(np.searchsorted(tree.leaf_bounds(e)[:-1], starts, side="left"))
+    return per_unit
+
+
+def default_partition(tree: GeographyTree, finest: int, units: int | None = None) -> int:
     """The coarsest level below the root whose every unit's subtree (its units down to level ``finest``) holds
-    at most ``PARTITION_UNITS`` units (``finest`` if none; the root when nothing below it is measured).
+    at most ``units`` units (default ``PARTITION_UNITS``; ``finest`` if none; the root when nothing below it is
+    measured).
 
     A partition is one task's work and memory (its units' strategy answers), so no partition may be
     large, and many small ones balance over the cores: the states for a tree down to tracts, the
@@ -338,14 +397,60 @@ def default_partition(tree: GeographyTree, finest: int) -> int:
     >>> default_partition(tree, 2)
     1
     """
+    cap = PARTITION_UNITS if units is None else units
     for d in range(1, finest + 1):
-        starts = tree.leaf_bounds(d)
-        per_unit = np.zeros(tree.sizes[d], dtype=np.int64)
-        for e in range(d, finest + 1):  # units of level e under each unit of level d
-            per_unit += np.diff(np.searchsorted(tree.leaf_bounds(e)[:-1], starts, side="left"))
-        if per_unit.size == 0 or int(per_unit.max()) <= PARTITION_UNITS:
+        per_unit = _subtree_units(tree, d, finest)
+        if per_unit.size == 0 or int(per_unit.max()) <= cap:
             return d
     return finest
+
+
+#: Most values (units down to the finest measured level, times the numbers per unit) :func:`partition_ranges`
+#: lets one partition hold: 512 MB of doubles.
+PARTITION_VALUES = 2**26
+
+
+def partition_ranges(tree: GeographyTree, finest: int, width: int, level: int | None = None,
+                     values: int = PARTITION_VALUES, units: int = PARTITION_UNITS) -> tuple[int, np.ndarray]:
+    """The partitions of a release whose units hold ``width`` numbers each: a partition level ``P`` and the
+    partitions' bounds at it (:func:`hdmm.georelease.passes.partition_bounds`: ranges of consecutive siblings).
+
+    A partition holds at most ``min(units, values // width)`` units down to level ``finest`` (its subtrees'
+    units), unless one unit's subtree alone holds more (a partition of one unit, at the finest level only
+    when the width alone is over ``values``). ``P`` is ``level`` if given, else the coarsest level whose every
+    unit's subtree fits (:func:`default_partition` with that cap); the siblings of each parent are cut
+    greedily, in order, into the fewest ranges that fit, so a parent with few children is one range. With
+    ``units`` and ``values // width`` at most each unit's subtree size the partitions are the units of ``P``.
+
+    >>> tree = GeographyTree.from_parents({"a": "US", "b": "US", "a1": "a", "a2": "a", "a3": "a", "b1": "b"},
+    ...                                   ["nation", "state", "county"])
+    >>> partition_ranges(tree, 2, width=1, values=2)     # a's 4 units are over 2: counties, 2 per range
+    (2, array([0, 2, 3, 4]))
+    >>> partition_ranges(tree, 2, width=1, values=4)     # a (4 units) fits, with b (2) it does not
+    (1, array([0, 1, 2]))
+    >>> partition_ranges(tree, 2, width=2, values=12)    # both states fit in one range
+    (1, array([0, 2]))
+    """
+    if width < 1 or values < 1 or units < 1:
+        raise ValueError(f"partition_ranges needs width, values and units >= 1; got {width}, {values}, {units}")
+    cap = max(1, min(units, values // width))
+    P = default_partition(tree, finest, cap) if level is None else int(level)
+    if not 0 <= P <= max(finest, 0):
+        raise GeographyError(f"the partition level {P} is not a level from the root to the finest measured one "
+                             f"({finest})")
+    if P == 0:
+        return 0, np.array([0, 1])
+    size = _subtree_units(tree, P, finest)
+    cum = np.concatenate([[0], np.cumsum(size)])
+    parents = tree.child_bounds(P - 1)
+    cuts = [0]
+    for p in range(parents.size - 1):
+        lo, end = int(parents[p]), int(parents[p + 1])
+        while lo < end:  # the most units from lo whose subtrees fit (at least one)
+            hi = int(np.searchsorted(cum, cum[lo] + cap, side="right")) - 1
+            lo = min(end, max(lo + 1, hi))
+            cuts.append(lo)
+    return P, np.array(cuts)
 
 
 @one_blas_thread

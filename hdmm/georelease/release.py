@@ -31,7 +31,7 @@ from ..budget import Budget, Charge
 from .files import finish_output, read_answers, start_output, write_units
 from .stores import copy_release
 from .nonneg import POSTPROCESS, check_nonnegative, integer_totals
-from .pipeline import Engine, LocalEngine, run_release
+from .pipeline import Engine, LocalEngine, check_partitions, run_release
 from .plan import GeoPlan
 from .report import total_query
 from .steps import Progress, created_now, provenance
@@ -244,6 +244,7 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
             raise TypeError(f"budget must be an hdmm.Budget, got {type(budget).__name__}")
         budget.check(plan.privacy)  # refused before any work; charged after the data checks
     kind = engine_kind(engine)
+    check_partitions(plan, engine, postprocess)
     unknown = sorted(set(engine_options) - set(kind.options))
     if unknown:
         raise TypeError(f"the {engine} engine takes only the options {list(kind.options)}, not {unknown}")

@@ -72,7 +72,6 @@ import scipy.sparse as sp
 from ..domain import Domain
 from ..records import cell_index
 from ..geography import GeographyError, GeographyTree
-from .passes import Partition
 from .plan import GeoPlan
 from .pipeline import Value
 from .release import GeoRelease, Opened, release_geography
@@ -166,6 +165,8 @@ def leaf_totals(tree: GeographyTree, data, *, leaf_column: str | None = None, sp
 
 def _partition_of_leaves(plan: GeoPlan) -> np.ndarray:
     bounds = plan.tree.leaf_bounds(plan.partition_level)
+    if plan.partition_bounds is not None:  # ranges of siblings: their first units' first leaves
+        bounds = bounds[plan.partition_bounds]
     return np.repeat(np.arange(bounds.size - 1), np.diff(bounds))
 
 
@@ -445,7 +446,7 @@ class SparkEngine:
                  domain: Domain | None = None, codes: bool = False, postprocess: str | None = None) -> None:
         self.spark, self.sc, self.files = spark, _context(spark), files
         self.records, self.source, self.domain, self.codes = records, source, domain, codes
-        self.partitions = plan.tree.sizes[plan.partition_level]
+        self.partitions = plan.partitions
         _warm(plan, postprocess)
         self._shared: dict[int, tuple[object, object]] = {}
         self._plan = self.share(plan)  # the engine's own tasks read the tree from it
@@ -529,7 +530,7 @@ class SparkEngine:
         if isinstance(self.source, (RecordHistograms, ArrayHistograms)):  # data on the driver: sent, not broadcast
             plan = self._here(plan_b)
             rows = pd.DataFrame({"partition": np.arange(partitions, dtype=np.int64), "payload": [
-                pickle.dumps(self.source.histograms(*Partition.of(plan.tree, plan.partition_level, i).leaves()),
+                pickle.dumps(self.source.histograms(*plan.partition(i).leaves()),
                              protocol=pickle.HIGHEST_PROTOCOL) for i in range(partitions)]})
             held = self.spark.createDataFrame(rows, "partition long, payload binary")
 
@@ -538,7 +539,7 @@ class SparkEngine:
                 for batch in batches:
                     for i, payload in zip(batch.column("partition").to_pylist(), batch.column("payload").to_pylist()):
                         H = pickle.loads(payload)
-                        lo = Partition.of(plan_b.value.tree, plan_b.value.partition_level, int(i)).leaves()[0]
+                        lo = plan_b.value.partition(int(i)).leaves()[0]
                         yield from _run(int(i), fn, *values, int(i), lambda a, b, H=H, lo=lo: H[a - lo:b - lo]).to_batches()
 
             df = self._spread(held, partitions).mapInArrow(run_held, schema)
@@ -560,7 +561,7 @@ class SparkEngine:
                 pdf = table.to_pandas()
                 p = plan_b.value
                 i = int(pdf[PART].iloc[0])
-                lo, hi = Partition.of(p.tree, p.partition_level, i).leaves()
+                lo, hi = p.partition(i).leaves()
                 cells = cell_index(domain, pdf[names], codes=codes, private=True)
                 H = sp.csr_matrix((pdf["count"].to_numpy(dtype=float), (pdf[LEAF].to_numpy() - lo, cells)),
                                   shape=(hi - lo, domain.size))
@@ -577,7 +578,7 @@ class SparkEngine:
         plan = self._here(plan_b)
         here = [self._here(h) for h in shared]
         for i in sorted(set(range(partitions)) - seen):  # no records: measured here, with their own streams
-            lo, hi = Partition.of(plan.tree, plan.partition_level, i).leaves()
+            lo, hi = plan.partition(i).leaves()
             empty = sp.csr_matrix((hi - lo, plan.person.cells))
             out = _run(i, fn, *here, i, lambda a, b: empty[a - lo:b - lo]).to_pandas()
             extra.append(out[out["kind"] == STATE])

@@ -22,12 +22,14 @@ __all__ = ["measure_top", "invariant_multipliers", "provenance", "progress_print
 
 
 def measure_top(plan: GeoPlan, roots: np.ndarray, seed: int | None, space: str = "answers") -> dict[int, np.ndarray]:
-    """Measure the units of the measured levels above the partition level from the partition roots' histograms
-    (``partitions x cells``, sparse or dense)."""
+    """Measure the units of the measured levels above the partition level from the partitions' total histograms
+    (``partitions x cells``, sparse or dense; a partition's total is the sum of its units')."""
     tree, P = plan.tree, plan.partition_level
     own, X = {}, sp.csr_matrix(roots)  # sparse: the driver never holds partitions x cells densely
     for d in range(P - 1, -1, -1):
         bounds = tree.child_bounds(d)
+        if d == P - 1 and plan.partition_bounds is not None:  # ranges of siblings: each one's parent
+            bounds = np.searchsorted(plan.partition_bounds, bounds)
         parent = np.repeat(np.arange(bounds.size - 1), np.diff(bounds))
         X = sp.csr_matrix((np.ones(parent.size), (parent, np.arange(parent.size))),
                           shape=(bounds.size - 1, parent.size)) @ X

@@ -321,7 +321,7 @@ def measure_units(plan: GeoPlan, level: int, first: int, X: sp.csr_matrix | np.n
 def measure_partition(plan: GeoPlan, part: Partition, histograms, seed: int | None,
                       space: str = "answers") -> tuple[dict[int, np.ndarray], np.ndarray]:
     """Every measured unit of the partition at levels ``P..l*``: their own estimates, level by level,
-    and the partition's total histogram (dense, ``N``).
+    and the partition's total histogram (dense, ``N``; the sum of its units' for a range of siblings).
 
     ``histograms`` is the partition's leaves' sparse counts, or a function ``(lo, hi) -> counts``
     of leaves ``lo..hi-1`` (tree positions). The subtree is walked unit by unit down to the level
@@ -335,7 +335,20 @@ def measure_partition(plan: GeoPlan, part: Partition, histograms, seed: int | No
 
         def read(lo: int, hi: int) -> sp.csr_matrix:
             return histograms[lo - base:hi - base]
-    return _measure_subtree(plan, part.level, part.unit, read, seed, space)
+    if part.size == 1:
+        return _measure_subtree(plan, part.level, part.unit, read, seed, space)
+    lo, hi = part.leaves()
+    if part.level >= plan.solver.finest - 1 or hi - lo <= LEAVES_PER_READ:  # a range of siblings, as a unit: its
+        H = read(lo, hi)                                                 # leaves at once, each level in one call
+        own = {d: measure_units(plan, d, part.range(d)[0], unit_histograms(plan.tree, part, d, H), seed, space)
+               for d in plan.measured if d >= part.level}
+        return own, np.asarray(H.sum(axis=0)).ravel()
+    below, total = [], np.zeros(plan.person.cells)  # else unit by unit
+    for unit in range(*part.units):
+        own, unit_total = _measure_subtree(plan, part.level, unit, read, seed, space)
+        below.append(own)
+        total += unit_total
+    return {d: np.vstack([o[d] for o in below]) for d in below[0]}, total
 
 
 def _measure_subtree(plan: GeoPlan, level: int, unit: int, read, seed: int | None, space: str
