@@ -395,6 +395,17 @@ NOTES = [
     "task; the subtree projection's group. Under 8 GB needs the Los Angeles partition split below the",
     "county (no task above a set number of cells), or a smaller heap (not measured).",
     "",
+    "Measured to completion (2026-11-28, commit ba1204d: states as Arrow, passes in place, the top-down",
+    "walk reading its state row by row; the row \"spark local[2], nonnegative, 4g heap\" above): 5,637 s",
+    "(measure 978 s, estimate 47 s, non-negative 4,612 s) beside two helper sessions' tests and",
+    "benchmarks (load 2 to 7), peak 11.36 GB over all processes, so still above 8 GB. The largest",
+    "per kind of process: the JVM 7.32 GB (at a 4 GB heap: about 3 GB outside it), the workers 5.27,",
+    "the driver 3.52 (after the release, reading the answers back against the truth). A sampler of the",
+    "processes' PSS every 3 s in the non-negative step's last task (Los Angeles's subtree) read the JVM",
+    "at 6.70 GB, that task's worker at 2.84 GB and the whole run at 10.71 GB. The JVM's memory outside",
+    "its heap is now the largest single part; the partitions' part is what ranges of sibling tracts",
+    "(`GeoPlan.with_partitions`, opt-in) bound; not yet measured on SF1.",
+    "",
 ]
 
 
