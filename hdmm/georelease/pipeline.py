@@ -431,18 +431,8 @@ def _top_down(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates:
         return walk.squared
     squared, projected = dict(walk.squared), walk.projected
 
-    for d in range(a, min(P, walk.deepest)):  # families level by level, a task per unit
-        bounds = tree.child_bounds(d)
-        items = [(u, x, estimates[d + 1][bounds[u]:bounds[u + 1]]) for u, x in sorted(cells.items())]
-        cells = {}
-        job = the_plan + (engine.share((d, lam, integer, output)),)
-        for k, (reached, result, sq, count) in enumerate(engine.map(_family_task, job, items)):
-            cells.update(reached)
-            output.gather(result)
-            if d + 1 in squared:
-                squared[d + 1] += sq
-            projected += count
-            progress.done(step, projected, tree.label(d, items[k][0]))
+    cells, projected = _family_levels(plan, engine, the_plan, output, estimates, cells, range(a, min(P, walk.deepest)),
+                                      lam, integer, progress, step, squared, projected)
     if walk.deepest <= P:
         return squared
     s = max(a, P)  # each partition walks on from its units of level s
@@ -458,6 +448,28 @@ def _top_down(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates:
         projected += count
         progress.done(step, projected, tree.label(P, i))
     return squared
+
+
+def _family_levels(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates: dict[int, np.ndarray],
+                   cells: dict[int, np.ndarray], levels: range, lam, integer: bool, progress: Progress, step: str,
+                   squared: dict[int, float], projected: int) -> tuple[dict[int, np.ndarray], int]:
+    """The families of ``levels``, level by level, a task per unit (``cells``: the projected cells of the units of
+    the first level); returns the cells of the units one level below the last and the families projected so far.
+    ``squared`` gathers the changes per level."""
+    tree = plan.tree
+    for d in levels:
+        bounds = tree.child_bounds(d)
+        items = [(u, x, estimates[d + 1][bounds[u]:bounds[u + 1]]) for u, x in sorted(cells.items())]
+        cells = {}
+        job = the_plan + (engine.share((d, lam, integer, output)),)
+        for k, (reached, result, sq, count) in enumerate(engine.map(_family_task, job, items)):
+            cells.update(reached)
+            output.gather(result)
+            if d + 1 in squared:
+                squared[d + 1] += sq
+            projected += count
+            progress.done(step, projected, tree.label(d, items[k][0]))
+    return cells, projected
 
 
 def _top_down_ranged(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates: dict[int, np.ndarray],
@@ -482,18 +494,8 @@ def _top_down_ranged(plan: GeoPlan, engine: Engine, the_plan: tuple, output, est
         return walk.squared
     walk.start(stop=a, reached=cells)
     squared, projected = dict(walk.squared), walk.projected
-    for d in range(a, P - 1):  # families level by level above P - 1, a task per unit
-        child = tree.child_bounds(d)
-        items = [(u, x, estimates[d + 1][child[u]:child[u + 1]]) for u, x in sorted(cells.items())]
-        cells = {}
-        job = the_plan + (engine.share((d, lam, False, output)),)
-        for k, (reached, result, sq, count) in enumerate(engine.map(_family_task, job, items)):
-            cells.update(reached)
-            output.gather(result)
-            if d + 1 in squared:
-                squared[d + 1] += sq
-            projected += count
-            progress.done(step, projected, tree.label(d, items[k][0]))
+    cells, projected = _family_levels(plan, engine, the_plan, output, estimates, cells, range(a, P - 1), lam, False,
+                                      progress, step, squared, projected)
     parents = tree.child_bounds(P - 1)
     first = np.searchsorted(bounds, parents)  # each parent's first partition
     lam_sums = None if lam is None else np.add.reduceat(lam[P], bounds[:-1])
