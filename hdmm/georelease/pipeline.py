@@ -193,10 +193,10 @@ def _held_depth(plan: GeoPlan, integer: bool) -> int:
     return max(held_region(plan.tree, integer_totals(plan))) if integer else 0
 
 
-def check_partitions(plan: GeoPlan, engine: str, postprocess: str | None) -> None:
+def check_partitions(plan: GeoPlan, postprocess: str | None) -> None:
     """Refuse a plan whose partitions are ranges of several siblings (:meth:`GeoPlan.with_partitions`) where they
-    are not wired yet: a release other than least squares (``engine``, its name, is not checked: every engine
-    runs this module's tasks on partitions by index)."""
+    are not wired yet: a release other than least squares (every engine runs this module's tasks on partitions
+    by index, so the engine does not matter)."""
     if not plan.ranged or postprocess is None:
         return
     if postprocess != "nonnegative" or plan.partition_level == 0:
@@ -229,7 +229,6 @@ def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, post
     data and charged the budget."""
     tree, P = plan.tree, plan.partition_level
     space = "answers" if postprocess is None else "measurements"
-    check_partitions(plan, engine.name, postprocess)
     out = Outcome()
     n = plan.partitions
     if hasattr(engine, "observe"):  # an engine that can see a step's tasks before their results come back
@@ -441,12 +440,7 @@ def _top_down(plan: GeoPlan, engine: Engine, the_plan: tuple, output, estimates:
         lo, hi = Partition.of(tree, P, i).range(s)
         inputs.append(np.vstack([cells.pop(u) for u in range(lo, hi)]))
     job = the_plan + (engine.share((s, lam, integer, output)),)
-    for i, (result, sq, count) in enumerate(engine.update(_subtree_task, job, tree.sizes[P], inputs)):
-        output.gather(result)
-        for e, value in sq.items():
-            squared[e] += value
-        projected += count
-        progress.done(step, projected, tree.label(P, i))
+    _partition_walks(plan, engine, _subtree_task, job, inputs, output, progress, step, squared, projected)
     return squared
 
 
@@ -512,13 +506,20 @@ def _top_down_ranged(plan: GeoPlan, engine: Engine, the_plan: tuple, output, est
     walk.flush()
     output.gather(writer.result())
     job = the_plan + (engine.share((lam, output)),)
-    for i, (result, sq, count) in enumerate(engine.update(_range_walk_task, job, plan.partitions, inputs)):
+    _partition_walks(plan, engine, _range_walk_task, job, inputs, output, progress, step, squared, projected)
+    return squared
+
+
+def _partition_walks(plan: GeoPlan, engine: Engine, task, job: tuple, inputs: list, output, progress: Progress,
+                     step: str, squared: dict[int, float], projected: int) -> None:
+    """The walk below every partition, a ``task`` per partition (its entry of ``inputs``: where it starts);
+    ``squared`` gathers the changes per level, and the families are counted on from ``projected``."""
+    for i, (result, sq, count) in enumerate(engine.update(task, job, plan.partitions, inputs)):
         output.gather(result)
         for e, value in sq.items():
             squared[e] += value
         projected += count
         progress.done(step, projected, _label(plan, i))
-    return squared
 
 
 def _range_walk_task(plan: GeoPlan, job: tuple, i: int, state: dict, start: tuple) -> tuple[None, tuple]:

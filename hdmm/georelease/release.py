@@ -244,7 +244,7 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
             raise TypeError(f"budget must be an hdmm.Budget, got {type(budget).__name__}")
         budget.check(plan.privacy)  # refused before any work; charged after the data checks
     kind = engine_kind(engine)
-    check_partitions(plan, engine, postprocess)
+    check_partitions(plan, postprocess)
     unknown = sorted(set(engine_options) - set(kind.options))
     if unknown:
         raise TypeError(f"the {engine} engine takes only the options {list(kind.options)}, not {unknown}")
