@@ -304,9 +304,10 @@ def test_a_range_of_siblings_with_many_leaves_is_measured_unit_by_unit(monkeypat
     assert ranged.partition_level == 1 and ranged.partitions == 1
     calls, original = [], units._measure_subtree
 
-    def measured(plan, level, unit, *rest):
-        calls.append((level, unit))
-        return original(plan, level, unit, *rest)
+    def measured(plan, part, *rest):
+        if part.size == 1:  # one unit's subtree
+            calls.append((part.level, part.unit))
+        return original(plan, part, *rest)
 
     monkeypatch.setattr(units, "LEAVES_PER_READ", 2)  # too many leaves to read at once: state by state
     monkeypatch.setattr(units, "_measure_subtree", measured)

@@ -335,38 +335,28 @@ def measure_partition(plan: GeoPlan, part: Partition, histograms, seed: int | No
 
         def read(lo: int, hi: int) -> sp.csr_matrix:
             return histograms[lo - base:hi - base]
-    if part.size == 1:
-        return _measure_subtree(plan, part.level, part.unit, read, seed, space)
-    lo, hi = part.leaves()
-    if part.level >= plan.solver.finest - 1 or hi - lo <= LEAVES_PER_READ:  # a range of siblings, as a unit: its
-        H = read(lo, hi)                                                 # leaves at once, each level in one call
-        own = {d: measure_units(plan, d, part.range(d)[0], unit_histograms(plan.tree, part, d, H), seed, space)
-               for d in plan.measured if d >= part.level}
-        return own, np.asarray(H.sum(axis=0)).ravel()
-    below, total = [], np.zeros(plan.person.cells)  # else unit by unit
-    for unit in range(*part.units):
-        own, unit_total = _measure_subtree(plan, part.level, unit, read, seed, space)
-        below.append(own)
-        total += unit_total
-    return {d: np.vstack([o[d] for o in below]) for d in below[0]}, total
+    return _measure_subtree(plan, part, read, seed, space)
 
 
-def _measure_subtree(plan: GeoPlan, level: int, unit: int, read, seed: int | None, space: str
+def _measure_subtree(plan: GeoPlan, part: Partition, read, seed: int | None, space: str
                      ) -> tuple[dict[int, np.ndarray], np.ndarray]:
+    """A partition's leaves read at once, each level in one call, when few (or near the finest level); else its
+    units one by one (a range of siblings), or its children one by one and then the unit from their total."""
     tree, finest = plan.tree, plan.solver.finest
-    part = Partition.of(tree, level, unit)
     lo, hi = part.leaves()
-    if level >= finest - 1 or hi - lo <= LEAVES_PER_READ:
+    if part.level >= finest - 1 or hi - lo <= LEAVES_PER_READ:
         H = read(lo, hi)
         own = {d: measure_units(plan, d, part.range(d)[0], unit_histograms(tree, part, d, H), seed, space)
-               for d in plan.measured if d >= level}
+               for d in plan.measured if d >= part.level}
         return own, np.asarray(H.sum(axis=0)).ravel()
+    one = part.size == 1
+    level, units = (part.level + 1, part.range(part.level + 1)) if one else (part.level, part.units)
     below, total = [], np.zeros(plan.person.cells)
-    for child in range(tree.child_bounds(level)[unit], tree.child_bounds(level)[unit + 1]):
-        own, child_total = _measure_subtree(plan, level + 1, int(child), read, seed, space)
+    for u in range(*units):
+        own, piece = _measure_subtree(plan, Partition.of(tree, level, u), read, seed, space)
         below.append(own)
-        total += child_total
+        total += piece
     own = {d: np.vstack([o[d] for o in below]) for d in below[0]}
-    if plan.level_weights[level] > 0:
-        own[level] = measure_units(plan, level, unit, total[None, :], seed, space)
+    if one and plan.level_weights[part.level] > 0:
+        own[part.level] = measure_units(plan, part.level, part.unit, total[None, :], seed, space)
     return own, total
