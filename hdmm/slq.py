@@ -310,8 +310,7 @@ def probe_brackets(
     if not levels or any(b <= a for a, b in zip(levels, levels[1:])) or levels[-1] > n:
         raise ValueError(f"levels must be increasing step counts of at most n = {n}, got {levels!r}")
     node = _check_real(node, "node")
-    children = np.random.default_rng(rng).spawn(probes)
-    signs = np.stack([g.integers(0, 2, size=n, dtype=np.int8) for g in children])
+    signs = _probe_signs(rng, probes, n)
     width = levels[-1] if reorthogonalize else _PLAIN_VECTORS
     chunk = int(max(1, min(probes, _BASIS_BYTES // (8 * width * n))))
     lower, upper = np.empty((len(levels), probes)), np.empty((len(levels), probes))
@@ -319,10 +318,23 @@ def probe_brackets(
         index = np.arange(first, min(first + chunk, probes))
         start = (2.0 * signs[index] - 1.0) / np.sqrt(n)
         for row, prefixes in enumerate(_lanczos(matvec, start, levels, reorthogonalize)):
-            for i, (alpha, beta, beta_next) in zip(index, prefixes):
-                rules = _quadrature_bracket(alpha, beta, beta_next, f, node)
-                lower[row, i], upper[row, i] = n * min(rules), n * max(rules)
+            for i, prefix in zip(index, prefixes):
+                lower[row, i], upper[row, i] = _scaled_bracket(prefix, f, node, n)
     return lower, upper
+
+
+def _probe_signs(rng: np.random.Generator | int | None, probes: int, n: int) -> np.ndarray:
+    """The Rademacher probes as 0/1 bytes (probe ``i`` is ``2 * signs[i] - 1``), one child generator each
+    (``Generator.spawn``), so equal seeds give equal probes whatever the chunking or the caller."""
+    children = np.random.default_rng(rng).spawn(probes)
+    return np.stack([g.integers(0, 2, size=n, dtype=np.int8) for g in children])
+
+
+def _scaled_bracket(prefix: tuple[np.ndarray, np.ndarray, float], f, node: float | None, n: int
+                    ) -> tuple[float, float]:
+    """One probe's bracket ``n * min(R_m, G_m), n * max(R_m, G_m)`` from its Lanczos prefix."""
+    rules = _quadrature_bracket(*prefix, f, node)
+    return n * min(rules), n * max(rules)
 
 
 def _check_size(value: int, name: str, least: int) -> int:
@@ -380,8 +392,7 @@ def _probe_brackets(
         The level :math:`m` used.
     """
     # Probe i is 2 * signs[i] - 1; one byte per entry keeps all probes for reruns.
-    children = np.random.default_rng(rng).spawn(probes)
-    signs = np.stack([g.integers(0, 2, size=n, dtype=np.int8) for g in children])
+    signs = _probe_signs(rng, probes, n)
     lower, upper = np.empty(probes), np.empty(probes)
 
     def start(index: np.ndarray) -> np.ndarray:
@@ -390,9 +401,8 @@ def _probe_brackets(
 
     def evaluate(index: np.ndarray, prefixes: list[tuple[np.ndarray, np.ndarray, float]]) -> None:
         """Store the brackets of the probes ``index`` from their Lanczos prefixes."""
-        for i, (alpha, beta, beta_next) in zip(index, prefixes):
-            rules = _quadrature_bracket(alpha, beta, beta_next, f, node)
-            lower[i], upper[i] = n * min(rules), n * max(rules)
+        for i, prefix in zip(index, prefixes):
+            lower[i], upper[i] = _scaled_bracket(prefix, f, node, n)
 
     def passes(level: int) -> bool:
         """Whether the mean bracket meets the ``rel_gap`` criterion, or ``level`` is the last."""
