@@ -199,7 +199,9 @@ def run_local(config: str, people: int) -> dict:
 
 #: The scopes of the Spark runs: the states (None: all) and the partition level.
 SCOPES = {"full": ("United States", None, "state"), "ca": ("California", ("06",), "county"),
-          "dc": ("District of Columbia", ("11",), "county")}
+          "dc": ("District of Columbia", ("11",), "county"),
+          # the release's default partitions (hdmm.georelease.pipeline.release_partitions): ranges of tracts
+          "ca-default": ("California", ("06",), None), "dc-default": ("District of Columbia", ("11",), None)}
 
 
 def run_spark(master: str, scope: str, people_per_tract: int, postprocess: str | None = None,
@@ -215,7 +217,7 @@ def run_spark(master: str, scope: str, people_per_tract: int, postprocess: str |
     tree = us_tree(states=states)
     source = SyntheticHistograms(people_per_tract * tree.leaves, states=states, seed=1)
     out = {"config": f"spark {master}" + ("" if postprocess is None else f", {postprocess}")
-           + ("" if heap is None else f", {heap} heap"),
+           + ("" if heap is None else f", {heap} heap") + (", default partitions" if partition is None else ""),
            "scope": name,
            "units": int(sum(tree.sizes)), "tracts": tree.leaves, "people": int(source.leaf_totals().sum()),
            "privacy": f"PureDP({EPSILON})"}
@@ -234,6 +236,8 @@ def run_spark(master: str, scope: str, people_per_tract: int, postprocess: str |
         result = release_geography(plan, source, engine="spark", seed=1, output=output, spark=spark,
                                    postprocess=postprocess, progress=lambda s: print(s, file=sys.stderr, flush=True))
         out["release seconds"] = time.perf_counter() - start
+        out["peak memory in the release GB"] = memory.peak / 1e9
+        out["partitions"] = result.provenance()["partitions"]
         out["release steps"] = result.timings
         out["rows written"] = int(result.dataframe.count())
         out["units per second (measure stage)"] = out["units"] / result.timings["measure"]
@@ -319,6 +323,11 @@ def _report(results: list[dict]) -> str:
             if "peak memory by process GB" in r:
                 lines.append(f"- {r['config']} {r['scope']}: largest resident memory per kind of process: " + ", ".join(
                     f"{k} {v:.2f} GB" for k, v in r["peak memory by process GB"].items()))
+            if "peak memory in the release GB" in r:
+                parts = r["partitions"]
+                lines.append(f"- {r['config']} {r['scope']}: peak memory in the release (before reading the answers "
+                             f"back) {r['peak memory in the release GB']:.2f} GB; {parts['count']:,} partitions of "
+                             f"{parts['level']}s" + (" (ranges of siblings)" if parts["ranges_of_siblings"] else ""))
             lines.append(f"- {r['config']} {r['scope']}: steps " + ", ".join(
                 f"{k} {v:.0f} s" for k, v in r["release steps"].items()) + "; expected RMSE " + ", ".join(
                 f"{k} {v:.2f}" for k, v in r["expected RMSE"].items()) + ("" if "change RMSE" not in r else
@@ -441,7 +450,7 @@ def main() -> None:
     if args.full_us:
         todo.append("spark:local[2]:full:4258")
     if args.nonnegative:
-        todo += ["spark:local[2]:dc:4258:nonnegative", "spark:local[2]:ca:4258:nonnegative"]
+        todo += ["spark:local[2]:dc-default:4258:nonnegative", "spark:local[2]:ca-default:4258:nonnegative"]
     if args.spark_memory:
         todo = [job + (":-" if job.count(":") == 3 else "") + f":{args.spark_memory}" if job.startswith("spark")
                 else job for job in todo]

@@ -5,6 +5,7 @@ behind but its output."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -66,8 +67,9 @@ def test_a_release_by_ranges_of_siblings_is_the_release_by_units(tmp_path, held,
     2 tracts) give the answers of one partition per unit to rounding, in memory or written, on one or two
     processes."""
     tree, H = _data()
-    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP,
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, partition="state",
                     invariants=None if held is None else _invariants(tree, H, held))
+    assert not plan.partition_auto and not plan.ranged  # given: one state a partition
     base = release_geography(plan, ArrayHistograms(H), seed=7, workers=1)
     ranged = plan.with_partitions(values=values, level=level)
     assert level is None or ranged.partition_level == tree.level_index(level)
@@ -88,6 +90,34 @@ def test_ranges_of_single_units_give_the_same_bits():
     got = release_geography(single, ArrayHistograms(H), seed=7, workers=2)
     for d in plan.levels:
         np.testing.assert_array_equal(got.answers(d), base.answers(d))
+
+
+@pytest.mark.parametrize("postprocess", [None, "nonnegative", "integer"])
+def test_default_partitions_are_cut_for_the_release(monkeypatch, postprocess):
+    """A plan's default partitions are cut at release, before any data are read: least squares into ranges of
+    at most PARTITION_VALUES numbers, non-negative estimates into ranges a family projects in one piece, integer
+    tables into single units at the level whose units fit; the release is the one on those partitions given,
+    bit for bit, and its provenance says which. Given partitions are used as they are."""
+    import hdmm.georelease.plan as geoplan
+    from hdmm.georelease.pipeline import release_partitions
+
+    monkeypatch.setattr(geoplan, "PARTITION_VALUES", 7 * 6)  # 7 numbers a unit: at most 6 units a partition
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP)
+    assert plan.partition_auto and not plan.ranged
+    cut = release_partitions(plan, postprocess)
+    sizes = np.array([cut.partition(i).size for i in range(cut.partitions)])
+    assert cut.partition_auto and sizes.max() <= 6
+    assert cut.ranged == (postprocess != "integer") and (sizes.max() > 1) == cut.ranged
+    given = replace(cut, partition_auto=False)
+    assert release_partitions(given, postprocess) is given
+    got = release_geography(plan, ArrayHistograms(H), seed=7, postprocess=postprocess, workers=2)
+    want = release_geography(given, ArrayHistograms(H), seed=7, postprocess=postprocess, workers=1)
+    for d in plan.levels:
+        np.testing.assert_array_equal(got.answers(d), want.answers(d))
+    assert got.plan.partitions == cut.partitions
+    assert got.provenance()["partitions"] == {"level": tree.levels[cut.partition_level], "count": cut.partitions,
+                                              "ranges_of_siblings": cut.ranged}
 
 
 def test_ranges_of_siblings_are_refused_where_not_wired_before_any_charge(monkeypatch):
@@ -114,7 +144,9 @@ def test_a_nonnegative_release_by_ranges_of_siblings(tmp_path, held):
     tree, H = _data()
     plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP,
                     invariants=None if held is None else _invariants(tree, H, held))
-    base = release_geography(plan, ArrayHistograms(H), seed=7, postprocess="nonnegative", workers=1)
+    units = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, partition=plan.partition_level,
+                     invariants=plan.invariants)  # given: one unit a partition
+    base = release_geography(units, ArrayHistograms(H), seed=7, postprocess="nonnegative", workers=1)
     whole = plan.with_partitions(values=10**6, level="county")  # every state's counties one partition
     assert whole.partitions == tree.sizes[1]
     got = release_geography(whole, ArrayHistograms(H), seed=7, postprocess="nonnegative", workers=2)

@@ -463,9 +463,9 @@ def test_spark_reports_a_steps_tasks_while_they_run(spark, tmp_path, monkeypatch
         def step(self, name, done, total):
             seen.append((name, done, total))
 
-    release_geography(geo_plan(tree, hdmm.Identity(3), hdmm.ZCDP(0.5), strategy=hdmm.Prefix(3)),
-                      ArrayHistograms(H), engine="spark", seed=0, output=str(tmp_path / "o"), progress=Steps())
-    partitions = tree.sizes[geo_plan(tree, hdmm.Identity(3), hdmm.ZCDP(0.5), strategy=hdmm.Prefix(3)).partition_level]
+    plan = geo_plan(tree, hdmm.Identity(3), hdmm.ZCDP(0.5), strategy=hdmm.Prefix(3), partition="county")
+    release_geography(plan, ArrayHistograms(H), engine="spark", seed=0, output=str(tmp_path / "o"), progress=Steps())
+    partitions = tree.sizes[plan.partition_level]
     assert ("measure", partitions, partitions) in seen and ("answers", partitions, partitions) in seen
     assert all(0 <= done <= total for _, done, total in seen)
     lines: list[str] = []

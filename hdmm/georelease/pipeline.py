@@ -3,7 +3,11 @@ r"""The steps of a geography release, written once; an engine only runs its task
 A release works on *partitions*: the units of the partition level ``P`` (e.g. counties or
 tracts), each with its subtree, or ranges of consecutive siblings of ``P`` with their subtrees
 (:meth:`hdmm.georelease.plan.GeoPlan.with_partitions`: so far for least squares and
-non-negative estimates, :func:`check_partitions`). Its steps:
+non-negative estimates, :func:`check_partitions`). A plan's default partitions are cut into ranges
+by :func:`release_partitions` for the release's post-processing: for least squares at most
+``PARTITION_VALUES`` numbers a task; for non-negative estimates, in addition, few enough units that
+each range and the ranges of a family are projected in one piece; integer tables take one unit a
+partition, at the level whose units fit. Its steps:
 
 1. *measure* (a task per partition): measure every unit of the partition
    (:func:`hdmm.georelease.units.measure_partition`) and take the first tree pass
@@ -72,7 +76,7 @@ from .steps import Progress, invariant_multipliers, measure_top
 from .units import measure_partition
 from .workers import map_partitions
 
-__all__ = ["Engine", "LocalEngine", "Outcome", "check_partitions", "run_release"]
+__all__ = ["Engine", "LocalEngine", "Outcome", "check_partitions", "release_partitions", "run_release"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -191,6 +195,34 @@ def _stack_levels(rows: list[dict[int, np.ndarray]]) -> dict[int, np.ndarray]:
 def _held_depth(plan: GeoPlan, integer: bool) -> int:
     """The deepest level of the held region that integer tables round at once (0 without invariants)."""
     return max(held_region(plan.tree, integer_totals(plan))) if integer else 0
+
+
+def release_partitions(plan: GeoPlan, postprocess: str | None) -> GeoPlan:
+    """The plan a release with ``postprocess`` runs on: a plan with given partitions as it is (checked by
+    :func:`check_partitions`); default ones (``plan.partition_auto``) cut into ranges of siblings
+    (:meth:`GeoPlan.default_ranges`). Least squares takes ranges of at most ``PARTITION_VALUES`` numbers;
+    non-negative estimates, ranges of at most as many units as a family projects in one piece
+    (:func:`~hdmm.georelease.nonneg.family_groups`), or one unit a partition where such ranges would not
+    fit; integer tables, one unit a partition at the level where ranges would be cut (every unit's subtree
+    within those bounds, where one is). Data-independent: it runs before any data are read.
+    """
+    if not plan.partition_auto or plan.per_level:
+        check_partitions(plan, postprocess)
+        return plan
+    if postprocess == "integer":
+        return plan.default_ranges(ranges=False)
+    if postprocess is None:
+        return plan.default_ranges()
+    space, _ = cell_space(plan)
+    most = MAX_FAMILY_CELLS // max(space.strategy.shape[1], 1)
+    if dense_parts(plan) is not None:
+        most = min(most, DENSE_FAMILY)
+    ranged = plan.default_ranges(units=max(1, most))
+    try:
+        check_partitions(ranged, postprocess)
+    except (GeographyError, NotImplementedError):  # a family of too many ranges: one unit a partition
+        return plan
+    return ranged
 
 
 def check_partitions(plan: GeoPlan, postprocess: str | None) -> None:

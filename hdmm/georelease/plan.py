@@ -94,6 +94,11 @@ class GeoPlan:
         The partitions as ranges of consecutive siblings of the partition level
         (:func:`~hdmm.georelease.passes.partition_bounds`; :meth:`GeoPlan.with_partitions`), or ``None``:
         one partition per unit of the partition level.
+    partition_auto : bool
+        Whether the partitions are the default (no ``partition`` given to :func:`geo_plan`, no
+        :meth:`with_partitions`): a release then cuts them into ranges of siblings sized for its
+        post-processing (:func:`hdmm.georelease.pipeline.release_partitions`). Given partitions are
+        used as they are.
     invariants : Invariants or None
         Public unit totals held exactly (not privatized).
     origin : str
@@ -119,6 +124,7 @@ class GeoPlan:
     spacing: float = 0.0
     level_persons: tuple[Plan | None, ...] | None = None
     partition_bounds: np.ndarray | None = None
+    partition_auto: bool = False
     _cache: dict = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ structure
@@ -157,11 +163,13 @@ class GeoPlan:
         b = self.partition_bounds
         return Partition.span(self.tree, self.partition_level, int(b[i]), int(b[i + 1]))
 
-    def with_partitions(self, values: int | None = None, level: str | int | None = None) -> GeoPlan:
+    def with_partitions(self, values: int | None = None, level: str | int | None = None,
+                        units: int | None = None) -> GeoPlan:
         """This plan with its partitions chosen by :func:`partition_ranges`: ranges of siblings whose units
-        hold at most ``values`` numbers (default ``PARTITION_VALUES``) (a unit holds the larger of its answers and its strategy answers), at
-        ``level`` (default: the coarsest level whose every unit fits). The release's answers are the same to
-        rounding.
+        hold at most ``values`` numbers (default ``PARTITION_VALUES``; a unit holds the larger of its answers
+        and its strategy answers) and number at most ``units`` (default ``PARTITION_UNITS``), at ``level``
+        (default: the coarsest level whose every unit fits). The release's answers are the same to rounding.
+        The result's partitions are given (``partition_auto`` is false): a release uses them as they are.
 
         >>> import hdmm
         >>> tree = GeographyTree.from_parents({"a": "US", "b": "US", "a1": "a", "a2": "a", "b1": "b"},
@@ -171,16 +179,32 @@ class GeoPlan:
         >>> q.partition_level, q.partition_bounds.tolist(), q.partition(0).units
         (2, [0, 2, 3], (0, 2))
         """
+        return self._ranged(values, level, units, auto=False)
+
+    def _ranged(self, values: int | None, level: str | int | None, units: int | None, auto: bool,
+                ranges: bool = True) -> GeoPlan:
         if self.per_level:
             raise GeographyError("a plan with per-level strategies is estimated top down unit by unit; its "
                                  "partitions are the units of the partition level")
         width = max(self.queries + 1, self.person.strategy.shape[0])
         given = None if level is None else self.tree.level_index(level)
         P, bounds = partition_ranges(self.tree, self.solver.finest, width, given,
-                                     PARTITION_VALUES if values is None else values)
+                                     PARTITION_VALUES if values is None else values,
+                                     PARTITION_UNITS if units is None else units)
         if self.invariants is not None:
             self.invariants.check_supported(self.tree, self.solver)
-        return replace(self, partition_level=P, partition_bounds=bounds, _cache=dict(self._cache))
+        return replace(self, partition_level=P, partition_bounds=bounds if ranges else None, partition_auto=auto,
+                       _cache=dict(self._cache))
+
+    def default_ranges(self, units: int | None = None, ranges: bool = True) -> GeoPlan:
+        """This plan, with default partitions, cut by :func:`partition_ranges` into ranges of siblings of at
+        most ``PARTITION_VALUES`` numbers and ``units`` units each (``ranges=False``: one partition per unit of
+        that function's level, the coarsest whose every unit fits); ``partition_auto`` stays true. A plan with
+        given partitions or per-level strategies is returned as it is. What a release runs on
+        (:func:`hdmm.georelease.pipeline.release_partitions`)."""
+        if not self.partition_auto or self.per_level:
+            return self
+        return self._ranged(None, None, units, auto=True, ranges=ranges)
 
     @property
     def solver(self) -> TreeSolver:
@@ -490,8 +514,10 @@ def geo_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, *,
         ``{level: {code: total}}``: public totals held exactly (not privatized; see
         :mod:`hdmm.georelease.invariants`).
     partition
-        The level whose units' subtrees are processed independently (default:
-        :func:`default_partition`).
+        The level whose units' subtrees are processed independently, one partition per unit. By
+        default :func:`default_partition`'s level, which a release cuts into ranges of siblings sized
+        for its post-processing (:func:`hdmm.georelease.pipeline.release_partitions`), so that no task
+        holds more than ``PARTITION_VALUES`` numbers where the post-processing allows.
     seed, progress
         For :func:`hdmm.optimize` (``strategy="auto"``).
 
@@ -553,6 +579,7 @@ def geo_plan(tree: GeographyTree, person: Matrix, privacy: Privacy, *,
         tree=tree, levels=tuple(released), level_weights=w, person=person_plan, privacy=privacy,
         sensitivity=sensitivity, noise_scale=privacy.noise_scale(sensitivity), partition_level=P,
         invariants=invariants, origin=origin, seconds=time.perf_counter() - start, spacing=spacing,
+        partition_auto=partition is None,
     )
     if invariants is not None:
         result.total_direction  # noqa: B018 -- fails here, before any data, when A_p has no structural pinv

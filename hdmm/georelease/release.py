@@ -31,7 +31,7 @@ from ..budget import Budget, Charge
 from .files import finish_output, read_answers, start_output, write_units
 from .stores import copy_release
 from .nonneg import POSTPROCESS, check_nonnegative, integer_totals
-from .pipeline import Engine, LocalEngine, check_partitions, run_release
+from .pipeline import Engine, LocalEngine, release_partitions, run_release
 from .plan import GeoPlan
 from .report import total_query
 from .steps import Progress, created_now, provenance
@@ -244,7 +244,7 @@ def release_geography(plan: GeoPlan, data: HistogramSource, *, engine: str = "lo
             raise TypeError(f"budget must be an hdmm.Budget, got {type(budget).__name__}")
         budget.check(plan.privacy)  # refused before any work; charged after the data checks
     kind = engine_kind(engine)
-    check_partitions(plan, postprocess)
+    plan = release_partitions(plan, postprocess)  # before the data are read
     unknown = sorted(set(engine_options) - set(kind.options))
     if unknown:
         raise TypeError(f"the {engine} engine takes only the options {list(kind.options)}, not {unknown}")

@@ -76,6 +76,8 @@ def provenance(plan: GeoPlan, seeded: bool, charge=None, postprocess: str | None
         "person_strategy": repr(plan.person.strategy) if not plan.per_level else
         {tree.levels[d]: repr(plan.person_plan(d).strategy) for d in plan.measured},
         "origin": plan.origin,
+        "partitions": {"level": tree.levels[plan.partition_level], "count": plan.partitions,
+                       "ranges_of_siblings": plan.ranged},
         "invariants": None if plan.invariants is None else {
             "public_not_private": True, "units": plan.invariants.units,
             "levels": {tree.levels[d]: int(n)
