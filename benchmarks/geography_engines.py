@@ -8,8 +8,8 @@ Each engine runs in its own process (a child of this script, which starts the cl
 peak memory sums every process of the run: the driver, local workers, Spark's JVMs and Python workers, the
 cluster's master, workers and executors). The release: PL94-171 (2020 tables, 2,016 cells) on SYNTHETIC
 data at production's budget with the state totals held (the setting of ``census_production.py``), least
-squares unless ``--postprocess`` says otherwise, partitioned by county, written to a new directory as it
-goes, one BLAS thread.
+squares unless ``--postprocess`` says otherwise, on the release's default partitions (``--partition LEVEL``:
+one partition per unit of that level), written to a new directory as it goes, one BLAS thread.
 Reported: the release's wall time, each step's seconds and units per second (the tree's units over the
 step's seconds: every step handles every unit once), peak memory over all processes, and whether the
 answers equal the local engine's (the same seed gives the same release on every engine).
@@ -93,7 +93,7 @@ class Cluster:
 
 
 def child(engine: str, states, levels: tuple[str, ...], output: str, scale: float = 1.0,
-          postprocess: str | None = None, heap: str = "4g") -> dict:
+          postprocess: str | None = None, heap: str = "4g", partition: str | None = None) -> dict:
     import hashlib
 
     import numpy as np
@@ -115,9 +115,8 @@ def child(engine: str, states, levels: tuple[str, ...], output: str, scale: floa
         totals = source.leaf_totals()
         b = tree.leaf_bounds("state")
         held = {"state": {code: float(totals[b[s]:b[s + 1]].sum()) for s, code in enumerate(tree.codes("state"))}}
-        plan = geo_plan(tree, W, privacy, strategy=strategy, invariants=held, partition="county", seed=0)
-        out.update(units=int(sum(tree.sizes)), partitions=int(tree.sizes[plan.partition_level]),
-                   privacy=plan.privacy.description, people=int(totals.sum()))
+        plan = geo_plan(tree, W, privacy, strategy=strategy, invariants=held, partition=partition, seed=0)
+        out.update(units=int(sum(tree.sizes)), privacy=plan.privacy.description, people=int(totals.sum()))
         root = Path(tempfile.mkdtemp(prefix="hdmm-engines-"))
         options: dict = {}
         start = time.perf_counter()
@@ -139,6 +138,9 @@ def child(engine: str, states, levels: tuple[str, ...], output: str, scale: floa
                                         progress=lambda line: print(line, file=sys.stderr, flush=True), **options)
             out["release seconds"] = time.perf_counter() - start
             out["steps"] = dict(release.timings)
+            parts = release.provenance()["partitions"]
+            out["partitions"] = parts["count"]
+            out["partition level"] = parts["level"] + (" (ranges of siblings)" if parts["ranges_of_siblings"] else "")
             digest = hashlib.sha256()
             for d in plan.levels:
                 digest.update(np.ascontiguousarray(release.answers(d)).tobytes())
@@ -159,7 +161,8 @@ def _report(results: list[dict], command: str) -> str:
     lines = ["# One geography release on three engines: local, Spark local[2], a standalone cluster", "",
              f"`{command}` (one BLAS thread; each engine in its own process, peak memory summed over every "
              "process of the run, sampled every 0.5 s). PL94-171 on SYNTHETIC data, "
-             f"{first['units']:,} units ({first['partitions']:,} county partitions), {first['people']:,} people, "
+             f"{first['units']:,} units ({first['partitions']:,} partitions: "
+             f"{first.get('partition level', 'county')}), {first['people']:,} people, "
              f"{first['privacy']}, state totals held, {first['postprocess']}, written as it goes.", "",
              "| engine | release | peak memory | steps: seconds (units/s) | same answers as local |",
              "|---|---|---|---|---|"]
@@ -186,6 +189,7 @@ def main() -> None:
     parser.add_argument("--postprocess", default="none", choices=["none", "nonnegative", "integer"])
     parser.add_argument("--spark-memory", default="4g",
                         help="the JVM heap of Spark's driver (local mode: also the executors) and of each executor")
+    parser.add_argument("--partition", help="one partition per unit of this level (default: the release's choice)")
     parser.add_argument("--previous", help="a JSON file of earlier runs' results (this script's) to report first")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
@@ -194,14 +198,15 @@ def main() -> None:
     levels = tuple(args.levels.split(","))
     if args.child:
         postprocess = None if args.postprocess == "none" else args.postprocess
-        print(json.dumps(child(args.child, states, levels, args.output, args.scale, postprocess, args.spark_memory)))
+        print(json.dumps(child(args.child, states, levels, args.output, args.scale, postprocess, args.spark_memory,
+                               args.partition)))
         return
     results = [] if args.previous is None else json.loads(Path(args.previous).read_text())
     for engine in args.engines.split(","):
         output = tempfile.mkdtemp(prefix="hdmm-engines-out-") + "/release"
         cmd = [sys.executable, __file__, "--child", engine, "--states", args.states, "--levels", args.levels,
                "--output", output, "--scale", str(args.scale), "--postprocess", args.postprocess,
-               "--spark-memory", args.spark_memory]
+               "--spark-memory", args.spark_memory] + ([] if args.partition is None else ["--partition", args.partition])
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         shutil.rmtree(os.path.dirname(output), ignore_errors=True)
         if done.returncode != 0:

@@ -330,7 +330,9 @@ def geography_release(args: argparse.Namespace, privacy: Privacy, named: NamedWo
     # the time spent reading records grows with their number, which is private: shown for synthetic
     # data or with --evaluate only, as for hdmm release without --geography
     read = f"read data {read_seconds:.1f} s, " if synthetic or args.evaluate else ""
-    print(f"  {read}plan {plan_seconds:.1f} s, release {time.perf_counter() - start:.1f} s")
+    parts = result.provenance()["partitions"]
+    print(f"  {read}plan {plan_seconds:.1f} s, release {time.perf_counter() - start:.1f} s, in {parts['count']:,} "
+          f"partitions ({'ranges of ' if parts['ranges_of_siblings'] else ''}{parts['level']} units)")
     print(f"wrote the answers of {len(plan.levels)} levels to {result.path} (Parquet, partitioned by level; "
           f"privacy and provenance in {result.path.rstrip('/')}/_provenance.json)")
     if budget is not None and result.charge is not None:

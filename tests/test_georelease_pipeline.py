@@ -120,6 +120,29 @@ def test_default_partitions_are_cut_for_the_release(monkeypatch, postprocess):
                                               "ranges_of_siblings": cut.ranged}
 
 
+def test_default_partitions_stay_units_where_ranges_would_not_project(monkeypatch):
+    """Non-negative estimates on default partitions: where the ranges would split a family into more pieces than
+    project at once (check_partitions refuses them), the release keeps one unit a partition (each family then
+    projected in groups inside its task) rather than refusing."""
+    import hdmm.georelease.pipeline as pipeline
+    from hdmm.georelease.pipeline import release_partitions
+
+    tree, H = _data()
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP)
+    assert release_partitions(plan, "nonnegative").ranged
+    check = pipeline.check_partitions
+
+    def refuse_ranges(p, postprocess):
+        if p.ranged:
+            raise hdmm.geography.GeographyError("too many or too large")
+        check(p, postprocess)
+
+    monkeypatch.setattr(pipeline, "check_partitions", refuse_ranges)
+    assert release_partitions(plan, "nonnegative") is plan
+    got = release_geography(plan, ArrayHistograms(H), seed=7, postprocess="nonnegative", workers=1)
+    assert got.plan is plan and (got.answers("tract") >= 0).all()
+
+
 def test_ranges_of_siblings_are_refused_where_not_wired_before_any_charge(monkeypatch):
     import hdmm.georelease.nonneg as nonneg
 
