@@ -5,7 +5,7 @@ tracts), each with its subtree, or ranges of consecutive siblings of ``P`` with 
 (:meth:`hdmm.georelease.plan.GeoPlan.with_partitions`: so far for least squares and
 non-negative estimates, :func:`check_partitions`). A plan's default partitions are cut into ranges
 by :func:`release_partitions` for the release's post-processing: for least squares at most
-``PARTITION_VALUES`` numbers a task; for non-negative estimates, in addition, few enough units that
+``PARTITION_VALUES`` numbers and ``RANGE_UNITS`` units a task; for non-negative estimates, in addition, few enough units that
 each range and the ranges of a family are projected in one piece; integer tables take one unit a
 partition, at the level whose units fit. Its steps:
 
@@ -70,7 +70,7 @@ from ..geography import GeographyError
 from .nonneg import (DENSE_FAMILY, MAX_FAMILY_CELLS, TopDown, cell_space, change_rmse, dense_parts, family_groups,
                      integer_totals)
 from .passes import Partition, partition_down, partition_up, top_passes
-from .plan import GeoPlan
+from .plan import PARTITION_UNITS, GeoPlan
 from .roundtree import held_region
 from .steps import Progress, invariant_multipliers, measure_top
 from .units import measure_partition
@@ -200,17 +200,18 @@ def _held_depth(plan: GeoPlan, integer: bool) -> int:
 def release_partitions(plan: GeoPlan, postprocess: str | None) -> GeoPlan:
     """The plan a release with ``postprocess`` runs on: a plan with given partitions as it is (checked by
     :func:`check_partitions`); default ones (``plan.partition_auto``) cut into ranges of siblings
-    (:meth:`GeoPlan.default_ranges`). Least squares takes ranges of at most ``PARTITION_VALUES`` numbers;
+    (:meth:`GeoPlan.default_ranges`). Least squares takes ranges of at most ``PARTITION_VALUES`` numbers and
+    ``RANGE_UNITS`` units;
     non-negative estimates, ranges of at most as many units as a family projects in one piece
     (:func:`~hdmm.georelease.nonneg.family_groups`), or one unit a partition where such ranges would not
-    fit; integer tables, one unit a partition at the level where ranges would be cut (every unit's subtree
-    within those bounds, where one is). Data-independent: it runs before any data are read.
+    fit; integer tables, one unit a partition at the coarsest level whose every unit's subtree holds at most
+    ``PARTITION_VALUES`` numbers and ``PARTITION_UNITS`` units (where one does). Data-independent: it runs before any data are read.
     """
     if not plan.partition_auto or plan.per_level:
         check_partitions(plan, postprocess)
         return plan
     if postprocess == "integer":
-        return plan.default_ranges(ranges=False)
+        return plan.default_ranges(units=PARTITION_UNITS, ranges=False)
     if postprocess is None:
         return plan.default_ranges()
     space, _ = cell_space(plan)

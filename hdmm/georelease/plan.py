@@ -62,7 +62,8 @@ from .levels import optimize_level_weights
 from .passes import Partition, TreePasses
 from ..threads import one_blas_thread
 
-__all__ = ["GeoPlan", "geo_plan", "default_partition", "partition_ranges", "PARTITION_UNITS", "PARTITION_VALUES"]
+__all__ = ["GeoPlan", "geo_plan", "default_partition", "partition_ranges", "PARTITION_UNITS", "PARTITION_VALUES",
+           "RANGE_UNITS"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -167,7 +168,7 @@ class GeoPlan:
                         units: int | None = None) -> GeoPlan:
         """This plan with its partitions chosen by :func:`partition_ranges`: ranges of siblings whose units
         hold at most ``values`` numbers (default ``PARTITION_VALUES``; a unit holds the larger of its answers
-        and its strategy answers) and number at most ``units`` (default ``PARTITION_UNITS``), at ``level``
+        and its strategy answers) and number at most ``units`` (default ``RANGE_UNITS``), at ``level``
         (default: the coarsest level whose every unit fits). The release's answers are the same to rounding.
         The result's partitions are given (``partition_auto`` is false): a release uses them as they are.
 
@@ -190,7 +191,7 @@ class GeoPlan:
         given = None if level is None else self.tree.level_index(level)
         P, bounds = partition_ranges(self.tree, self.solver.finest, width, given,
                                      PARTITION_VALUES if values is None else values,
-                                     PARTITION_UNITS if units is None else units)
+                                     RANGE_UNITS if units is None else units)
         if self.invariants is not None:
             self.invariants.check_supported(self.tree, self.solver)
         return replace(self, partition_level=P, partition_bounds=bounds if ranges else None, partition_auto=auto,
@@ -198,7 +199,8 @@ class GeoPlan:
 
     def default_ranges(self, units: int | None = None, ranges: bool = True) -> GeoPlan:
         """This plan, with default partitions, cut by :func:`partition_ranges` into ranges of siblings of at
-        most ``PARTITION_VALUES`` numbers and ``units`` units each (``ranges=False``: one partition per unit of
+        most ``PARTITION_VALUES`` numbers and ``units`` (default ``RANGE_UNITS``) units each (``ranges=False``: one
+        partition per unit of
         that function's level, the coarsest whose every unit fits); ``partition_auto`` stays true. A plan with
         given partitions or per-level strategies is returned as it is. What a release runs on
         (:func:`hdmm.georelease.pipeline.release_partitions`)."""
@@ -430,8 +432,12 @@ def default_partition(tree: GeographyTree, finest: int, units: int | None = None
 
 
 #: Most values (units down to the finest measured level, times the numbers per unit) :func:`partition_ranges`
-#: lets one partition hold: 512 MB of doubles.
-PARTITION_VALUES = 2**26
+#: lets one partition hold: 128 MB of doubles (a task holds its state about four times over).
+PARTITION_VALUES = 2**24
+
+#: Most units (down to the finest measured level) in one range of siblings (:meth:`GeoPlan.with_partitions`),
+#: so that a step has many tasks to balance over the cores.
+RANGE_UNITS = 2**11
 
 
 def partition_ranges(tree: GeographyTree, finest: int, width: int, level: int | None = None,
