@@ -56,13 +56,17 @@ from .validation import ZERO_RTOL
 
 __all__ = ["JointDiagonal", "joint_diagonal", "cached_joint_diagonal", "factors_diagonalise",
            "TermGrid", "term_grid",
-           "GRID_LIMIT", "DIAGONAL_RTOL", "union_terms", "union_route", "contract", "term_variances"]
+           "GRID_LIMIT", "CP_FACTORS_LIMIT", "DIAGONAL_RTOL", "union_terms", "union_route", "contract", "term_variances"]
 
 #: Largest grid of :math:`1/\delta` values one workload term may need (entries, 128 MiB of floats).
 GRID_LIMIT = 2**24
 
 #: Largest off-diagonal part (relative Frobenius norm) accepted in a joint diagonalisation.
 DIAGONAL_RTOL = 1e-9
+
+#: :math:`\delta` grids are one matrix product when its two factors fit in this many entries (or in the
+#: grid's own size), else a loop of outer products (:func:`_cp_grid`).
+CP_FACTORS_LIMIT = 2**20
 
 #: Squared transformed coordinates below this fraction of their column's largest are rounding.
 _MASS_RTOL = 1e-20
@@ -110,7 +114,11 @@ class JointDiagonal:
         r""":math:`\delta` on the grid ``cols[0] x cols[1] x ...`` (index arrays), zero where it is rounding.
 
         Strategy terms are summed by the diagonals they use on the grid's attributes of more than one
-        point (a total's attribute has one), so a grid costs one outer product per distinct pattern.
+        point (a total's attribute has one), so a grid is a sum of one outer product per distinct
+        pattern: :math:`\delta = \sum_p s_p \bigotimes_i m_{p,i}`. Split the wide attributes into a
+        first and a last part; with :math:`L` (:math:`P \times a`) holding row by row the outer
+        products :math:`\bigotimes_{i \le h} m_{p,i}` and :math:`R` (:math:`P \times b`) those of the
+        rest, the grid is :math:`L^T \mathrm{diag}(s) R` reshaped, one matrix product (:func:`_cp_grid`).
         """
         coefficient = self.union.weights ** 2
         wide = []
@@ -119,21 +127,50 @@ class JointDiagonal:
                 coefficient = coefficient * self._unique[i][self._labels[i], c[0]]
             else:
                 wide.append(i)
-        out = np.zeros(tuple(len(c) for c in cols))
+        shape = tuple(len(c) for c in cols)
         if wide:
             patterns, which = np.unique(np.stack([self._labels[i] for i in wide], axis=1), axis=0, return_inverse=True)
             sums = np.bincount(which.ravel(), weights=coefficient, minlength=len(patterns))
+            used = sums != 0
+            rows = [self._unique[i][patterns[used, k]][:, cols[i]] for k, i in enumerate(wide)]
+            out = _cp_grid(sums[used], rows).reshape(shape)
         else:
-            patterns, sums = np.zeros((1, 0), dtype=np.intp), np.array([coefficient.sum()])
-        flat = out.reshape([len(cols[i]) for i in wide] or [1])
-        for pattern, c0 in zip(patterns, sums):
-            if c0 == 0:
-                continue
-            part = np.array(c0)
-            for i, k in zip(wide, pattern):
-                part = np.multiply.outer(part, self._unique[i][k][cols[i]])
-            flat += part
+            out = np.full(shape, float(coefficient.sum()))
         return np.where(out > PINV_RCOND * self._scale, out, 0.0)
+
+
+def _khatri_rao(rows: list[np.ndarray], P: int) -> np.ndarray:
+    """Row by row outer products: ``out[p] = (x)_i rows[i][p]`` flattened in C order (``P x prod n_i``; ones
+    when ``rows`` is empty)."""
+    out = np.ones((P, 1))
+    for M in rows:
+        out = (out[:, :, None] * M[:, None, :]).reshape(out.shape[0], -1)
+    return out
+
+
+def _cp_grid(s: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
+    r""":math:`\sum_p s_p \bigotimes_i` ``rows[i][p]``, flattened in C order (``P`` patterns, ``rows[i]`` is
+    ``P x n_i``).
+
+    One matrix product :math:`L^T \mathrm{diag}(s) R` over the split of the attributes that makes the
+    two factors smallest; a loop of outer products when the factors would take more memory than the
+    grid itself (many patterns on a small grid).
+    """
+    P = len(s)
+    sizes = [M.shape[1] for M in rows]
+    size = math.prod(sizes)
+    if P == 0:
+        return np.zeros(size)
+    firsts = [math.prod(sizes[:h]) for h in range(len(sizes) + 1)]
+    h = min(range(1, len(sizes) + 1), key=lambda h: firsts[h] + size // firsts[h])
+    if P * (firsts[h] + size // firsts[h]) <= max(size, CP_FACTORS_LIMIT):
+        L = _khatri_rao(rows[:h], P)
+        R = _khatri_rao(rows[h:], P)
+        return ((L * s[:, None]).T @ R).ravel()
+    out = np.zeros(size)
+    for p in range(P):
+        out += _khatri_rao([M[p:p + 1] for M in rows], 1).ravel() * s[p]
+    return out
 
 
 def _dense_gram(f: Matrix) -> np.ndarray:

@@ -167,3 +167,35 @@ def test_the_union_route_is_taken_only_where_every_grid_fits(monkeypatch):
     monkeypatch.setattr(union_gram, "GRID_LIMIT", 1)  # every term's grid now too large: no exact route but dense
     assert not union_gram.union_route(W, classify(A).union) and exact_route(W, A) == "dense"
     assert not union_gram.union_route(W, None)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("limit", [None, 0])
+def test_delta_grids_against_a_sum_of_outer_products(seed, limit, monkeypatch):
+    """delta on random grids (single points, repeats, all columns) equals the sum over strategy terms of their
+    weighted outer products, by one matrix product and (limit 0) by the loop of outer products."""
+    import hdmm.union_gram as union_gram
+
+    if limit is not None:
+        monkeypatch.setattr(union_gram, "CP_FACTORS_LIMIT", limit)
+    rng = np.random.default_rng(seed)
+    sizes = [3, 4, 2, 5]
+    pools = [[_random_factor(rng, n) for _ in range(rng.integers(1, 3))] for n in sizes]
+    A = VStack([Weighted(Kronecker([pool[rng.integers(len(pool))] for pool in pools]), float(rng.uniform(0.3, 2)))
+                for _ in range(rng.integers(2, 7))])
+    union = kron_union(A)
+    diagonal = joint_diagonal(union)
+    if diagonal is None:
+        pytest.skip("the draw does not diagonalise together")
+    for _ in range(4):
+        cols = [np.sort(rng.choice(n, size=rng.integers(1, n + 1), replace=False)) for n in sizes]
+        want = np.zeros(tuple(len(c) for c in cols))
+        for j in range(union.num_terms):
+            part = np.array(union.weights[j] ** 2)
+            for i, c in enumerate(cols):
+                part = np.multiply.outer(part, diagonal.diagonals[i][union.index[j, i]][c])
+            want += part
+        got = diagonal.delta(cols)
+        kept = got != 0
+        np.testing.assert_allclose(got[kept], want[kept], rtol=1e-12)
+        assert np.all(want[~kept] <= 1e-9 * np.abs(want).max())
