@@ -310,6 +310,16 @@ def _effective_gram(grams: list[Matrix], coef: np.ndarray) -> Matrix:
     return G
 
 
+def _trace_key(A: Matrix) -> tuple[str, int] | int:
+    """A key for a strategy factor's traces: by size for an identity or a total row (every such factor has the
+    same traces), else the object itself (its ``id``; the cache keeps it alive and checks it)."""
+    if type(A) is Identity:
+        return ("identity", A.shape[1])
+    if type(A) is Ones and A.shape[0] == 1:
+        return ("total", A.shape[1])
+    return id(A)
+
+
 def _fingerprint(G: Matrix) -> bytes | None:
     """A key equal for Grams equal up to a positive scale (to 12 digits), for small Grams only."""
     if G.shape[0] > MEMO_MAX_N:
@@ -350,8 +360,15 @@ def opt_kron_union(
     grams = [[f.gram() for f in fs] for fs in union.factors]
     strategy: list[Matrix] = [Identity(n) for n in union.sizes]
 
+    known = memo.setdefault("traces", {})  # per strategy factor and attribute: shared with the other calls
+
     def traces_of(i: int, A: Matrix) -> np.ndarray:
-        return np.array([factor_trace(A, f)[0] for f in union.factors[i]])
+        fs = union.factors[i]
+        key = (_trace_key(A), id(fs))
+        hit = known.get(key)
+        if hit is None or hit[0] is not fs or (isinstance(key[0], int) and hit[1] is not A):
+            hit = known[key] = (fs, A, np.array([factor_trace(A, f)[0] for f in fs]))
+        return hit[2]
 
     traces = [traces_of(i, strategy[i]) for i in range(d)]
 
