@@ -56,7 +56,7 @@ from .validation import ZERO_RTOL
 
 __all__ = ["JointDiagonal", "joint_diagonal", "cached_joint_diagonal", "factors_diagonalise",
            "TermGrid", "term_grid",
-           "GRID_LIMIT", "CP_FACTORS_LIMIT", "DIAGONAL_RTOL", "union_terms", "union_route", "contract", "term_variances"]
+           "GRID_LIMIT", "CP_FACTORS_LIMIT", "DIAGONAL_RTOL", "union_terms", "union_totals", "union_route", "contract", "term_variances"]
 
 #: Largest grid of :math:`1/\delta` values one workload term may need (entries, 128 MiB of floats).
 GRID_LIMIT = 2**24
@@ -101,6 +101,17 @@ class JointDiagonal:
         largest = [d.max(axis=1, initial=0.0) for d in self.diagonals]
         self._scale = float(np.sum(self.union.weights ** 2 * self.union.products(largest)))
         self._squares: dict[tuple[int, int], tuple[Matrix, tuple[np.ndarray, np.ndarray]]] = {}
+        self._totals: dict[tuple, tuple[list[Matrix], tuple[float, bool]]] = {}
+
+    def term_total(self, weight: float, factors: list[Matrix],
+                   squares: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, bool]:
+        """:meth:`TermGrid.total` of the workload term ``weight * (x) factors`` (its factors' :meth:`squares`
+        given), computed once per term (kept by its factor objects and weight)."""
+        key = (float(weight),) + tuple(id(f) for f in factors)
+        hit = self._totals.get(key)
+        if hit is None or any(a is not b for a, b in zip(hit[0], factors)):
+            hit = self._totals[key] = (list(factors), term_grid(self, weight, factors, squares).total())
+        return hit[1]
 
     def squares(self, i: int, f: Matrix) -> tuple[np.ndarray, np.ndarray]:
         r"""A workload factor's :math:`(fT_i)^{\circ 2}` on attribute ``i`` where it has mass, and those columns
@@ -383,6 +394,41 @@ def union_route(W: Matrix, a_union: KronUnion | None) -> bool:
     except DenseLimitError:
         return False
     return all(math.prod(len(keep) for _, keep in squares) <= GRID_LIMIT for squares in terms)
+
+
+def union_totals(W: Matrix, a_union: KronUnion | None,
+                 stop_above: float | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per workload term of ``W``, :meth:`TermGrid.total` under the union strategy ``a_union``: the sums of its
+    queries' variances at unit noise and whether all are supported; ``None`` as :func:`union_terms`.
+
+    With ``stop_above``, the terms are taken largest grid first (the costliest, and on marginal-like
+    workloads those of most error) and the search stops once the sum so far exceeds it (an unsupported
+    term counting as infinite): every term's sum is non-negative, so the total is above it too. The
+    terms not reached are ``nan``. Each term's sum is kept with the strategy's joint diagonalisation, so
+    a later call (the full error after a partial one) does not compute it again. Raises
+    :class:`~hdmm.matrix.DenseLimitError` as :func:`union_terms`.
+    """
+    found = _lined_up(W, a_union)
+    if found is None:
+        return None
+    w_union, diagonal = found
+    terms = _term_squares(w_union, diagonal)
+    for squares in terms:
+        size = math.prod(len(keep) for _, keep in squares)
+        if size > GRID_LIMIT:
+            raise DenseLimitError(f"a workload term needs a grid of {size:,} strategy eigenvalues, above GRID_LIMIT")
+    values = np.full(len(terms), np.nan)
+    supported = np.ones(len(terms), dtype=bool)
+    order = range(len(terms))
+    if stop_above is not None:
+        order = sorted(order, key=lambda j: -math.prod(len(keep) for _, keep in terms[j]))
+    done = 0.0
+    for j in order:
+        values[j], supported[j] = diagonal.term_total(w_union.weights[j], w_union.term(j)[1], terms[j])
+        done += values[j] if supported[j] else math.inf
+        if stop_above is not None and done > stop_above:
+            break
+    return values, supported
 
 
 def union_terms(W: Matrix, a_union: KronUnion | None) -> list[TermGrid] | None:
