@@ -526,3 +526,17 @@ def test_union_totals_stop_early_largest_grid_first_and_keep_what_they_computed(
 
 def kron(W):
     return hdmm.kron_union.kron_union(W)
+
+
+def test_opt_union_judged_exactly_computes_its_sensitivity_once_when_it_wins(monkeypatch):
+    from hdmm.distributions import Noise
+
+    W = prefix_marginals()
+    won = registry.REGISTRY["opt_union"].run(Problem(W, GAUSS, rng=np.random.default_rng(0), abandon=False))
+    monkeypatch.setattr(Problem, "best_unit_error", lambda self, v=won.unit_error * 1.01: v)
+    asked = []
+    real = Noise.sensitivity
+    monkeypatch.setattr(Noise, "sensitivity", lambda self, matrix: asked.append(matrix) or real(self, matrix))
+    run = registry.REGISTRY["opt_union"].run(Problem(W, GAUSS, rng=np.random.default_rng(0)))
+    assert run.exact and run.unit_error == won.unit_error
+    assert [A is run.strategy for A in asked].count(True) == 1

@@ -183,11 +183,12 @@ class Problem:
         """The noise variance of ``privacy`` at sensitivity 1: the error under it per unit-noise error."""
         return self.privacy.noise_variance(1.0)
 
-    def expected_error(self, A: Matrix) -> ErrorResult:
-        """``hdmm.error.expected_error(workload, A, privacy)``, computed once per strategy."""
+    def expected_error(self, A: Matrix, sensitivity: float | None = None) -> ErrorResult:
+        """``hdmm.error.expected_error(workload, A, privacy)``, computed once per strategy (``sensitivity``:
+        ``A``'s in the norm of ``privacy``, when known already)."""
         key = id(A)
         if key not in self._errors:
-            self._errors[key] = (A, expected_error(self.workload, A, self.privacy))
+            self._errors[key] = (A, expected_error(self.workload, A, self.privacy, sensitivity=sensitivity))
         return self._errors[key][1]
 
     def best_unit_error(self) -> float | None:
@@ -196,9 +197,9 @@ class Problem:
             return None
         return min(float(error) for _, error in self._errors.values()) / self.unit_variance
 
-    def candidate(self, A: Matrix) -> Candidate:
+    def candidate(self, A: Matrix, sensitivity: float | None = None) -> Candidate:
         """``A`` with its exact unit-noise error (from :meth:`expected_error`)."""
-        return Candidate(A, float(self.expected_error(A)) / self.unit_variance, True)
+        return Candidate(A, float(self.expected_error(A, sensitivity)) / self.unit_variance, True)
 
     def total_error(self, candidate: Candidate) -> float:
         """The candidate's expected total squared error under ``privacy`` (an upper bound when not exact)."""
@@ -267,18 +268,19 @@ def union_candidate(problem: Problem, A: Matrix, bound: float) -> Candidate:
     ``UNION_EXACT_MAX_N`` cells, else its upper ``bound`` (at unit noise, from :func:`.union.opt_union_groups`)."""
     W = problem.workload
     if W.shape[1] <= UNION_EXACT_MAX_N or exact_route(W, A) != "dense":
-        _union_exact_check(problem, A)
+        sensitivity = _union_exact_check(problem, A)
         try:
-            return problem.candidate(A)
+            return problem.candidate(A, sensitivity)
         except DenseLimitError:  # an unsupported term too large to check query by query: the bound judges
             if W.shape[1] <= UNION_EXACT_MAX_N:
                 raise
     return Candidate(A, bound, False)
 
 
-def _union_exact_check(problem: Problem, A: Matrix) -> None:
+def _union_exact_check(problem: Problem, A: Matrix) -> float | None:
     """Raise :class:`Abandoned` when OPT_+'s strategy ``A``, judged by its exact error through
-    :mod:`hdmm.union_gram`, cannot beat the best candidate so far.
+    :mod:`hdmm.union_gram`, cannot beat the best candidate so far; else return ``A``'s sensitivity
+    when it was computed (``None`` otherwise).
 
     Its error is a sum over the workload's terms, each non-negative, so once the terms computed
     (largest first, :func:`hdmm.union_gram.union_totals`) add up to more than the best error, the
@@ -287,12 +289,13 @@ def _union_exact_check(problem: Problem, A: Matrix) -> None:
     """
     best = problem.best_unit_error()
     if best is None or not problem.abandon:
-        return
+        return None
     structure = classify(A)
     if exact_route(problem.workload, A, structure=structure) != "union":
-        return
+        return None
     unit = problem.unit_variance
-    scale = problem.privacy.noise_variance(problem.privacy.noise.sensitivity(A)) / unit  # 1: OPT_+ has sensitivity 1
+    sensitivity = float(problem.privacy.noise.sensitivity(A))  # at most 1 (the budget split); passed on below
+    scale = problem.privacy.noise_variance(sensitivity) / unit
     limit = best * (1.0 + 1e-9) / scale
     values, supported = union_totals(problem.workload, structure.union, stop_above=limit)
     done = ~np.isnan(values)
@@ -300,6 +303,7 @@ def _union_exact_check(problem: Problem, A: Matrix) -> None:
     if partial > limit:
         raise Abandoned(f"abandoned after its exact error on {int(done.sum())} of {len(values)} workload terms: at "
                         f"least {partial * scale * unit:.6g}, above the best so far ({best * unit:.6g})")
+    return sensitivity
 
 
 def _identity(problem: Problem) -> Candidate:
