@@ -528,6 +528,29 @@ def kron(W):
     return hdmm.kron_union.kron_union(W)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_the_sensitivity_floor_is_below_the_sensitivity_and_reaches_it_on_opt_union_strategies(seed):
+    from hdmm.matrix import Explicit, VStack, Weighted
+
+    rng = np.random.default_rng(seed)
+    sizes = [3, 4, 2]
+    pools = [[Explicit(rng.uniform(-1, 1, size=(rng.integers(1, 5), n)) * (rng.random((1, n)) < 0.8))
+              for _ in range(rng.integers(1, 3))] for n in sizes]
+    A = VStack([Weighted(Kronecker([pool[rng.integers(len(pool))] for pool in pools]), float(rng.uniform(-2, 2)))
+                for _ in range(rng.integers(1, 5))])
+    union = hdmm.kron_union.kron_union(A)
+    for p in (1, 2):
+        want = float(np.max(np.sum(np.abs(A.dense()) ** p, axis=0)) ** (1 / p))
+        assert registry._sensitivity_floor(union, p) <= want * (1 + 1e-12)
+    W = prefix_marginals()
+    for privacy in (LAPLACE, GAUSS):
+        problem = Problem(W, privacy, rng=np.random.default_rng(0))
+        S, _ = registry.opt_union_groups(problem.union, registry.default_groups(W, problem.union), privacy,
+                                         rng=np.random.default_rng(0))
+        np.testing.assert_allclose(registry._sensitivity_floor(hdmm.kron_union.kron_union(S), privacy.norm),
+                                   privacy.noise.sensitivity(S), rtol=1e-12)
+
+
 def test_opt_union_judged_exactly_computes_its_sensitivity_once_when_it_wins(monkeypatch):
     from hdmm.distributions import Noise
 

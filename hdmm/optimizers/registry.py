@@ -183,12 +183,11 @@ class Problem:
         """The noise variance of ``privacy`` at sensitivity 1: the error under it per unit-noise error."""
         return self.privacy.noise_variance(1.0)
 
-    def expected_error(self, A: Matrix, sensitivity: float | None = None) -> ErrorResult:
-        """``hdmm.error.expected_error(workload, A, privacy)``, computed once per strategy (``sensitivity``:
-        ``A``'s in the norm of ``privacy``, when known already)."""
+    def expected_error(self, A: Matrix) -> ErrorResult:
+        """``hdmm.error.expected_error(workload, A, privacy)``, computed once per strategy."""
         key = id(A)
         if key not in self._errors:
-            self._errors[key] = (A, expected_error(self.workload, A, self.privacy, sensitivity=sensitivity))
+            self._errors[key] = (A, expected_error(self.workload, A, self.privacy))
         return self._errors[key][1]
 
     def best_unit_error(self) -> float | None:
@@ -197,9 +196,9 @@ class Problem:
             return None
         return min(float(error) for _, error in self._errors.values()) / self.unit_variance
 
-    def candidate(self, A: Matrix, sensitivity: float | None = None) -> Candidate:
+    def candidate(self, A: Matrix) -> Candidate:
         """``A`` with its exact unit-noise error (from :meth:`expected_error`)."""
-        return Candidate(A, float(self.expected_error(A, sensitivity)) / self.unit_variance, True)
+        return Candidate(A, float(self.expected_error(A)) / self.unit_variance, True)
 
     def total_error(self, candidate: Candidate) -> float:
         """The candidate's expected total squared error under ``privacy`` (an upper bound when not exact)."""
@@ -268,19 +267,18 @@ def union_candidate(problem: Problem, A: Matrix, bound: float) -> Candidate:
     ``UNION_EXACT_MAX_N`` cells, else its upper ``bound`` (at unit noise, from :func:`.union.opt_union_groups`)."""
     W = problem.workload
     if W.shape[1] <= UNION_EXACT_MAX_N or exact_route(W, A) != "dense":
-        sensitivity = _union_exact_check(problem, A)
+        _union_exact_check(problem, A)
         try:
-            return problem.candidate(A, sensitivity)
+            return problem.candidate(A)
         except DenseLimitError:  # an unsupported term too large to check query by query: the bound judges
             if W.shape[1] <= UNION_EXACT_MAX_N:
                 raise
     return Candidate(A, bound, False)
 
 
-def _union_exact_check(problem: Problem, A: Matrix) -> float | None:
+def _union_exact_check(problem: Problem, A: Matrix) -> None:
     """Raise :class:`Abandoned` when OPT_+'s strategy ``A``, judged by its exact error through
-    :mod:`hdmm.union_gram`, cannot beat the best candidate so far; else return ``A``'s sensitivity
-    when it was computed (``None`` otherwise).
+    :mod:`hdmm.union_gram`, cannot beat the best candidate so far.
 
     Its error is a sum over the workload's terms, each non-negative, so once the terms computed
     (largest first, :func:`hdmm.union_gram.union_totals`) add up to more than the best error, the
@@ -289,13 +287,13 @@ def _union_exact_check(problem: Problem, A: Matrix) -> float | None:
     """
     best = problem.best_unit_error()
     if best is None or not problem.abandon:
-        return None
+        return
     structure = classify(A)
     if exact_route(problem.workload, A, structure=structure) != "union":
-        return None
+        return
     unit = problem.unit_variance
-    sensitivity = float(problem.privacy.noise.sensitivity(A))  # at most 1 (the budget split); passed on below
-    scale = problem.privacy.noise_variance(sensitivity) / unit
+    # the noise grows with the sensitivity, so a lower bound on it keeps the partial sum a lower bound
+    scale = problem.privacy.noise_variance(_sensitivity_floor(structure.union, problem.privacy.norm)) / unit
     limit = best * (1.0 + 1e-9) / scale
     values, supported = union_totals(problem.workload, structure.union, stop_above=limit)
     done = ~np.isnan(values)
@@ -303,7 +301,22 @@ def _union_exact_check(problem: Problem, A: Matrix) -> float | None:
     if partial > limit:
         raise Abandoned(f"abandoned after its exact error on {int(done.sum())} of {len(values)} workload terms: at "
                         f"least {partial * scale * unit:.6g}, above the best so far ({best * unit:.6g})")
-    return sensitivity
+
+
+def _sensitivity_floor(union: KronUnion, p: int) -> float:
+    r"""A lower bound on the ``L_p`` sensitivity of the union strategy ``union``: its largest column norm among a
+    few columns (each term's column of its factors' largest norms).
+
+    Column :math:`x` of :math:`\mathrm{VStack}_j c_j\bigotimes_i F_{ij}` has
+    :math:`\|a_x\|_p^p = \sum_j |c_j|^p \prod_i \|F_{ij} e_{x_i}\|_p^p`, from the factors' column norms alone;
+    the sensitivity is the largest over all :math:`x`, at least the largest over those tried. On OPT_+'s
+    strategies, whose every column has the same norm, it is the sensitivity itself.
+    """
+    norms = [np.array([np.asarray(f.column_norm_powers(p).to_array(), dtype=float) for f in fs])
+             for fs in union.factors]  # per attribute, factors x values
+    scaled = np.abs(union.weights) ** p
+    cells = {tuple(int(np.argmax(norms[i][k])) for i, k in enumerate(row)) for row in union.index}
+    return max(float(scaled @ union.products([v[:, x] for v, x in zip(norms, cell)])) for cell in cells) ** (1.0 / p)
 
 
 def _identity(problem: Problem) -> Candidate:
