@@ -56,7 +56,7 @@ from .validation import ZERO_RTOL
 
 __all__ = ["JointDiagonal", "joint_diagonal", "cached_joint_diagonal", "factors_diagonalise",
            "TermGrid", "term_grid",
-           "GRID_LIMIT", "CP_FACTORS_LIMIT", "DIAGONAL_RTOL", "union_terms", "union_totals", "union_route", "contract", "term_variances"]
+           "GRID_LIMIT", "CP_FACTORS_LIMIT", "TOTALS_KEPT", "DIAGONAL_RTOL", "union_terms", "union_totals", "union_route", "contract", "term_variances"]
 
 #: Largest grid of :math:`1/\delta` values one workload term may need (entries, 128 MiB of floats).
 GRID_LIMIT = 2**24
@@ -67,6 +67,10 @@ DIAGONAL_RTOL = 1e-9
 #: :math:`\delta` grids are one matrix product when its two factors fit in this many entries (or in the
 #: grid's own size), else a loop of outer products (:func:`_cp_grid`).
 CP_FACTORS_LIMIT = 2**20
+
+#: Workload terms whose sums of variances a joint diagonalisation keeps (:meth:`JointDiagonal.term_total`);
+#: beyond, it forgets them and starts again.
+TOTALS_KEPT = 4096
 
 #: Squared transformed coordinates below this fraction of their column's largest are rounding.
 _MASS_RTOL = 1e-20
@@ -110,6 +114,8 @@ class JointDiagonal:
         key = (float(weight),) + tuple(id(f) for f in factors)
         hit = self._totals.get(key)
         if hit is None or any(a is not b for a, b in zip(hit[0], factors)):
+            if len(self._totals) >= TOTALS_KEPT:  # workloads lined up anew each time bring new factor objects
+                self._totals.clear()
             hit = self._totals[key] = (list(factors), term_grid(self, weight, factors, squares).total())
         return hit[1]
 

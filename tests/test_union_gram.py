@@ -199,3 +199,17 @@ def test_delta_grids_against_a_sum_of_outer_products(seed, limit, monkeypatch):
         kept = got != 0
         np.testing.assert_allclose(got[kept], want[kept], rtol=1e-12)
         assert np.all(want[~kept] <= 1e-9 * np.abs(want).max())
+
+
+def test_union_totals_equal_the_grids_sums_and_the_kept_sums_are_bounded(monkeypatch):
+    import hdmm.union_gram as union_gram
+
+    W = readme_like((2, 20, 5))
+    A = opt_union(W, hdmm.ZCDP(0.5), groups=[[0], [1, 2, 3]], seed=0)
+    a_union = classify(A).union
+    want = [grid.total() for grid in union_gram.union_terms(W, a_union)]
+    monkeypatch.setattr(union_gram, "TOTALS_KEPT", 2)
+    for _ in range(2):  # the second time from what is kept, however little
+        values, supported = union_gram.union_totals(W, a_union)
+        assert [(float(v), bool(s)) for v, s in zip(values, supported)] == want
+        assert len(union_gram.cached_joint_diagonal(a_union)._totals) <= 2

@@ -267,8 +267,8 @@ def union_candidate(problem: Problem, A: Matrix, bound: float) -> Candidate:
     ``UNION_EXACT_MAX_N`` cells, else its upper ``bound`` (at unit noise, from :func:`.union.opt_union_groups`)."""
     W = problem.workload
     if W.shape[1] <= UNION_EXACT_MAX_N or exact_route(W, A) != "dense":
-        _union_exact_check(problem, A)
         try:
+            _union_exact_check(problem, A)
             return problem.candidate(A)
         except DenseLimitError:  # an unsupported term too large to check query by query: the bound judges
             if W.shape[1] <= UNION_EXACT_MAX_N:
