@@ -213,3 +213,32 @@ def test_union_totals_equal_the_grids_sums_and_the_kept_sums_are_bounded(monkeyp
         values, supported = union_gram.union_totals(W, a_union)
         assert [(float(v), bool(s)) for v, s in zip(values, supported)] == want
         assert len(union_gram.cached_joint_diagonal(a_union)._totals) <= 2
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_partial_totals_are_below_the_dense_error(seed):
+    """On random small unions, every term's sum equals numpy's, and a sum stopped early is below the whole."""
+    import hdmm.union_gram as union_gram
+
+    rng = np.random.default_rng(seed)
+    sizes = [3, 4, 2]
+    pools = [[_random_factor(rng, n) for _ in range(rng.integers(1, 4))] for n in sizes]
+    A = VStack([Weighted(Kronecker([pool[rng.integers(len(pool))] for pool in pools]), float(rng.uniform(0.3, 2)))
+                for _ in range(rng.integers(2, 4))])
+    terms = [Kronecker([_random_factor(rng, n) for n in sizes]) for _ in range(4)]
+    W = VStack(terms)
+    structure = classify(A)
+    if structure.form != "general" or not union_gram.union_route(W, structure.union):
+        pytest.skip("the draw has no union route")
+    dense = dense_unit_variances(W, A)
+    edges = np.cumsum([0] + [t.shape[0] for t in terms])
+    want = np.array([dense[a:b].sum() for a, b in zip(edges[:-1], edges[1:])])
+    values, supported = union_gram.union_totals(W, structure.union)
+    np.testing.assert_array_equal(~supported, np.isinf(want))
+    np.testing.assert_allclose(values[supported], want[supported], rtol=1e-7)
+    fresh = hdmm.kron_union.KronUnion(structure.union.factors, structure.union.index, structure.union.weights)
+    for stop in (0.0, 0.3, 0.9):  # of the supported terms' sum (the whole is infinite when one is not)
+        part, ok = union_gram.union_totals(W, fresh, stop_above=stop * want[np.isfinite(want)].sum())
+        done = ~np.isnan(part)
+        partial = np.inf if not ok[done].all() else part[done].sum()
+        assert partial <= want.sum() * (1 + 1e-7)
