@@ -46,7 +46,7 @@ from .matrix import DENSE_LIMIT, DenseLimitError, Matrix
 from .privacy import Privacy
 from .structure import ZERO_RTOL, Structure, aligned_unions, classify
 from .traces import SUPPORT_TOL, factor_rows, factor_trace, gram_pinv, row_projections
-from .union_gram import term_variances, union_route, union_terms
+from .union_gram import term_variances, union_route, union_terms, union_totals
 
 __all__ = [
     "ErrorResult",
@@ -292,11 +292,12 @@ def _union_grids(W: Matrix, structure: Structure) -> list | None:
         return None
 
 
-def _union_traces(W: Matrix, grids: list) -> _Traces:
-    totals = [grid.total() for grid in grids]
-    t = np.array([value for value, _ in totals])
-    bad = np.array([not supported for _, supported in totals])
-    return _traces_result(kron_union(W), t, bad)
+def _union_traces(W: Matrix, structure: Structure) -> _Traces | None:
+    """The per-term traces under a union strategy whose Grams diagonalise together, or ``None`` (no such route)."""
+    if structure.form != "general" or structure.union is None or not union_route(W, structure.union):
+        return None
+    t, supported = union_totals(W, structure.union)  # a support check too large to make raises, as it says
+    return _traces_result(kron_union(W), t, ~supported)
 
 
 def _kronecker_strategy(a_union: KronUnion) -> _KroneckerStrategy:
@@ -330,9 +331,9 @@ def _traces(W: Matrix, A: Matrix, structure: Structure) -> _Traces:
         return _spectral_traces(w_union, a_union)[0]
     if route == "residual":
         return _traces_result(w_union, *residual_traces(w_union, residual_form(a_union)))
-    grids = _union_grids(W, structure)
-    if grids is not None:
-        return _union_traces(W, grids)
+    traces = _union_traces(W, structure)
+    if traces is not None:
+        return traces
     return _dense_traces(W, A)[0]
 
 

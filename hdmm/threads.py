@@ -24,15 +24,39 @@ release; ``benchmarks/threads.py`` times them at the machine's default threads a
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from threadpoolctl import threadpool_limits
 
-__all__ = ["one_blas_thread"]
+__all__ = ["one_blas_thread", "blas_one_thread"]
 
 F = TypeVar("F", bound=Callable)
+
+#: Whether the running code is inside :func:`blas_one_thread` already (the limit is process-wide).
+_LIMITED: contextvars.ContextVar[bool] = contextvars.ContextVar("hdmm_one_blas_thread", default=False)
+
+
+@contextlib.contextmanager
+def blas_one_thread() -> Iterator[None]:
+    """Run the block with one BLAS thread (the previous limits are restored when it ends).
+
+    Inside another such block it does nothing: setting the limit asks ``threadpoolctl`` to find the
+    loaded BLAS libraries again, about 2 ms a time, which inner loops (a p-Identity search per
+    attribute inside ``optimize``) would pay again and again.
+    """
+    if _LIMITED.get():
+        yield
+        return
+    token = _LIMITED.set(True)
+    try:
+        with threadpool_limits(limits=1, user_api="blas"):
+            yield
+    finally:
+        _LIMITED.reset(token)
 
 
 def one_blas_thread(fn: F) -> F:
@@ -40,7 +64,7 @@ def one_blas_thread(fn: F) -> F:
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        with threadpool_limits(limits=1, user_api="blas"):
+        with blas_one_thread():
             return fn(*args, **kwargs)
 
     return run  # type: ignore[return-value]

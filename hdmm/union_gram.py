@@ -56,13 +56,21 @@ from .validation import ZERO_RTOL
 
 __all__ = ["JointDiagonal", "joint_diagonal", "cached_joint_diagonal", "factors_diagonalise",
            "TermGrid", "term_grid",
-           "GRID_LIMIT", "DIAGONAL_RTOL", "union_terms", "union_route", "contract", "term_variances"]
+           "GRID_LIMIT", "CP_FACTORS_LIMIT", "TOTALS_KEPT", "DIAGONAL_RTOL", "union_terms", "union_totals", "union_route", "contract", "term_variances"]
 
 #: Largest grid of :math:`1/\delta` values one workload term may need (entries, 128 MiB of floats).
 GRID_LIMIT = 2**24
 
 #: Largest off-diagonal part (relative Frobenius norm) accepted in a joint diagonalisation.
 DIAGONAL_RTOL = 1e-9
+
+#: :math:`\delta` grids are one matrix product when its two factors fit in this many entries (or in the
+#: grid's own size), else a loop of outer products (:func:`_cp_grid`).
+CP_FACTORS_LIMIT = 2**20
+
+#: Workload terms whose sums of variances a joint diagonalisation keeps (:meth:`JointDiagonal.term_total`);
+#: beyond, it forgets them and starts again.
+TOTALS_KEPT = 4096
 
 #: Squared transformed coordinates below this fraction of their column's largest are rounding.
 _MASS_RTOL = 1e-20
@@ -97,6 +105,19 @@ class JointDiagonal:
         largest = [d.max(axis=1, initial=0.0) for d in self.diagonals]
         self._scale = float(np.sum(self.union.weights ** 2 * self.union.products(largest)))
         self._squares: dict[tuple[int, int], tuple[Matrix, tuple[np.ndarray, np.ndarray]]] = {}
+        self._totals: dict[tuple, tuple[list[Matrix], tuple[float, bool]]] = {}
+
+    def term_total(self, weight: float, factors: list[Matrix],
+                   squares: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, bool]:
+        """:meth:`TermGrid.total` of the workload term ``weight * (x) factors`` (its factors' :meth:`squares`
+        given), computed once per term (kept by its factor objects and weight)."""
+        key = (float(weight),) + tuple(id(f) for f in factors)
+        hit = self._totals.get(key)
+        if hit is None or any(a is not b for a, b in zip(hit[0], factors)):
+            if len(self._totals) >= TOTALS_KEPT:  # workloads lined up anew each time bring new factor objects
+                self._totals.clear()
+            hit = self._totals[key] = (list(factors), term_grid(self, weight, factors, squares).total())
+        return hit[1]
 
     def squares(self, i: int, f: Matrix) -> tuple[np.ndarray, np.ndarray]:
         r"""A workload factor's :math:`(fT_i)^{\circ 2}` on attribute ``i`` where it has mass, and those columns
@@ -110,7 +131,11 @@ class JointDiagonal:
         r""":math:`\delta` on the grid ``cols[0] x cols[1] x ...`` (index arrays), zero where it is rounding.
 
         Strategy terms are summed by the diagonals they use on the grid's attributes of more than one
-        point (a total's attribute has one), so a grid costs one outer product per distinct pattern.
+        point (a total's attribute has one), so a grid is a sum of one outer product per distinct
+        pattern: :math:`\delta = \sum_p s_p \bigotimes_i m_{p,i}`. Split the wide attributes into a
+        first and a last part; with :math:`L` (:math:`P \times a`) holding row by row the outer
+        products :math:`\bigotimes_{i \le h} m_{p,i}` and :math:`R` (:math:`P \times b`) those of the
+        rest, the grid is :math:`L^T \mathrm{diag}(s) R` reshaped, one matrix product (:func:`_cp_grid`).
         """
         coefficient = self.union.weights ** 2
         wide = []
@@ -119,21 +144,50 @@ class JointDiagonal:
                 coefficient = coefficient * self._unique[i][self._labels[i], c[0]]
             else:
                 wide.append(i)
-        out = np.zeros(tuple(len(c) for c in cols))
+        shape = tuple(len(c) for c in cols)
         if wide:
             patterns, which = np.unique(np.stack([self._labels[i] for i in wide], axis=1), axis=0, return_inverse=True)
             sums = np.bincount(which.ravel(), weights=coefficient, minlength=len(patterns))
+            used = sums != 0
+            rows = [self._unique[i][patterns[used, k]][:, cols[i]] for k, i in enumerate(wide)]
+            out = _cp_grid(sums[used], rows).reshape(shape)
         else:
-            patterns, sums = np.zeros((1, 0), dtype=np.intp), np.array([coefficient.sum()])
-        flat = out.reshape([len(cols[i]) for i in wide] or [1])
-        for pattern, c0 in zip(patterns, sums):
-            if c0 == 0:
-                continue
-            part = np.array(c0)
-            for i, k in zip(wide, pattern):
-                part = np.multiply.outer(part, self._unique[i][k][cols[i]])
-            flat += part
+            out = np.full(shape, float(coefficient.sum()))
         return np.where(out > PINV_RCOND * self._scale, out, 0.0)
+
+
+def _khatri_rao(rows: list[np.ndarray], P: int) -> np.ndarray:
+    """Row by row outer products: ``out[p] = (x)_i rows[i][p]`` flattened in C order (``P x prod n_i``; ones
+    when ``rows`` is empty)."""
+    out = np.ones((P, 1))
+    for M in rows:
+        out = (out[:, :, None] * M[:, None, :]).reshape(out.shape[0], -1)
+    return out
+
+
+def _cp_grid(s: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
+    r""":math:`\sum_p s_p \bigotimes_i` ``rows[i][p]``, flattened in C order (``P`` patterns, ``rows[i]`` is
+    ``P x n_i``).
+
+    One matrix product :math:`L^T \mathrm{diag}(s) R` over the split of the attributes that makes the
+    two factors smallest; a loop of outer products when the factors would take more memory than the
+    grid itself (many patterns on a small grid).
+    """
+    P = len(s)
+    sizes = [M.shape[1] for M in rows]
+    size = math.prod(sizes)
+    if P == 0:
+        return np.zeros(size)
+    firsts = [math.prod(sizes[:h]) for h in range(len(sizes) + 1)]
+    h = min(range(1, len(sizes) + 1), key=lambda h: firsts[h] + size // firsts[h])
+    if P * (firsts[h] + size // firsts[h]) <= max(size, CP_FACTORS_LIMIT):
+        L = _khatri_rao(rows[:h], P)
+        R = _khatri_rao(rows[h:], P)
+        return ((L * s[:, None]).T @ R).ravel()
+    out = np.zeros(size)
+    for p in range(P):
+        out += _khatri_rao([M[p:p + 1] for M in rows], 1).ravel() * s[p]
+    return out
 
 
 def _dense_gram(f: Matrix) -> np.ndarray:
@@ -346,6 +400,41 @@ def union_route(W: Matrix, a_union: KronUnion | None) -> bool:
     except DenseLimitError:
         return False
     return all(math.prod(len(keep) for _, keep in squares) <= GRID_LIMIT for squares in terms)
+
+
+def union_totals(W: Matrix, a_union: KronUnion | None,
+                 stop_above: float | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per workload term of ``W``, :meth:`TermGrid.total` under the union strategy ``a_union``: the sums of its
+    queries' variances at unit noise and whether all are supported; ``None`` as :func:`union_terms`.
+
+    With ``stop_above``, the terms are taken largest grid first (the costliest, and on marginal-like
+    workloads those of most error) and the search stops once the sum so far exceeds it (an unsupported
+    term counting as infinite): every term's sum is non-negative, so the total is above it too. The
+    terms not reached are ``nan``. Each term's sum is kept with the strategy's joint diagonalisation, so
+    a later call (the full error after a partial one) does not compute it again. Raises
+    :class:`~hdmm.matrix.DenseLimitError` as :func:`union_terms`.
+    """
+    found = _lined_up(W, a_union)
+    if found is None:
+        return None
+    w_union, diagonal = found
+    terms = _term_squares(w_union, diagonal)
+    for squares in terms:
+        size = math.prod(len(keep) for _, keep in squares)
+        if size > GRID_LIMIT:
+            raise DenseLimitError(f"a workload term needs a grid of {size:,} strategy eigenvalues, above GRID_LIMIT")
+    values = np.full(len(terms), np.nan)
+    supported = np.ones(len(terms), dtype=bool)
+    order = range(len(terms))
+    if stop_above is not None:
+        order = sorted(order, key=lambda j: -math.prod(len(keep) for _, keep in terms[j]))
+    done = 0.0
+    for j in order:
+        values[j], supported[j] = diagonal.term_total(w_union.weights[j], w_union.term(j)[1], terms[j])
+        done += values[j] if supported[j] else math.inf
+        if stop_above is not None and done > stop_above:
+            break
+    return values, supported
 
 
 def union_terms(W: Matrix, a_union: KronUnion | None) -> list[TermGrid] | None:

@@ -469,3 +469,97 @@ def test_abandoning_never_changes_what_optimize_chooses(make, privacy):
     row = default.report.set_index("optimizer").loc["opt_union"]
     if row["note"].startswith("abandoned"):
         assert every.report.set_index("optimizer").loc["opt_union", "total squared error"] >= float(every.error)
+
+
+@pytest.mark.parametrize("privacy", [LAPLACE, GAUSS], ids=["laplace", "gaussian"])
+def test_opt_union_judged_exactly_stops_once_the_terms_summed_exceed_the_best(monkeypatch, privacy):
+    W = prefix_marginals()
+    won = registry.REGISTRY["opt_union"].run(Problem(W, privacy, rng=np.random.default_rng(0), abandon=False))
+    assert won.exact
+    grids = []
+    real = registry.union_totals
+
+    def spy(*args, **kwargs):
+        found = real(*args, **kwargs)
+        grids.append(int(np.sum(~np.isnan(found[0]))))
+        return found
+
+    monkeypatch.setattr(registry, "union_totals", spy)
+    # a best just under its exact error: abandoned, quoting a partial sum above the best and not above the error
+    for margin in (1e-6, 0.3):
+        best = won.unit_error * (1 - margin)
+        monkeypatch.setattr(Problem, "best_unit_error", lambda self, v=best: v)
+        problem = Problem(W, privacy, rng=np.random.default_rng(0))
+        with pytest.raises(registry.Abandoned, match=r"exact error on \d+ of \d+ workload terms") as stop:
+            registry.REGISTRY["opt_union"].run(problem)
+        partial = float(str(stop.value).split("at least ")[1].split(",")[0]) / problem.unit_variance
+        assert best < partial * (1 + 1e-5) and partial <= won.unit_error * (1 + 1e-5)
+    assert grids[0] == problem.union.num_terms > grids[1]  # far under: fewer terms summed
+
+
+def test_union_totals_stop_early_largest_grid_first_and_keep_what_they_computed(monkeypatch):
+    import hdmm.union_gram as union_gram
+
+    W = prefix_marginals()
+    A, _ = registry.opt_union_groups(kron(W), registry.default_groups(W, kron(W)), GAUSS, rng=np.random.default_rng(0))
+    a_union = hdmm.kron_union.kron_union(A)
+    full, supported = union_gram.union_totals(W, a_union)
+    assert supported.all() and np.isfinite(full).all()
+    np.testing.assert_allclose(full.sum(), float(expected_error(W, A, GAUSS)) / GAUSS.noise_variance(1.0), rtol=1e-12)
+    sizes = np.array([g.inverse.size for g in union_gram.union_terms(W, a_union)])
+    fresh = hdmm.kron_union.KronUnion(a_union.factors, a_union.index, a_union.weights)  # a new union: nothing kept
+    made = []
+    real = union_gram.term_grid
+    monkeypatch.setattr(union_gram, "term_grid", lambda *args: made.append(1) or real(*args))
+    part, _ = union_gram.union_totals(W, fresh, stop_above=0.5 * full.sum())
+    done = ~np.isnan(part)
+    np.testing.assert_array_equal(part[done], full[done])
+    order = sorted(range(len(full)), key=lambda j: -sizes[j])  # largest grids first, then in term order
+    reached = order[:int(done.sum())]
+    assert sorted(reached) == list(np.flatnonzero(done))
+    assert part[done].sum() > 0.5 * full.sum() >= part[done].sum() - part[reached[-1]]  # stopped once above
+    assert len(made) == done.sum()
+    again, _ = union_gram.union_totals(W, fresh)  # completes the sum, computing only the terms not reached
+    np.testing.assert_array_equal(again, full)
+    assert len(made) == len(full)
+
+
+def kron(W):
+    return hdmm.kron_union.kron_union(W)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_sensitivity_floor_is_below_the_sensitivity_and_reaches_it_on_opt_union_strategies(seed):
+    from hdmm.matrix import Explicit, VStack, Weighted
+
+    rng = np.random.default_rng(seed)
+    sizes = [3, 4, 2]
+    pools = [[Explicit(rng.uniform(-1, 1, size=(rng.integers(1, 5), n)) * (rng.random((1, n)) < 0.8))
+              for _ in range(rng.integers(1, 3))] for n in sizes]
+    A = VStack([Weighted(Kronecker([pool[rng.integers(len(pool))] for pool in pools]), float(rng.uniform(-2, 2)))
+                for _ in range(rng.integers(1, 5))])
+    union = hdmm.kron_union.kron_union(A)
+    for p in (1, 2):
+        want = float(np.max(np.sum(np.abs(A.dense()) ** p, axis=0)) ** (1 / p))
+        assert registry._sensitivity_floor(union, p) <= want * (1 + 1e-12)
+    W = prefix_marginals()
+    for privacy in (LAPLACE, GAUSS):
+        problem = Problem(W, privacy, rng=np.random.default_rng(0))
+        S, _ = registry.opt_union_groups(problem.union, registry.default_groups(W, problem.union), privacy,
+                                         rng=np.random.default_rng(0))
+        np.testing.assert_allclose(registry._sensitivity_floor(hdmm.kron_union.kron_union(S), privacy.norm),
+                                   privacy.noise.sensitivity(S), rtol=1e-12)
+
+
+def test_opt_union_judged_exactly_computes_its_sensitivity_once_when_it_wins(monkeypatch):
+    from hdmm.distributions import Noise
+
+    W = prefix_marginals()
+    won = registry.REGISTRY["opt_union"].run(Problem(W, GAUSS, rng=np.random.default_rng(0), abandon=False))
+    monkeypatch.setattr(Problem, "best_unit_error", lambda self, v=won.unit_error * 1.01: v)
+    asked = []
+    real = Noise.sensitivity
+    monkeypatch.setattr(Noise, "sensitivity", lambda self, matrix: asked.append(matrix) or real(self, matrix))
+    run = registry.REGISTRY["opt_union"].run(Problem(W, GAUSS, rng=np.random.default_rng(0)))
+    assert run.exact and run.unit_error == won.unit_error
+    assert [A is run.strategy for A in asked].count(True) == 1

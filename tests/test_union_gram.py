@@ -167,3 +167,78 @@ def test_the_union_route_is_taken_only_where_every_grid_fits(monkeypatch):
     monkeypatch.setattr(union_gram, "GRID_LIMIT", 1)  # every term's grid now too large: no exact route but dense
     assert not union_gram.union_route(W, classify(A).union) and exact_route(W, A) == "dense"
     assert not union_gram.union_route(W, None)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("limit", [None, 0])
+def test_delta_grids_against_a_sum_of_outer_products(seed, limit, monkeypatch):
+    """delta on random grids (single points, repeats, all columns) equals the sum over strategy terms of their
+    weighted outer products, by one matrix product and (limit 0) by the loop of outer products."""
+    import hdmm.union_gram as union_gram
+
+    if limit is not None:
+        monkeypatch.setattr(union_gram, "CP_FACTORS_LIMIT", limit)
+    rng = np.random.default_rng(seed)
+    sizes = [3, 4, 2, 5]
+    pools = [[_random_factor(rng, n) for _ in range(rng.integers(1, 3))] for n in sizes]
+    A = VStack([Weighted(Kronecker([pool[rng.integers(len(pool))] for pool in pools]), float(rng.uniform(0.3, 2)))
+                for _ in range(rng.integers(2, 7))])
+    union = kron_union(A)
+    diagonal = joint_diagonal(union)
+    if diagonal is None:
+        pytest.skip("the draw does not diagonalise together")
+    for _ in range(4):
+        cols = [np.sort(rng.choice(n, size=rng.integers(1, n + 1), replace=False)) for n in sizes]
+        want = np.zeros(tuple(len(c) for c in cols))
+        for j in range(union.num_terms):
+            part = np.array(union.weights[j] ** 2)
+            for i, c in enumerate(cols):
+                part = np.multiply.outer(part, diagonal.diagonals[i][union.index[j, i]][c])
+            want += part
+        got = diagonal.delta(cols)
+        kept = got != 0
+        np.testing.assert_allclose(got[kept], want[kept], rtol=1e-12)
+        assert np.all(want[~kept] <= 1e-9 * np.abs(want).max())
+
+
+def test_union_totals_equal_the_grids_sums_and_the_kept_sums_are_bounded(monkeypatch):
+    import hdmm.union_gram as union_gram
+
+    W = readme_like((2, 20, 5))
+    A = opt_union(W, hdmm.ZCDP(0.5), groups=[[0], [1, 2, 3]], seed=0)
+    a_union = classify(A).union
+    want = [grid.total() for grid in union_gram.union_terms(W, a_union)]
+    monkeypatch.setattr(union_gram, "TOTALS_KEPT", 2)
+    for _ in range(2):  # the second time from what is kept, however little
+        values, supported = union_gram.union_totals(W, a_union)
+        assert [(float(v), bool(s)) for v, s in zip(values, supported)] == want
+        assert len(union_gram.cached_joint_diagonal(a_union)._totals) <= 2
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_partial_totals_are_below_the_dense_error(seed):
+    """On random small unions, every term's sum equals numpy's, and a sum stopped early is below the whole."""
+    import hdmm.union_gram as union_gram
+
+    rng = np.random.default_rng(seed)
+    sizes = [3, 4, 2]
+    pools = [[_random_factor(rng, n) for _ in range(rng.integers(1, 4))] for n in sizes]
+    A = VStack([Weighted(Kronecker([pool[rng.integers(len(pool))] for pool in pools]), float(rng.uniform(0.3, 2)))
+                for _ in range(rng.integers(2, 4))])
+    terms = [Kronecker([_random_factor(rng, n) for n in sizes]) for _ in range(4)]
+    W = VStack(terms)
+    structure = classify(A)
+    if structure.form != "general" or not union_gram.union_route(W, structure.union):
+        pytest.skip("the draw has no union route")
+    dense = dense_unit_variances(W, A)
+    edges = np.cumsum([0] + [t.shape[0] for t in terms])
+    want = np.array([dense[a:b].sum() for a, b in zip(edges[:-1], edges[1:])])
+    values, supported = union_gram.union_totals(W, structure.union)
+    np.testing.assert_array_equal(~supported, np.isinf(want))
+    np.testing.assert_allclose(values[supported], want[supported], rtol=1e-7)
+    fresh = hdmm.kron_union.KronUnion(structure.union.factors, structure.union.index, structure.union.weights)
+    for stop in (0.0, 0.3, 0.9):  # of the supported terms' sum (the whole is infinite when one is not)
+        part, ok = union_gram.union_totals(W, fresh, stop_above=stop * want[np.isfinite(want)].sum())
+        done = ~np.isnan(part)
+        partial = np.inf if not ok[done].all() else part[done].sum()
+        assert partial <= want.sum() * (1 + 1e-7)

@@ -279,19 +279,21 @@ def identity_and_total(n: int, a: float, b: float) -> PIdentity:
     return PIdentity(np.full((1, n), t), 1)
 
 
-def _total_supports(factors: list[Matrix]) -> bool:
+def _total_supports(factors: list[Matrix], total: Matrix | None = None) -> bool:
     r"""Whether measuring only the total supports the factors (all their rows multiples of 1^T).
 
     That holds exactly when each Gram :math:`G = f^Tf` is a multiple of :math:`11^T`. For a
     positive semidefinite ``G``, :math:`\mathrm{tr}(G) \ge \lambda_{\max} \ge 1^TG1/n`, with
     equality exactly then: two cheap numbers rule out every factor that is not nearly a total,
-    and only those left get the exact support test.
+    and only those left get the exact support test (against ``total``, the factors' total row,
+    when given: its inverse Gram is computed once per object).
     """
     for f in factors:
         G = f.gram()
         ones = np.ones(G.shape[0])
         along = float(ones @ (G @ ones)) / G.shape[0]
-        if G.trace() > along * (1.0 + 1e-6) or not factor_trace(Ones(1, f.shape[1]), f)[1]:
+        row = total if total is not None else Ones(1, f.shape[1])
+        if G.trace() > along * (1.0 + 1e-6) or not factor_trace(row, f)[1]:
             return False
     return True
 
@@ -308,6 +310,16 @@ def _effective_gram(grams: list[Matrix], coef: np.ndarray) -> Matrix:
     if len(terms) > 1 and G.shape[0] <= DENSE_EFFECTIVE_N:
         return Explicit(G.dense())
     return G
+
+
+def _trace_key(A: Matrix) -> tuple[str, int] | int:
+    """A key for a strategy factor's traces: by size for an identity or a total row (every such factor has the
+    same traces), else the object itself (its ``id``; the cache keeps it alive and checks it)."""
+    if type(A) is Identity:
+        return ("identity", A.shape[1])
+    if type(A) is Ones and A.shape[0] == 1:
+        return ("total", A.shape[1])
+    return id(A)
 
 
 def _fingerprint(G: Matrix) -> bytes | None:
@@ -350,8 +362,18 @@ def opt_kron_union(
     grams = [[f.gram() for f in fs] for fs in union.factors]
     strategy: list[Matrix] = [Identity(n) for n in union.sizes]
 
+    # per strategy factor and attribute, the traces; per list of workload factors, _total_supports: shared
+    # with the other calls through ``memo`` (the objects are kept, so their ids stay theirs)
+    known = memo.setdefault("traces", {})
+    totals = memo.setdefault("totals", {})  # one total row per attribute size, its inverse Gram computed once
+
     def traces_of(i: int, A: Matrix) -> np.ndarray:
-        return np.array([factor_trace(A, f)[0] for f in union.factors[i]])
+        fs = union.factors[i]
+        key = (_trace_key(A), id(fs))
+        hit = known.get(key)
+        if hit is None or hit[0] is not fs or (isinstance(key[0], int) and hit[1] is not A):
+            hit = known[key] = (fs, A, np.array([factor_trace(A, f)[0] for f in fs]))
+        return hit[2]
 
     traces = [traces_of(i, strategy[i]) for i in range(d)]
 
@@ -366,8 +388,13 @@ def opt_kron_union(
             coef = np.bincount(union.index[:, i], weights=others, minlength=len(grams[i]))
             used = [f for f, c in zip(union.factors[i], coef) if c > 0]
             candidates: list[Matrix] = [Identity(union.sizes[i])]
-            if _total_supports(used):
-                candidates.append(Ones(1, union.sizes[i]))
+            total = totals.setdefault(union.sizes[i], Ones(1, union.sizes[i]))
+            supports_key = ("total supports",) + tuple(id(f) for f in used)
+            hit = known.get(supports_key)
+            if hit is None or any(a is not b for a, b in zip(hit[0], used)):
+                hit = known[supports_key] = (used, _total_supports(used, total))
+            if hit[1]:
+                candidates.append(total)
             else:
                 G_eff = _effective_gram(grams[i], coef)
                 warmup = L2_WARMUP if round_ == 0 and d > 1 and not privacy.noise.l2 else 0

@@ -47,9 +47,9 @@ from functools import cached_property
 import numpy as np
 import scipy.sparse as sp
 from scipy.linalg.lapack import dpotrf, dpotri, dtpqrt, dtrtri
-from threadpoolctl import threadpool_limits
 
 from ..matrix import Explicit, Identity, KronVector, Matrix, Sum, Weighted
+from ..threads import blas_one_thread
 from ..traces import compute_gram_inverse, factor_trace
 from ..validation import check_norm, check_width
 from .racing import successive_halving
@@ -569,7 +569,7 @@ def optimize_pidentity(
         blocks[np.arange(n) * p // n, np.arange(n)] = 1.0
         starts += [blocks] + [rng.random((p, n)) for _ in range(restarts - 2)]
     first = starts[0]
-    with threadpool_limits(limits=1, user_api="blas"):
+    with blas_one_thread():
         if l2_warmup > 0 and norm == 1 and start is None:
             smooth = copy.copy(problem)     # the same (scaled, possibly densified) Gram under L2 norms
             smooth.norm = 2

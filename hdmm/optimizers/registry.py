@@ -58,7 +58,9 @@ over its groups (:mod:`.union`) otherwise. Its exact error is at least :math:`\s
 groups' SVD bounds (the error of a strategy on a union of groups is the sum of its errors on each
 group, and no strategy of sensitivity 1 does better on a group than the group's bound), but that
 sum is at most the workload's own bound, below every candidate's error: it never rules OPT_+
-out, so an exactly judged OPT_+ runs every group. Once the strategy of the groups found so far has no
+out, so an exactly judged OPT_+ runs every group; then its exact error, a sum of non-negative terms
+over the workload's terms, is summed largest grid first and it is abandoned as soon as the sum so far
+exceeds the best error (:func:`_union_exact_check`). Once the strategy of the groups found so far has no
 exact route for a reason that adding groups keeps, OPT_+ will be judged by its upper bound, and
 since each group's OPT_(x) error :math:`e_g` is at least :math:`b_g`, the bound with the groups
 still to come at :math:`b_g` is a floor under it (:func:`_union_check`).
@@ -86,7 +88,7 @@ from ..marginals import trace_spectrum
 from ..matrix import DenseLimitError, Identity, Matrix, VStack
 from ..privacy import Privacy
 from ..structure import classify, in_marginal_algebra
-from ..union_gram import factors_diagonalise
+from ..union_gram import factors_diagonalise, union_totals
 from .kron import opt_kron_union
 from .marginals import marginal_candidate_count, opt_marginals_strategy, residual_strategy
 from .residual_bases import SOLVE_MAX_N, residual_bases_applies, residual_bases_solve_size, residual_bases_strategy
@@ -266,11 +268,55 @@ def union_candidate(problem: Problem, A: Matrix, bound: float) -> Candidate:
     W = problem.workload
     if W.shape[1] <= UNION_EXACT_MAX_N or exact_route(W, A) != "dense":
         try:
+            _union_exact_check(problem, A)
             return problem.candidate(A)
         except DenseLimitError:  # an unsupported term too large to check query by query: the bound judges
             if W.shape[1] <= UNION_EXACT_MAX_N:
                 raise
     return Candidate(A, bound, False)
+
+
+def _union_exact_check(problem: Problem, A: Matrix) -> None:
+    """Raise :class:`Abandoned` when OPT_+'s strategy ``A``, judged by its exact error through
+    :mod:`hdmm.union_gram`, cannot beat the best candidate so far.
+
+    Its error is a sum over the workload's terms, each non-negative, so once the terms computed
+    (largest first, :func:`hdmm.union_gram.union_totals`) add up to more than the best error, the
+    whole does too. The terms computed are kept with the strategy, so when it does not stop,
+    :meth:`Problem.candidate` completes the sum without computing them again.
+    """
+    best = problem.best_unit_error()
+    if best is None or not problem.abandon:
+        return
+    structure = classify(A)
+    if exact_route(problem.workload, A, structure=structure) != "union":
+        return
+    unit = problem.unit_variance
+    # the noise grows with the sensitivity, so a lower bound on it keeps the partial sum a lower bound
+    scale = problem.privacy.noise_variance(_sensitivity_floor(structure.union, problem.privacy.norm)) / unit
+    limit = best * (1.0 + 1e-9) / scale
+    values, supported = union_totals(problem.workload, structure.union, stop_above=limit)
+    done = ~np.isnan(values)
+    partial = math.inf if not supported[done].all() else float(np.sum(values[done]))
+    if partial > limit:
+        raise Abandoned(f"abandoned after its exact error on {int(done.sum())} of {len(values)} workload terms: at "
+                        f"least {partial * scale * unit:.6g}, above the best so far ({best * unit:.6g})")
+
+
+def _sensitivity_floor(union: KronUnion, p: int) -> float:
+    r"""A lower bound on the ``L_p`` sensitivity of the union strategy ``union``: its largest column norm among a
+    few columns (each term's column of its factors' largest norms).
+
+    Column :math:`x` of :math:`\mathrm{VStack}_j c_j\bigotimes_i F_{ij}` has
+    :math:`\|a_x\|_p^p = \sum_j |c_j|^p \prod_i \|F_{ij} e_{x_i}\|_p^p`, from the factors' column norms alone;
+    the sensitivity is the largest over all :math:`x`, at least the largest over those tried. On OPT_+'s
+    strategies, whose every column has the same norm, it is the sensitivity itself.
+    """
+    norms = [np.array([np.asarray(f.column_norm_powers(p).to_array(), dtype=float) for f in fs])
+             for fs in union.factors]  # per attribute, factors x values
+    scaled = np.abs(union.weights) ** p
+    cells = {tuple(int(np.argmax(norms[i][k])) for i, k in enumerate(row)) for row in union.index}
+    return max(float(scaled @ union.products([v[:, x] for v, x in zip(norms, cell)])) for cell in cells) ** (1.0 / p)
 
 
 def _identity(problem: Problem) -> Candidate:
