@@ -436,8 +436,8 @@ def default_partition(tree: GeographyTree, finest: int, units: int | None = None
 PARTITION_VALUES = 2**24
 
 #: Most units (down to the finest measured level) in one range of siblings (:meth:`GeoPlan.with_partitions`),
-#: so that a step has many tasks to balance over the cores.
-RANGE_UNITS = 2**11
+#: where a unit holds few numbers (PL94: a range is some of a state's counties with their tracts).
+RANGE_UNITS = 2**13
 
 
 def partition_ranges(tree: GeographyTree, finest: int, width: int, level: int | None = None,
