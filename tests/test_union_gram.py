@@ -140,14 +140,19 @@ def _random_factor(rng, n):
     return Explicit(rng.normal(size=(n + 1 if kind == 2 else max(1, n - 1), n)))  # full or deficient rank
 
 
+def _random_union(rng, sizes: list[int]) -> VStack:
+    """A weighted union of 2-3 Kronecker products drawing from 1-3 random factors per attribute."""
+    pools = [[_random_factor(rng, n) for _ in range(rng.integers(1, 4))] for n in sizes]
+    return VStack([Weighted(Kronecker([pool[rng.integers(len(pool))] for pool in pools]), float(rng.uniform(0.3, 2)))
+                   for _ in range(rng.integers(2, 4))])
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_random_unions_against_dense(seed):
     """Unions of 2-3 Kronecker products drawing from 1-3 factors per attribute, some singular."""
     rng = np.random.default_rng(seed)
     sizes = [3, 4, 2]
-    pools = [[_random_factor(rng, n) for _ in range(rng.integers(1, 4))] for n in sizes]
-    A = VStack([Weighted(Kronecker([pool[rng.integers(len(pool))] for pool in pools]), float(rng.uniform(0.3, 2)))
-                for _ in range(rng.integers(2, 4))])
+    A = _random_union(rng, sizes)
     W = VStack([Kronecker([_random_factor(rng, n) for n in sizes]) for _ in range(3)])
     structure = classify(A)
     if structure.form != "general":
@@ -222,9 +227,7 @@ def test_partial_totals_are_below_the_dense_error(seed):
 
     rng = np.random.default_rng(seed)
     sizes = [3, 4, 2]
-    pools = [[_random_factor(rng, n) for _ in range(rng.integers(1, 4))] for n in sizes]
-    A = VStack([Weighted(Kronecker([pool[rng.integers(len(pool))] for pool in pools]), float(rng.uniform(0.3, 2)))
-                for _ in range(rng.integers(2, 4))])
+    A = _random_union(rng, sizes)
     terms = [Kronecker([_random_factor(rng, n) for n in sizes]) for _ in range(4)]
     W = VStack(terms)
     structure = classify(A)
