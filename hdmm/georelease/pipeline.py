@@ -5,9 +5,9 @@ tracts), each with its subtree, or ranges of consecutive siblings of ``P`` with 
 (:meth:`hdmm.georelease.plan.GeoPlan.with_partitions`: so far for least squares and
 non-negative estimates, :func:`check_partitions`). A plan's default partitions are cut into ranges
 by :func:`release_partitions` for the release's post-processing: for least squares at most
-``PARTITION_VALUES`` numbers and ``RANGE_UNITS`` units a task; for non-negative estimates, in addition, few enough units that
-each range and the ranges of a family are projected in one piece; integer tables take one unit a
-partition, at the level whose units fit. Its steps:
+``PARTITION_VALUES`` numbers and ``RANGE_UNITS`` units a task; for non-negative estimates, in
+addition, few enough units that each range and the ranges of a family are projected in one piece;
+integer tables take one unit a partition, at the level whose units fit. Its steps:
 
 1. *measure* (a task per partition): measure every unit of the partition
    (:func:`hdmm.georelease.units.measure_partition`) and take the first tree pass
@@ -200,12 +200,12 @@ def _held_depth(plan: GeoPlan, integer: bool) -> int:
 def release_partitions(plan: GeoPlan, postprocess: str | None) -> GeoPlan:
     """The plan a release with ``postprocess`` runs on: a plan with given partitions as it is (checked by
     :func:`check_partitions`); default ones (``plan.partition_auto``) cut into ranges of siblings
-    (:meth:`GeoPlan.default_ranges`). Least squares takes ranges of at most ``PARTITION_VALUES`` numbers and
-    ``RANGE_UNITS`` units;
-    non-negative estimates, ranges of at most as many units as a family projects in one piece
-    (:func:`~hdmm.georelease.nonneg.family_groups`), or one unit a partition where such ranges would not
-    fit; integer tables, one unit a partition at the coarsest level whose every unit's subtree holds at most
-    ``PARTITION_VALUES`` numbers and ``PARTITION_UNITS`` units (where one does). Data-independent: it runs before any data are read.
+    (:meth:`GeoPlan.default_ranges`). Least squares takes ranges of at most ``PARTITION_VALUES`` numbers
+    and ``RANGE_UNITS`` units; non-negative estimates, such ranges of at most as many units as a family
+    projects in one piece (:func:`~hdmm.georelease.nonneg.family_groups`), or one unit a partition where
+    such ranges would not fit; integer tables, one unit a partition at the coarsest level whose every
+    unit's subtree holds at most ``PARTITION_VALUES`` numbers and ``PARTITION_UNITS`` units (where one
+    does). Data-independent: it runs before any data are read.
     """
     if not plan.partition_auto or plan.per_level:
         check_partitions(plan, postprocess)

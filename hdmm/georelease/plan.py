@@ -199,11 +199,10 @@ class GeoPlan:
 
     def default_ranges(self, units: int | None = None, ranges: bool = True) -> GeoPlan:
         """This plan, with default partitions, cut by :func:`partition_ranges` into ranges of siblings of at
-        most ``PARTITION_VALUES`` numbers and ``units`` (default ``RANGE_UNITS``) units each (``ranges=False``: one
-        partition per unit of
-        that function's level, the coarsest whose every unit fits); ``partition_auto`` stays true. A plan with
-        given partitions or per-level strategies is returned as it is. What a release runs on
-        (:func:`hdmm.georelease.pipeline.release_partitions`)."""
+        most ``PARTITION_VALUES`` numbers and ``units`` (default ``RANGE_UNITS``) units each (``ranges=False``:
+        one partition per unit of that function's level, the coarsest whose every unit fits);
+        ``partition_auto`` stays true. A plan with given partitions or per-level strategies is returned as it
+        is. What a release runs on (:func:`hdmm.georelease.pipeline.release_partitions`)."""
         if not self.partition_auto or self.per_level:
             return self
         return self._ranged(None, None, units, auto=True, ranges=ranges)
