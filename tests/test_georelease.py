@@ -735,7 +735,7 @@ def test_families_too_large_to_project_at_once_are_projected_in_groups(monkeypat
     H = sp.csr_matrix(rng.poisson(0.4, size=(tree.leaves, DOMAIN.size)).astype(float))
     b = tree.leaf_bounds(1)
     invariants = {"state": {f"s{s}": float(H[b[s]:b[s + 1]].sum()) for s in range(5)}} if held else None
-    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, invariants=invariants)
+    plan = geo_plan(tree, WP, hdmm.PureDP(0.5), strategy=AP, invariants=invariants, partition="state")  # groups in a task
     whole = release_geography(plan, ArrayHistograms(H), seed=4, postprocess="nonnegative")
     monkeypatch.setattr(nonneg, "MAX_FAMILY_CELLS", 3 * DOMAIN.size)   # groups of at most three units
     calls, original = [], nonneg.TopDown.family

@@ -63,7 +63,7 @@ from .passes import Partition, TreePasses
 from ..threads import one_blas_thread
 
 __all__ = ["GeoPlan", "geo_plan", "default_partition", "partition_ranges", "PARTITION_UNITS", "PARTITION_VALUES",
-           "RANGE_UNITS"]
+           "RANGE_UNITS", "MIN_PARTITIONS"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -199,13 +199,16 @@ class GeoPlan:
 
     def default_ranges(self, units: int | None = None, ranges: bool = True) -> GeoPlan:
         """This plan, with default partitions, cut by :func:`partition_ranges` into ranges of siblings of at
-        most ``PARTITION_VALUES`` numbers and ``units`` (default ``RANGE_UNITS``) units each (``ranges=False``:
+        most ``PARTITION_VALUES`` numbers and ``units`` (default ``RANGE_UNITS``) units each, and at most
+        1/``MIN_PARTITIONS`` of the tree's units where that makes no range a single unit (``ranges=False``:
         one partition per unit of that function's level, the coarsest whose every unit fits);
         ``partition_auto`` stays true. A plan with given partitions or per-level strategies is returned as it
         is. What a release runs on (:func:`hdmm.georelease.pipeline.release_partitions`)."""
         if not self.partition_auto or self.per_level:
             return self
-        return self._ranged(None, None, units, auto=True, ranges=ranges)
+        total = int(sum(self.tree.sizes[:self.solver.finest + 1]))  # enough tasks to spread over the cores
+        cap = min(RANGE_UNITS if units is None else units, max(1, -(-total // MIN_PARTITIONS)))
+        return self._ranged(None, None, cap, auto=True, ranges=ranges)
 
     @property
     def solver(self) -> TreeSolver:
@@ -437,6 +440,10 @@ PARTITION_VALUES = 2**24
 #: Most units (down to the finest measured level) in one range of siblings (:meth:`GeoPlan.with_partitions`),
 #: where a unit holds few numbers (PL94: a range is some of a state's counties with their tracts).
 RANGE_UNITS = 2**13
+
+#: The default partitions hold at most 1/MIN_PARTITIONS of the tree's units each, so that a step's tasks
+#: spread over the cores.
+MIN_PARTITIONS = 16
 
 
 def partition_ranges(tree: GeographyTree, finest: int, width: int, level: int | None = None,
