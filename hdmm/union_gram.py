@@ -56,7 +56,8 @@ from .validation import ZERO_RTOL
 
 __all__ = ["JointDiagonal", "joint_diagonal", "cached_joint_diagonal", "factors_diagonalise",
            "TermGrid", "term_grid",
-           "GRID_LIMIT", "CP_FACTORS_LIMIT", "TOTALS_KEPT", "DIAGONAL_RTOL", "union_terms", "union_totals", "union_route", "contract", "term_variances"]
+           "GRID_LIMIT", "CP_FACTORS_LIMIT", "TOTALS_KEPT", "DIAGONAL_RTOL", "union_terms", "union_totals",
+           "union_route", "contract", "term_variances"]
 
 #: Largest grid of :math:`1/\delta` values one workload term may need (entries, 128 MiB of floats).
 GRID_LIMIT = 2**24

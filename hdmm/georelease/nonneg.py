@@ -67,7 +67,7 @@ from .roundtree import check_integer, held_region, round_held
 from .simplex import simplex_projection, thresholds
 
 __all__ = ["simplex_projection", "transport_projection", "balance", "thresholds", "known_totals", "NonNegative",
-           "CellSpace", "cell_space", "family_groups", "TopDown", "held_measurements", "check_nonnegative",
+           "CellSpace", "cell_space", "family_groups", "family_at_once", "TopDown", "held_measurements", "check_nonnegative",
            "nonnegative_estimates", "change_rmse", "integer_totals", "dense_parts", "POSTPROCESS", "DENSE_CELLS",
            "MAX_FAMILY_CELLS", "MAX_HELD_MEASUREMENTS", "DUST",
            "TOPDOWN_TOL", "DENSE_FAMILY", "DENSE_CHILDREN", "TOTALS_WEIGHT", "totals_first"]
@@ -248,13 +248,24 @@ def family_groups(children: int, cells: int, most: int | None = None) -> np.ndar
     >>> family_groups(5, 2**22).tolist()      # four units' cells fit at once: two groups
     [0, 2, 5]
     """
-    most = min(MAX_FAMILY_CELLS // max(cells, 1), most or children)
+    most = min(family_at_once(cells, most), children)
     if children <= most:
         return np.array([0, children])
     groups = -(-children // most) if most > 0 else 0
     if most == 0 or groups > most:
         return None
     return np.arange(groups + 1) * children // groups
+
+
+def family_at_once(cells: int, most: int | None = None) -> int:
+    """The most children of ``cells`` cells each that :func:`family_groups` projects in one piece: at most
+    ``MAX_FAMILY_CELLS`` children x cells, and at most ``most`` children if given.
+
+    >>> family_at_once(2**22)
+    4
+    """
+    fit = MAX_FAMILY_CELLS // max(cells, 1)
+    return min(fit, most) if most else fit
 
 
 def check_nonnegative(plan: GeoPlan, partitioned: bool = False) -> None:

@@ -67,7 +67,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..geography import GeographyError
-from .nonneg import (DENSE_FAMILY, MAX_FAMILY_CELLS, TopDown, cell_space, change_rmse, dense_parts, family_groups,
+from .nonneg import (DENSE_FAMILY, MAX_FAMILY_CELLS, TopDown, cell_space, change_rmse, dense_parts, family_at_once,
                      integer_totals)
 from .passes import Partition, partition_down, partition_up, top_passes
 from .plan import PARTITION_UNITS, GeoPlan
@@ -202,7 +202,7 @@ def release_partitions(plan: GeoPlan, postprocess: str | None) -> GeoPlan:
     :func:`check_partitions`); default ones (``plan.partition_auto``) cut into ranges of siblings
     (:meth:`GeoPlan.default_ranges`). Least squares takes ranges of at most ``PARTITION_VALUES`` numbers
     and ``RANGE_UNITS`` units; non-negative estimates, such ranges of at most as many units as a family
-    projects in one piece (:func:`~hdmm.georelease.nonneg.family_groups`), or one unit a partition where
+    projects in one piece (:func:`~hdmm.georelease.nonneg.family_at_once`), or one unit a partition where
     such ranges would not fit; integer tables, one unit a partition at the coarsest level whose every
     unit's subtree holds at most ``PARTITION_VALUES`` numbers and ``PARTITION_UNITS`` units (where one
     does). Data-independent: it runs before any data are read.
@@ -214,10 +214,7 @@ def release_partitions(plan: GeoPlan, postprocess: str | None) -> GeoPlan:
         return plan.default_ranges(units=PARTITION_UNITS, ranges=False)
     if postprocess is None:
         return plan.default_ranges()
-    space, _ = cell_space(plan)
-    most = MAX_FAMILY_CELLS // max(space.strategy.shape[1], 1)
-    if dense_parts(plan) is not None:
-        most = min(most, DENSE_FAMILY)
+    _, most = _family_cells(plan)
     ranged = plan.default_ranges(units=max(1, most))
     try:
         check_partitions(ranged, postprocess)
@@ -237,22 +234,23 @@ def check_partitions(plan: GeoPlan, postprocess: str | None) -> None:
                                   f"squares or non-negative estimates below the root only so far, not "
                                   f"{postprocess!r}: use a plan with one partition per unit of its partition level")
     tree, P, bounds = plan.tree, plan.partition_level, plan.partition_bounds
-    space, _ = cell_space(plan)
-    cells = space.strategy.shape[1]
-    most = None if dense_parts(plan) is None else DENSE_FAMILY
+    cells, most = _family_cells(plan)
     parents = np.searchsorted(bounds, tree.child_bounds(P - 1))
-    def at_once(n: int) -> bool:  # n units of the cells projected in one piece
-        groups = family_groups(n, cells, most)
-        return groups is not None and len(groups) == 2
-
     for p in range(parents.size - 1):  # a family in several partitions: stage 1 on their sums, stage 2 in each
         sizes = np.diff(bounds[parents[p]:parents[p + 1] + 1])
-        if sizes.size > 1 and not all(at_once(int(n)) for n in (sizes.size, *sizes.tolist())):
+        if sizes.size > 1 and max(sizes.size, int(sizes.max())) > most:  # each stage in one piece
             raise GeographyError(
                 f"non-negative estimates project a family split into partitions in two stages, each at most "
                 f"{MAX_FAMILY_CELLS:,} units x cells at once: the {sizes.size} partitions of the children of "
                 f"{tree.label(P - 1, p)} (up to {int(sizes.max())} units each, {cells:,} cells) are too many or too "
                 f"large; choose partitions of fewer values (GeoPlan.with_partitions)")
+
+
+def _family_cells(plan: GeoPlan) -> tuple[int, int]:
+    """The cells a family of ``plan`` is projected on, and the most children projected in one piece
+    (:func:`~hdmm.georelease.nonneg.family_at_once`; fewer with the dense Gram of a small person domain)."""
+    cells = cell_space(plan)[0].strategy.shape[1]
+    return cells, family_at_once(cells, None if dense_parts(plan) is None else DENSE_FAMILY)
 
 
 def run_release(plan: GeoPlan, *, engine: Engine, output, seed: int | None, postprocess: str | None,
