@@ -79,6 +79,7 @@ from .sparkfiles import SparkFiles, task_rows
 from .nonneg import cell_space, dense_parts
 from .session import quiet_pandas_warnings, require_spark, spark_session
 from .units import ArrayHistograms, RecordHistograms, check_record_columns, check_source
+from .workers import return_free_memory
 
 __all__ = ["SparkGeoRelease", "SparkEngine", "release_spark", "require_spark", "spark_session", "leaf_totals", "LEAF",
            "PART"]
@@ -316,7 +317,7 @@ def _batches(schema, kind: int, i: int, level: int, units: np.ndarray, values: n
 
 def _rows(i: int, state: dict | None, result, answers: list):
     """A task's output as an Arrow table: its partition's state (a row per unit: ``unit`` is its place in the
-    partition's level), its result (with whether the state changed and how many answer rows it gave) and its
+    partition's level), its result (with whether the state changed and the levels it gave answers of) and its
     answers. The values are not copied into Python objects: each level's array is handed to Arrow as it is."""
     import pyarrow as pa
 
@@ -325,14 +326,16 @@ def _rows(i: int, state: dict | None, result, answers: list):
                                          for batch in _batches(schema, STATE, i, d, np.arange(len(values)), values)]
     for d, units, values in answers:
         batches += _batches(schema, ANSWERS, i, d, units, values)
-    count = sum(units.size for _, units, _ in answers)
-    payload = pickle.dumps((state is not None, count, result), protocol=pickle.HIGHEST_PROTOCOL)
+    levels = sorted({d for d, units, _ in answers if units.size})
+    payload = pickle.dumps((state is not None, levels, result), protocol=pickle.HIGHEST_PROTOCOL)
     batches += _batches(schema, RESULT, i, -1, np.array([-1]), None, [payload])
     return pa.Table.from_batches(batches, schema=schema)
 
 
 def _run(i: int, fn, *args):
-    """``fn(*args)`` (a pipeline task: ``state, result``) as partition ``i``'s rows, with the answers its writers gave."""
+    """``fn(*args)`` (a pipeline task: ``state, result``) as partition ``i``'s rows, with the answers its writers gave
+    (the memory the worker's earlier tasks freed given back first: :func:`~hdmm.georelease.workers.return_free_memory`)."""
+    return_free_memory()
     with task_rows() as answers:
         state, result = fn(*args)
     return _rows(i, state, result, answers)
@@ -511,9 +514,10 @@ class SparkEngine:
         self._checkpoints.append(df)
         rows = df.filter(F.col("kind") == RESULT).select("partition", "payload").toPandas()
         results = sorted((int(i), pickle.loads(bytes(b))) for i, b in zip(rows["partition"], rows["payload"]))
-        if sum(count for _, (_, count, _) in results):
+        levels = sorted({d for _, (_, written, _) in results for d in written})
+        if levels:
             self._watched(lambda: self.files.write_units(
-                df.filter(F.col("kind") == ANSWERS).select("level", "unit", "values"), self._plan))
+                df.filter(F.col("kind") == ANSWERS).select("level", "unit", "values"), self._plan, levels))
         return df.filter(F.col("kind") == STATE), [(i, (changed, result)) for i, (changed, _, result) in results]
 
     def _ids(self, n: int):
@@ -541,6 +545,7 @@ class SparkEngine:
                         H = pickle.loads(payload)
                         lo = plan_b.value.partition(int(i)).leaves()[0]
                         yield from _run(int(i), fn, *values, int(i), lambda a, b, H=H, lo=lo: H[a - lo:b - lo]).to_batches()
+                return_free_memory()  # this worker's last task's, before it waits
 
             df = self._spread(held, partitions).mapInArrow(run_held, schema)
         elif self.source is not None:  # a source that makes its histograms (small): broadcast
@@ -551,6 +556,7 @@ class SparkEngine:
                 for batch in batches:
                     for i in batch.column("partition").to_pylist():
                         yield from _run(int(i), fn, *values, int(i), source_b.value.histograms).to_batches()
+                return_free_memory()
 
             df = self._ids(partitions).mapInArrow(run_ids, schema)
         else:
@@ -627,6 +633,7 @@ class SparkEngine:
             for batch in batches:
                 for k in batch.column("partition").to_pylist():
                     yield from _run(int(k), lambda item: (None, fn(*values, item)), items_b.value[int(k)]).to_batches()
+            return_free_memory()
 
         _, results = self._persist(self._ids(len(items)).mapInArrow(run, _schema()))
         return (result for _, (_, result) in results)

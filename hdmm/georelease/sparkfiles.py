@@ -29,6 +29,7 @@ import numpy as np
 
 from .files import answers_at, level_index, positions_of, release_table
 from .plan import GeoPlan
+from .workers import return_free_memory
 
 __all__ = ["HadoopFiles", "SparkFiles", "SparkAnswers", "release_rows", "RELEASE_SCHEMA", "task_rows"]
 
@@ -73,6 +74,10 @@ class HadoopFiles:
         fs, path = self._fs(source)
         if not fs.rename(path, self._jvm.org.apache.hadoop.fs.Path(target)):
             raise OSError(f"could not rename {source} to {target}")
+
+    def escape(self, name: str) -> str:
+        """``name`` as Spark's ``partitionBy`` writes it in a ``column=<name>`` directory (and reads it back)."""
+        return str(self._jvm.org.apache.spark.sql.catalyst.catalog.ExternalCatalogUtils.escapePathName(name))
 
     def write_text(self, url: str, text: str) -> None:
         """Create the file ``url`` (never overwriting one) holding ``text``; closed (flushed) before it returns."""
@@ -126,26 +131,38 @@ class SparkFiles:
         self.meta = meta
         return SparkAnswers(meta, self.write_parts)
 
-    def write(self, rows) -> None:
+    def write(self, rows, level: str | None = None) -> None:
         """Append a DataFrame of release rows (:data:`RELEASE_SCHEMA`) to the partial directory (Spark Connect:
-        keep it for :meth:`finish`)."""
+        keep it for :meth:`finish`).
+
+        Rows all of one ``level`` are written straight into its ``level=<name>`` directory (the name escaped
+        as Spark's ``partitionBy`` escapes it): Spark sorts the rows of a ``partitionBy`` write by the
+        partition column first, holding a task's rows in the JVM's heap (and spilling them), which a write of
+        one level does not need."""
         if self.fs is None:
             self._pending.append(rows)
-        else:
+        elif level is None:
             rows.write.mode("append").partitionBy("level").parquet(self.partial)
+        else:
+            rows.drop("level").write.mode("append").parquet(f"{self.partial}/level={self.fs.escape(level)}")
 
     def write_parts(self, parts: list) -> None:
-        """Append answers held on the driver (``(level, units, answers)`` parts)."""
+        """Append answers held on the driver (``(level, units, answers)`` parts), one level at a time."""
         import pyarrow as pa
 
-        tables = [_level_rows(self.plan, d, units, answers, self.meta) for d, units, answers in parts]
-        self.write(self.spark.createDataFrame(pa.concat_tables(tables)))
+        for d in sorted({d for d, _, _ in parts}):
+            tables = [_level_rows(self.plan, d, units, answers, self.meta) for e, units, answers in parts if e == d]
+            self.write(self.spark.createDataFrame(pa.concat_tables(tables)), self.plan.tree.levels[d])
 
-    def write_units(self, rows, plan) -> None:
-        """Append a DataFrame of ``level, unit, values`` rows (units' answers, made in tasks) as release rows;
-        ``plan`` is what the tasks read it from (a broadcast, or the plan)."""
-        meta = self.meta
-        self.write(rows.mapInArrow(lambda batches: release_rows(plan.value, meta, batches), RELEASE_SCHEMA))
+    def write_units(self, rows, plan, levels: list[int]) -> None:
+        """Append a DataFrame of ``level, unit, values`` rows (units' answers of ``levels``, made in tasks) as
+        release rows, one level at a time; ``plan`` is what the tasks read it from (a broadcast, or the plan)."""
+        from pyspark.sql import functions as F
+
+        meta, names = self.meta, self.plan.tree.levels
+        for d in levels:
+            self.write(rows.filter(F.col("level") == d).mapInArrow(
+                lambda batches: release_rows(plan.value, meta, batches), RELEASE_SCHEMA), names[d])
 
     def finish(self, answers: SparkAnswers | None, meta: dict) -> None:
         """Write ``_provenance.json`` and rename the partial directory to the output (Spark Connect: write the
@@ -263,7 +280,9 @@ def _level_rows(plan: GeoPlan, d: int, units: np.ndarray, answers: np.ndarray, m
 
 def release_rows(plan: GeoPlan, meta: dict, batches: Iterator) -> Iterator:
     """Arrow batches of release rows (:data:`RELEASE_SCHEMA`) from batches of ``level, unit, values`` (a unit's
-    answers): what Spark writes (``mapInArrow``)."""
+    answers): what Spark writes (``mapInArrow``). The worker's earlier tasks' freed memory is given back first
+    (:func:`~hdmm.georelease.workers.return_free_memory`): this runs after a step's tasks, which may be large."""
+    return_free_memory()
     for batch in batches:
         if batch.num_rows == 0:
             continue

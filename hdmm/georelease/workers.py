@@ -16,19 +16,27 @@ to one thread (``threadpoolctl``): the parallelism is over partitions.
 Forking is what makes the sharing free, so the pool is used only where ``fork`` is available
 (Linux; elsewhere the partitions run one after another in the calling process).
 
+A worker lives for many tasks (here, and Spark's reused Python workers), and the allocators keep
+what a task freed for the next one: glibc's ``malloc`` its fragmented heap, Arrow's pool its
+segments. A worker that has ended a large task would so hold that task's memory while it waits or
+does small work, beside the other workers' tasks. :func:`return_free_memory`, called as each task
+starts (and as a Spark task's output ends), hands it back to the operating system.
+
 >>> list(map_partitions(lambda i: i * i, 4, workers=2))
 [0, 1, 4, 9]
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import TypeVar
 
-__all__ = ["map_partitions", "default_workers", "check_workers", "POOL_UNITS"]
+__all__ = ["map_partitions", "default_workers", "check_workers", "return_free_memory", "POOL_UNITS"]
 
 T = TypeVar("T")
 
@@ -60,6 +68,28 @@ def check_workers(workers: int | None, units: int = POOL_UNITS) -> int:
     return workers
 
 
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or ``None`` where the C library has none (macOS, musl)."""
+    try:
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except OSError:
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def return_free_memory() -> None:
+    """Give the memory this process has freed but its allocators keep back to the operating system (module
+    docstring): Arrow's pool (if Arrow is loaded) and glibc's heap. Live objects are untouched; a call costs
+    milliseconds."""
+    arrow = sys.modules.get("pyarrow")
+    if arrow is not None:
+        arrow.default_memory_pool().release_unused()
+    if _TRIM is not None:
+        _TRIM(0)
+
+
 def _single_thread() -> None:
     from threadpoolctl import threadpool_limits
 
@@ -67,6 +97,7 @@ def _single_thread() -> None:
 
 
 def _run(i: int):
+    return_free_memory()  # what the worker's last task freed
     return _TASK["fn"](i)
 
 
