@@ -338,6 +338,30 @@ def test_progress_counts_every_step_from_the_engine(workers, tmp_path):
     assert any(line.startswith(f"  answers: {partitions}/{partitions} partitions") for line in lines)
 
 
+def test_results_that_come_back_after_the_engine_reported_its_tasks_never_move_the_report_back():
+    """Spark reports a step's tasks while they run (``within``); its results come back together afterwards, so
+    their counts neither move a bar backwards nor print a rate (1 of 53 after 50 s is no rate of work)."""
+    from hdmm.georelease.steps import Progress
+
+    steps = _Steps()
+    progress = Progress(steps)
+    progress.start("measure", 53, "partition")
+    progress.within(0.88)
+    for done in range(1, 54):
+        progress.done("measure", done)
+    counts = [d for d, _ in steps.seen["measure"]]
+    assert counts == sorted(counts) and counts[1] == 46 and counts[-1] == 53
+    lines: list[str] = []
+    progress = Progress(lines.append)
+    progress.start("measure", 53, "partition")
+    progress.within(0.5)
+    for done in range(1, 54):
+        progress.done("measure", done, "x")
+    assert lines[0].startswith("  measure: 50% of its tasks done, about")
+    assert lines[1:] == [lines[-1]] and lines[-1].startswith("  measure: 53/53 partitions (x), ")
+    assert "left" not in lines[-1]
+
+
 def test_ranges_of_siblings_keep_the_partition_level_off_the_driver_in_the_memory_check():
     from hdmm.georelease.nonneg import held_measurements
 

@@ -543,3 +543,28 @@ def test_task_rows_round_trip_a_state_without_copying_it_when_in_order():
     assert (kinds == engine.ANSWERS).sum() == 2 and (kinds == engine.RESULT).sum() == 1
     with pytest.raises(RuntimeError, match="units missing"):
         engine._state(table.filter(pa.compute.not_equal(table.column("unit"), 3)))
+
+
+def test_spark_writes_each_level_straight_into_its_own_directory(spark, tmp_path):
+    """A level's answers go to ``level=<name>`` without Spark's partitioned (sorting) writer: the same layout and
+    answers as the local engine's, a name with a space included, and no ``level`` column inside the files."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    pairs = {f"s{s}": "US" for s in range(3)} | {f"s{s}g{g}": f"s{s}" for s in range(3) for g in range(3)}
+    tree = GeographyTree.from_parents(pairs, ["nation", "state", "block group"])
+    H = sp.csr_matrix(np.random.default_rng(1).poisson(3.0, size=(tree.leaves, 6)).astype(float))
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, partition="block group")
+    local = release_geography(plan, ArrayHistograms(H), seed=2, output=str(tmp_path / "local"))
+    remote = release_geography(plan, ArrayHistograms(H), engine="spark", seed=2, output=str(tmp_path / "spark"))
+    def listed(path):  # without Hadoop's checksum files (.<name>.crc)
+        return sorted(f for f in os.listdir(path) if not f.startswith("."))
+
+    assert listed(tmp_path / "spark") == listed(tmp_path / "local") == [
+        "_provenance.json", "level=block group", "level=nation", "level=state"]
+    for level in tree.levels:
+        np.testing.assert_array_equal(remote.answers(level), local.answers(level))
+        directory = tmp_path / "spark" / f"level={level}"
+        files = [f for f in os.listdir(directory) if f.endswith(".parquet")]
+        assert files and all("level" not in pq.read_schema(directory / f).names for f in files)

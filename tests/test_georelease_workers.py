@@ -88,3 +88,14 @@ def test_default_partition_keeps_every_partition_small():
     assert default_partition(tree, 2) == 1  # down to counties only, the states are small
     assert default_partition(tree, 0) == 0
     assert geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP).partition_level == 3
+
+
+def test_freed_memory_is_given_back_where_the_c_library_can_and_skipped_where_it_cannot(monkeypatch):
+    import hdmm.georelease.workers as W
+
+    pa = pytest.importorskip("pyarrow")
+    kept = pa.array(np.arange(10**6))  # live memory is never touched
+    W.return_free_memory()
+    monkeypatch.setattr(W, "_TRIM", None)  # macOS, musl: no malloc_trim
+    W.return_free_memory()
+    assert kept.to_numpy()[-1] == 10**6 - 1

@@ -24,11 +24,23 @@ from .codes import CodeColumn, GeographyError, preview
 __all__ = ["check_levels", "check_table", "build_level", "unit_names", "parents_levels"]
 
 
+#: Characters a level name may not hold: a release writes each level's answers in a directory named
+#: ``level=<name>`` (the Hive layout that Spark, pyarrow and pandas read), where these would be escaped, or
+#: would split the path or the ``key=value`` pair.
+UNSAFE_IN_LEVEL = frozenset('"#%\'*/:=?\\{[]^') | frozenset(map(chr, [*range(32), 127]))
+
+
 def check_levels(levels: Sequence[str]) -> tuple[str, ...]:
-    """The level names as a tuple; a name given twice is refused."""
+    """The level names as a tuple; an empty name, a name with a character of ``UNSAFE_IN_LEVEL``, or a name
+    given twice is refused."""
     levels = tuple(str(name) for name in levels)
     seen: set[str] = set()
     for name in levels:
+        bad = sorted(set(name) & UNSAFE_IN_LEVEL)
+        if not name.strip() or bad:
+            raise GeographyError(f"level name {name!r} " + (f"holds {bad}" if bad else "is empty") + ": releases are "
+                                 "written in directories named level=<name>, so use letters, digits, spaces, '_', "
+                                 "'-' or '.'")
         if name in seen:
             raise GeographyError(f"level {name!r} is named twice in {list(levels)}: give every level its own name")
         seen.add(name)

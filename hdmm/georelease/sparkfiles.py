@@ -75,10 +75,6 @@ class HadoopFiles:
         if not fs.rename(path, self._jvm.org.apache.hadoop.fs.Path(target)):
             raise OSError(f"could not rename {source} to {target}")
 
-    def escape(self, name: str) -> str:
-        """``name`` as Spark's ``partitionBy`` writes it in a ``column=<name>`` directory (and reads it back)."""
-        return str(self._jvm.org.apache.spark.sql.catalyst.catalog.ExternalCatalogUtils.escapePathName(name))
-
     def write_text(self, url: str, text: str) -> None:
         """Create the file ``url`` (never overwriting one) holding ``text``; closed (flushed) before it returns."""
         fs, path = self._fs(url)
@@ -135,16 +131,16 @@ class SparkFiles:
         """Append a DataFrame of release rows (:data:`RELEASE_SCHEMA`) to the partial directory (Spark Connect:
         keep it for :meth:`finish`).
 
-        Rows all of one ``level`` are written straight into its ``level=<name>`` directory (the name escaped
-        as Spark's ``partitionBy`` escapes it): Spark sorts the rows of a ``partitionBy`` write by the
-        partition column first, holding a task's rows in the JVM's heap (and spilling them), which a write of
-        one level does not need."""
+        Rows all of one ``level`` are written straight into its ``level=<name>`` directory (a level's name
+        needs no escaping: :data:`hdmm.geography.build.UNSAFE_IN_LEVEL`). Spark sorts the rows of a
+        ``partitionBy`` write by the partition column first, holding a task's rows in the JVM's heap (and
+        spilling them), which a write of one level does not need."""
         if self.fs is None:
             self._pending.append(rows)
         elif level is None:
             rows.write.mode("append").partitionBy("level").parquet(self.partial)
         else:
-            rows.drop("level").write.mode("append").parquet(f"{self.partial}/level={self.fs.escape(level)}")
+            rows.drop("level").write.mode("append").parquet(f"{self.partial}/level={level}")
 
     def write_parts(self, parts: list) -> None:
         """Append answers held on the driver (``(level, units, answers)`` parts), one level at a time."""

@@ -120,7 +120,9 @@ class Progress:
     ``True`` (lines printed), a function of a line, or an object with a method
     ``step(name, done, total)``, which then gets every step's count of tasks done instead of lines
     (the command line draws its bars from it). Lines come at most every hundredth task of a step,
-    with the rate and the time left at that rate.
+    with the rate and the time left at that rate. Once an engine has reported a step from inside
+    (:meth:`within`: Spark's tasks, before its results come back together), the results' own counts
+    never move the report back, and only the last is a line: their rate would be no rate of work.
 
     >>> lines = []
     >>> p = Progress(lines.append)
@@ -135,6 +137,7 @@ class Progress:
         self._step = getattr(progress, "step", None)
         self._say = (lambda text: None) if self._step is not None else progress_printer(progress)
         self._steps: dict[str, tuple[int, str, float]] = {}
+        self._inside: dict[str, int] = {}  # tasks done per step, as the engine last reported them (within)
 
     def say(self, text: str) -> None:
         """A line of text (not shown to a ``step`` reporter)."""
@@ -153,8 +156,9 @@ class Progress:
             return
         name = next(reversed(self._steps))
         total, unit, began = self._steps[name]
+        self._inside[name] = max(self._inside.get(name, 0), int(share * total))
         if self._step is not None:
-            self._step(name, int(share * total), total)
+            self._step(name, self._inside[name], total)
             return
         elapsed = time.perf_counter() - began
         left = f", about {_duration(elapsed * (1 - share) / share)} left" if 0 < share < 1 else ""
@@ -163,10 +167,11 @@ class Progress:
     def done(self, name: str, done: int, where: str = "") -> None:
         """``done`` of step ``name``'s tasks are done (the last one at ``where``)."""
         total, unit, began = self._steps[name]
+        inside = self._inside.get(name)
         if self._step is not None:
-            self._step(name, done, total)
+            self._step(name, done if inside is None else max(done, inside), total)
             return
-        if done % max(1, total // 100) and done != total:
+        if done != total and (inside is not None or done % max(1, total // 100)):
             return
         elapsed = time.perf_counter() - began
         rate = done / elapsed if elapsed > 0 else float("inf")
