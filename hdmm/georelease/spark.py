@@ -37,7 +37,11 @@ task so holds its partition's state twice, and its step's work arrays (about two
 least-squares passes), once per concurrent task; the top-down walk below the partition's units reads its
 state row by row instead (a task function's ``reads_rows``: :class:`_Rows`), so holds it once, and its
 families' arrays. Those arrays live in the Python workers, outside the
-JVM's heap, which holds the shuffles and Arrow batches. :func:`~hdmm.georelease.session.spark_session`
+JVM's heap, which holds the shuffles and Arrow batches; a worker gives what its last task freed back
+to the operating system as the next begins (:func:`~hdmm.georelease.workers.return_free_memory`).
+A step's answers are written one level at a time, straight into that level's directory, so Spark's
+writer streams them (a ``partitionBy`` write would first sort each task's rows in the JVM's heap).
+:func:`~hdmm.georelease.session.spark_session`
 gives a local session a 4 GB heap; on a cluster, size the executors' memory (heap and Python workers)
 for the largest partition, or partition at a finer level.
 
