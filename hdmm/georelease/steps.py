@@ -113,6 +113,11 @@ def _duration(seconds: float) -> str:
         f"{seconds / 3600:.1f} h"
 
 
+def _plural(unit: str) -> str:
+    """``"partitions"``, ``"families"``."""
+    return unit[:-1] + "ies" if unit.endswith("y") and unit[-2:-1] not in tuple("aeiou") else unit + "s"
+
+
 class Progress:
     """What a release reports as it goes, read from its steps (never parsed from text).
 
@@ -131,6 +136,10 @@ class Progress:
     >>> p.done("measure", 2, "Alaska")
     >>> lines[-1].split(",")[0]
     '  measure: 2/2 partitions (Alaska)'
+    >>> p.start("non-negative", 1, "family")
+    >>> p.done("non-negative", 1)
+    >>> lines[-1].split(",")[0]
+    '  non-negative: 1/1 families'
     """
 
     def __init__(self, progress) -> None:
@@ -176,5 +185,5 @@ class Progress:
         elapsed = time.perf_counter() - began
         rate = done / elapsed if elapsed > 0 else float("inf")
         left = "" if done == total or rate == 0 else f", about {_duration((total - done) / rate)} left"
-        self._say(f"  {name}: {done:,}/{total:,} {unit}s" + (f" ({where})" if where else "") +
+        self._say(f"  {name}: {done:,}/{total:,} {_plural(unit)}" + (f" ({where})" if where else "") +
                   f", {rate:.3g}/s{left}")
