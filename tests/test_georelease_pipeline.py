@@ -357,9 +357,29 @@ def test_results_that_come_back_after_the_engine_reported_its_tasks_never_move_t
     progress.within(0.5)
     for done in range(1, 54):
         progress.done("measure", done, "x")
-    assert lines[0].startswith("  measure: 50% of its tasks done, about")
+    assert lines[0].startswith("  measure: 49% of its tasks done, about")  # 26 of 53
     assert lines[1:] == [lines[-1]] and lines[-1].startswith("  measure: 53/53 partitions (x), ")
     assert "left" not in lines[-1]
+
+
+def test_a_step_of_several_jobs_is_reported_job_by_job():
+    """A non-negative step runs a Spark job per family level: each job's share counts its own tasks, after the
+    results of the jobs before it, so the report neither stalls at one job's share nor runs ahead."""
+    from hdmm.georelease.steps import Progress
+
+    steps = _Steps()
+    progress = Progress(steps)
+    progress.start("non-negative", 1000, "family")
+    progress.within(0.96, tasks=52)  # the first job: 52 families
+    for done in range(1, 53):
+        progress.done("non-negative", done)
+    progress.within(0.5, tasks=948)  # the second: the rest
+    for done in range(53, 1001):
+        progress.done("non-negative", done)
+    counts = [d for d, _ in steps.seen["non-negative"]]
+    assert counts[1] == 49 and 52 + 474 in counts and counts == sorted(counts) and counts[-1] == 1000
+    progress.start("non-negative", 10, "family")  # a new step starts from nothing
+    assert steps.seen["non-negative"][-1] == (0, 10)
 
 
 def test_ranges_of_siblings_keep_the_partition_level_off_the_driver_in_the_memory_check():

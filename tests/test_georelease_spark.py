@@ -16,6 +16,7 @@ from cli_files import geography_release_args, write_geography_files
 
 from hdmm.cli import main
 from hdmm.georelease import ArrayHistograms, RecordHistograms, geo_plan, release_geography
+from hdmm.georelease.files import read_answers
 from hdmm.matrix import Kronecker
 
 pytest.importorskip("pyspark")
@@ -568,3 +569,27 @@ def test_spark_writes_each_level_straight_into_its_own_directory(spark, tmp_path
         directory = tmp_path / "spark" / f"level={level}"
         files = [f for f in os.listdir(directory) if f.endswith(".parquet")]
         assert files and all("level" not in pq.read_schema(directory / f).names for f in files)
+    remote.save(str(tmp_path / "copy"))  # a written Spark release saved again: level by level too
+    assert listed(tmp_path / "copy") == listed(tmp_path / "local")
+    for level in tree.levels:
+        np.testing.assert_array_equal(read_answers(tmp_path / "copy", plan, level), local.answers(level))
+
+
+def test_spark_without_file_operations_writes_every_level_in_one_job_at_the_end(spark, tmp_path, monkeypatch):
+    """The path of a Spark Connect session (no Hadoop file system on the client), taken here on a classic
+    session: the answers wait in the executors and are written together by ``finish``, with the same layout."""
+    import os
+
+    import hdmm.georelease.sparkfiles as F
+    from trees import small_country
+
+    monkeypatch.setattr(F.HadoopFiles, "of", classmethod(lambda cls, spark: None))
+    tree = small_country(3, counties=(1, 3), tracts=(1, 3))
+    H = sp.csr_matrix(np.random.default_rng(2).poisson(3.0, size=(tree.leaves, 6)).astype(float))
+    plan = geo_plan(tree, WP, hdmm.PureDP(1.0), strategy=AP, partition="county")
+    local = release_geography(plan, ArrayHistograms(H), seed=5)
+    remote = release_geography(plan, ArrayHistograms(H), engine="spark", seed=5, output=str(tmp_path / "o"))
+    assert sorted(f for f in os.listdir(tmp_path / "o") if f.startswith("level=")) == sorted(
+        f"level={name}" for name in tree.levels)
+    for level in tree.levels:
+        np.testing.assert_array_equal(remote.answers(level), local.answers(level))

@@ -26,24 +26,39 @@ __all__ = ["check_levels", "check_table", "build_level", "unit_names", "parents_
 
 #: Characters a level name may not hold: a release writes each level's answers in a directory named
 #: ``level=<name>`` (the Hive layout that Spark, pyarrow and pandas read), where these would be escaped, or
-#: would split the path or the ``key=value`` pair.
-UNSAFE_IN_LEVEL = frozenset('"#%\'*/:=?\\{[]^') | frozenset(map(chr, [*range(32), 127]))
+#: would split the path or the ``key=value`` pair (or are not allowed in a file name on Windows).
+UNSAFE_IN_LEVEL = frozenset('"#%\'*/:=?\\{[]^<>|') | frozenset(map(chr, [*range(32), 127]))
+
+
+def _level_name_problem(name: str) -> str | None:
+    bad = sorted(set(name) & UNSAFE_IN_LEVEL)
+    if bad:
+        return f"holds {bad}"
+    if not name.strip():
+        return "is empty"
+    if name != name.strip() or name.endswith("."):
+        return "starts or ends with a space, or ends with '.'"
+    if name == "__HIVE_DEFAULT_PARTITION__":
+        return "is what Hive-style readers take for a missing value"
+    return None
 
 
 def check_levels(levels: Sequence[str]) -> tuple[str, ...]:
-    """The level names as a tuple; an empty name, a name with a character of ``UNSAFE_IN_LEVEL``, or a name
-    given twice is refused."""
+    """The level names as a tuple. Refused: a name that ``level=<name>`` directories could not hold as it is
+    (empty, with a character of ``UNSAFE_IN_LEVEL``, with a space at either end or a final ``.``), and names
+    that are the same but for case (one directory on file systems that ignore case)."""
     levels = tuple(str(name) for name in levels)
     seen: set[str] = set()
     for name in levels:
-        bad = sorted(set(name) & UNSAFE_IN_LEVEL)
-        if not name.strip() or bad:
-            raise GeographyError(f"level name {name!r} " + (f"holds {bad}" if bad else "is empty") + ": releases are "
-                                 "written in directories named level=<name>, so use letters, digits, spaces, '_', "
-                                 "'-' or '.'")
-        if name in seen:
-            raise GeographyError(f"level {name!r} is named twice in {list(levels)}: give every level its own name")
-        seen.add(name)
+        problem = _level_name_problem(name)
+        if problem is not None:
+            raise GeographyError(f"level name {name!r} {problem}: releases are written in directories named "
+                                 "level=<name>, so use letters, digits, inner spaces, '_', '-' or '.' (rename the "
+                                 "level, or the table's column)")
+        if name.casefold() in seen:
+            raise GeographyError(f"level {name!r} is named twice in {list(levels)} (case aside): give every level "
+                                 "its own name")
+        seen.add(name.casefold())
     return levels
 
 

@@ -40,7 +40,9 @@ families' arrays. Those arrays live in the Python workers, outside the
 JVM's heap, which holds the shuffles and Arrow batches; a worker gives what its last task freed back
 to the operating system as the next begins (:func:`~hdmm.georelease.workers.return_free_memory`).
 A step's answers are written one level at a time, straight into that level's directory, so Spark's
-writer streams them (a ``partitionBy`` write would first sort each task's rows in the JVM's heap).
+writer streams them (a ``partitionBy`` write would first sort each task's rows in the JVM's heap); each
+level's write reads the step's checkpoint again (a step gives answers of one level, or a few). A Spark
+Connect session writes all the answers in one ``partitionBy`` job at the end instead (below).
 :func:`~hdmm.georelease.session.spark_session`
 gives a local session a 4 GB heap; on a cluster, size the executors' memory (heap and Python workers)
 for the largest partition, or partition at a finer level.
@@ -336,10 +338,12 @@ def _rows(i: int, state: dict | None, result, answers: list):
     return pa.Table.from_batches(batches, schema=schema)
 
 
-def _run(i: int, fn, *args):
+def _run(i: int, fn, *args, trim: bool = True):
     """``fn(*args)`` (a pipeline task: ``state, result``) as partition ``i``'s rows, with the answers its writers gave
-    (the memory the worker's earlier tasks freed given back first: :func:`~hdmm.georelease.workers.return_free_memory`)."""
-    return_free_memory()
+    (in a Spark worker, the memory its earlier tasks freed given back first: :func:`~hdmm.georelease.workers.return_free_memory`;
+    not on the driver, whose heap is the user's)."""
+    if trim:
+        return_free_memory()
     with task_rows() as answers:
         state, result = fn(*args)
     return _rows(i, state, result, answers)
@@ -467,8 +471,9 @@ class SparkEngine:
         classic session's; Spark Connect reports each step's partitions as they finish only)."""
         self._progress = progress
 
-    def _watched(self, action):
-        """``action()``, with the status of its stages reported while it runs (:meth:`observe`)."""
+    def _watched(self, action, tasks: int | None = None):
+        """``action()``, with the status of its stages reported while it runs (:meth:`observe`): a job of
+        ``tasks`` of the current step's tasks (``None``: all of them)."""
         if self._progress is None or self.sc is None:
             return action()
         stop, tracker = threading.Event(), self.sc.statusTracker()
@@ -481,7 +486,7 @@ class SparkEngine:
                     if info is not None:
                         done, total = done + info.numCompletedTasks, total + info.numTasks
                 if total:
-                    self._progress.within(done / total)
+                    self._progress.within(done / total, tasks)
 
         thread = threading.Thread(target=watch, name="hdmm-spark-progress", daemon=True)
         thread.start()
@@ -507,21 +512,21 @@ class SparkEngine:
                 return value
         return handle.value
 
-    def _persist(self, df) -> tuple[object, list]:
+    def _persist(self, df, tasks: int | None = None) -> tuple[object, list]:
         """``df`` computed once and kept in the executors (a local checkpoint on their disks: if one is lost
         the release fails rather than draw its noise again); its answers appended to the output. Returns its
         state rows and its results in partition order (each with whether the state changed)."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        df = self._watched(lambda: df.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY))
+        df = self._watched(lambda: df.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY), tasks)
         self._checkpoints.append(df)
         rows = df.filter(F.col("kind") == RESULT).select("partition", "payload").toPandas()
         results = sorted((int(i), pickle.loads(bytes(b))) for i, b in zip(rows["partition"], rows["payload"]))
         levels = sorted({d for _, (_, written, _) in results for d in written})
         if levels:
             self._watched(lambda: self.files.write_units(
-                df.filter(F.col("kind") == ANSWERS).select("level", "unit", "values"), self._plan, levels))
+                df.filter(F.col("kind") == ANSWERS).select("level", "unit", "values"), self._plan, levels), tasks)
         return df.filter(F.col("kind") == STATE), [(i, (changed, result)) for i, (changed, _, result) in results]
 
     def _ids(self, n: int):
@@ -590,9 +595,11 @@ class SparkEngine:
         for i in sorted(set(range(partitions)) - seen):  # no records: measured here, with their own streams
             lo, hi = plan.partition(i).leaves()
             empty = sp.csr_matrix((hi - lo, plan.person.cells))
-            out = _run(i, fn, *here, i, lambda a, b: empty[a - lo:b - lo]).to_pandas()
+            out = _run(i, fn, *here, i, lambda a, b: empty[a - lo:b - lo], trim=False).to_pandas()
             extra.append(out[out["kind"] == STATE])
-            changed, _, result = pickle.loads(out["payload"].iloc[-1])
+            changed, written, result = pickle.loads(out["payload"].iloc[-1])
+            if written:  # the measure step writes no answers; were it to, they would be lost here
+                raise RuntimeError("the measure step gave answers on the driver, which this engine does not write")
             results.append((i, (changed, result)))
         if extra:
             state = state.unionByName(self.spark.createDataFrame(pd.concat(extra, ignore_index=True), schema))
@@ -639,7 +646,7 @@ class SparkEngine:
                     yield from _run(int(k), lambda item: (None, fn(*values, item)), items_b.value[int(k)]).to_batches()
             return_free_memory()
 
-        _, results = self._persist(self._ids(len(items)).mapInArrow(run, _schema()))
+        _, results = self._persist(self._ids(len(items)).mapInArrow(run, _schema()), len(items))
         return (result for _, (_, result) in results)
 
     def close(self) -> None:

@@ -134,7 +134,8 @@ class SparkFiles:
         Rows all of one ``level`` are written straight into its ``level=<name>`` directory (a level's name
         needs no escaping: :data:`hdmm.geography.build.UNSAFE_IN_LEVEL`). Spark sorts the rows of a
         ``partitionBy`` write by the partition column first, holding a task's rows in the JVM's heap (and
-        spilling them), which a write of one level does not need."""
+        spilling them), which a write of one level does not need. (Spark Connect's :meth:`finish` writes all
+        the levels in one ``partitionBy`` job: a failed release then writes nothing.)"""
         if self.fs is None:
             self._pending.append(rows)
         elif level is None:
@@ -146,6 +147,7 @@ class SparkFiles:
         """Append answers held on the driver (``(level, units, answers)`` parts), one level at a time."""
         import pyarrow as pa
 
+        parts = [(d, units, answers) for d, units, answers in parts if np.size(units)]
         for d in sorted({d for d, _, _ in parts}):
             tables = [_level_rows(self.plan, d, units, answers, self.meta) for e, units, answers in parts if e == d]
             self.write(self.spark.createDataFrame(pa.concat_tables(tables)), self.plan.tree.levels[d])
@@ -209,8 +211,12 @@ class SparkFiles:
 
     def copy(self, path: str, meta: dict) -> None:
         """Write the release again at ``path`` (new), through Spark."""
+        from pyspark.sql import functions as F
+
         target = SparkFiles(self.spark, path, self.plan)
-        target.write(self.frame())
+        frame = self.frame()
+        for name in meta["levels"]:  # the released levels, each into its own directory
+            target.write(frame.where(F.col("level") == name), name)
         target.finish(None, meta)
 
 

@@ -126,8 +126,9 @@ class Progress:
     ``step(name, done, total)``, which then gets every step's count of tasks done instead of lines
     (the command line draws its bars from it). Lines come at most every hundredth task of a step,
     with the rate and the time left at that rate. Once an engine has reported a step from inside
-    (:meth:`within`: Spark's tasks, before its results come back together), the results' own counts
-    never move the report back, and only the last is a line: their rate would be no rate of work.
+    (:meth:`within`: the share of a job's tasks done, before its results come back together), the
+    results' own counts never move the report back, and only the last is a line: their rate would be
+    no rate of work. A step may run several such jobs one after another (a family level each).
 
     >>> lines = []
     >>> p = Progress(lines.append)
@@ -147,6 +148,7 @@ class Progress:
         self._say = (lambda text: None) if self._step is not None else progress_printer(progress)
         self._steps: dict[str, tuple[int, str, float]] = {}
         self._inside: dict[str, int] = {}  # tasks done per step, as the engine last reported them (within)
+        self._done: dict[str, int] = {}  # tasks done per step, as their results came back (done)
 
     def say(self, text: str) -> None:
         """A line of text (not shown to a ``step`` reporter)."""
@@ -155,27 +157,34 @@ class Progress:
     def start(self, name: str, total: int, unit: str) -> None:
         """Step ``name`` begins ``total`` tasks, each one ``unit`` (a partition, a family)."""
         self._steps[name] = (total, unit, time.perf_counter())
+        self._inside.pop(name, None)
+        self._done.pop(name, None)
         if self._step is not None:
             self._step(name, 0, total)
 
-    def within(self, share: float) -> None:
-        """An engine's view of the current step while its results have not come back: ``share`` of its
-        tasks are done (Spark reports a stage's tasks, not partitions; a line each time)."""
+    def within(self, share: float, tasks: int | None = None) -> None:
+        """An engine's view of the current step while its results have not come back: ``share`` of the tasks
+        of its current job are done, a job of ``tasks`` of the step's tasks (``None``: all of them), the
+        step's earlier jobs' results having come back (Spark reports a stage's tasks; a line each time)."""
         if not self._steps:
             return
         name = next(reversed(self._steps))
         total, unit, began = self._steps[name]
-        self._inside[name] = max(self._inside.get(name, 0), int(share * total))
+        base = self._done.get(name, 0) if tasks is not None else 0
+        now = min(total, base + int(share * (total if tasks is None else tasks)))
+        self._inside[name] = max(self._inside.get(name, 0), now)
         if self._step is not None:
             self._step(name, self._inside[name], total)
             return
+        part = self._inside[name] / total if total else 1.0
         elapsed = time.perf_counter() - began
-        left = f", about {_duration(elapsed * (1 - share) / share)} left" if 0 < share < 1 else ""
-        self._say(f"  {name}: {100 * share:.0f}% of its tasks done{left}")
+        left = f", about {_duration(elapsed * (1 - part) / part)} left" if 0 < part < 1 else ""
+        self._say(f"  {name}: {100 * part:.0f}% of its tasks done{left}")
 
     def done(self, name: str, done: int, where: str = "") -> None:
         """``done`` of step ``name``'s tasks are done (the last one at ``where``)."""
         total, unit, began = self._steps[name]
+        self._done[name] = done
         inside = self._inside.get(name)
         if self._step is not None:
             self._step(name, done if inside is None else max(done, inside), total)

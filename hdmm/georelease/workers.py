@@ -69,10 +69,12 @@ def check_workers(workers: int | None, units: int = POOL_UNITS) -> int:
 
 
 def _malloc_trim():
-    """glibc's ``malloc_trim``, or ``None`` where the C library has none (macOS, musl)."""
+    """glibc's ``malloc_trim`` on Linux, or ``None`` (other systems; a C library without it, e.g. musl)."""
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         return getattr(ctypes.CDLL(None), "malloc_trim", None)
-    except OSError:
+    except (OSError, TypeError):
         return None
 
 
