@@ -24,7 +24,7 @@ from ..files import sync_directory, sync_file, write_new
 from .plan import GeoPlan
 
 __all__ = ["check_output", "start_output", "release_table", "write_units", "finish_output", "publish", "partial_path",
-           "read_answers", "positions_of", "level_index", "answers_at"]
+           "read_answers", "positions_of", "level_index", "answers_at", "level_directory"]
 
 
 def _arrow():
@@ -34,6 +34,12 @@ def _arrow():
     except ImportError:
         raise ImportError("writing Parquet needs pyarrow: pip install 'hdmm[parquet]'") from None
     return pa, pq
+
+
+def level_directory(name: str) -> str:
+    """The directory of level ``name``'s answers in a release, ``level=<name>``, on every engine (the name as it
+    is: :func:`hdmm.geography.build.check_levels` refuses names this could not hold)."""
+    return f"level={name}"
 
 
 def _directory(path: str | os.PathLike) -> str:
@@ -106,7 +112,7 @@ def write_units(partial: str, plan: GeoPlan, level: int, units: np.ndarray, answ
     _, pq = _arrow()
     table = release_table(plan, level, units, answers, std_errors, meta)
     table = table.replace_schema_metadata({b"hdmm": json.dumps(meta).encode()})
-    directory = os.path.join(partial, f"level={plan.tree.levels[level]}")
+    directory = os.path.join(partial, level_directory(plan.tree.levels[level]))
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"{name}.parquet")
     pq.write_table(table, path)
@@ -195,7 +201,7 @@ def read_answers(path: str | os.PathLike, plan: GeoPlan, level: str | int) -> np
     tree = plan.tree
     d = tree.level_index(level)
     name = tree.levels[d]
-    directory = os.path.join(_directory(path), f"level={name}")
+    directory = os.path.join(_directory(path), level_directory(name))
     files = sorted(f for f in os.listdir(directory) if f.endswith(".parquet")) if os.path.isdir(directory) else []
     if not files:
         raise FileNotFoundError(f"{directory}: no answers of level {name!r} (released levels have a 'level=<name>' "

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from .files import answers_at, level_index, positions_of, release_table
+from .files import answers_at, level_directory, level_index, positions_of, release_table
 from .plan import GeoPlan
 from .workers import return_free_memory
 
@@ -131,8 +131,8 @@ class SparkFiles:
         """Append a DataFrame of release rows (:data:`RELEASE_SCHEMA`) to the partial directory (Spark Connect:
         keep it for :meth:`finish`).
 
-        Rows all of one ``level`` are written straight into its ``level=<name>`` directory (a level's name
-        needs no escaping: :data:`hdmm.geography.build.UNSAFE_IN_LEVEL`). Spark sorts the rows of a
+        Rows all of one ``level`` are written straight into its directory
+        (:func:`~hdmm.georelease.files.level_directory`, the local engine's too). Spark sorts the rows of a
         ``partitionBy`` write by the partition column first, holding a task's rows in the JVM's heap (and
         spilling them), which a write of one level does not need. (Spark Connect's :meth:`finish` writes all
         the levels in one ``partitionBy`` job: a failed release then writes nothing.)"""
@@ -141,7 +141,7 @@ class SparkFiles:
         elif level is None:
             rows.write.mode("append").partitionBy("level").parquet(self.partial)
         else:
-            rows.drop("level").write.mode("append").parquet(f"{self.partial}/level={level}")
+            rows.drop("level").write.mode("append").parquet(f"{self.partial}/{level_directory(level)}")
 
     def write_parts(self, parts: list) -> None:
         """Append answers held on the driver (``(level, units, answers)`` parts), one level at a time."""
